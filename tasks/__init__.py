@@ -1,0 +1,1 @@
+"""RL tasks: environments that turn dataset rows into prompts and completions into rewards."""

@@ -1,0 +1,3 @@
+from tasks.text2sql.cli import main
+
+main()

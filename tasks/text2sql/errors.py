@@ -1,0 +1,13 @@
+"""Typed errors of the text-to-SQL task, so callers can tell bad input from bad data."""
+
+
+class Text2SqlError(Exception):
+    """Base class of every error this task raises on purpose."""
+
+
+class DatasetError(Text2SqlError):
+    """A data set on disk is missing, malformed or inconsistent."""
+
+
+class RewardSpecError(Text2SqlError):
+    """A reward spec does not validate."""

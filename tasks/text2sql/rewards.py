@@ -1,0 +1,155 @@
+"""Reward components and the reward spec that weighs them.
+
+A reward is a pure function of (example, completion): the spec is data, so an agent can propose a variant as
+JSON and a study can store it. Each component's docstring says how a policy could game it; weigh them so that
+gaming one never beats getting the answer right.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from tasks.text2sql.errors import RewardSpecError
+
+
+class _Component(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    weight: float = Field(1.0, ge=-10.0, le=10.0, description="multiplies the component's value")
+
+    @field_validator("weight")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("weight must be a finite number")
+        return value
+
+
+class ExecutionMatch(_Component):
+    """1 if the prediction's result equals the gold result, else 0 (see matching.py).
+
+    With databases="all", it must match on every variant database too (test-suite accuracy), which rejects
+    queries that are right by coincidence on one database's contents. Gaming: hard-coding literal answers
+    read from the schema's data can match on one database; "all" defeats most of it.
+    """
+
+    kind: Literal["execution_match"] = "execution_match"
+    databases: Literal["primary", "all"] = "all"
+
+
+class ResultOverlap(_Component):
+    """F1 between predicted and gold result rows, in [0, 1]: partial credit for nearly-right answers.
+
+    Gaming: returning many rows (SELECT * without a filter) raises recall; precision keeps F1 low, but a weight
+    near ExecutionMatch's makes "close enough" as good as right. Keep it well below.
+    """
+
+    kind: Literal["result_overlap"] = "result_overlap"
+
+
+class Parses(_Component):
+    """1 if sqlglot parses the SQL as DuckDB, else 0.
+
+    Gaming: `SELECT 1` parses; alone it teaches nothing about the question. Use as a small shaping term.
+    """
+
+    kind: Literal["parses"] = "parses"
+
+
+class Executes(_Component):
+    """1 if the SQL runs without error in the sandbox, else 0.
+
+    Gaming: any valid query over any table executes; same caveat as Parses.
+    """
+
+    kind: Literal["executes"] = "executes"
+
+
+class Format(_Component):
+    """1 if the completion is one statement DuckDB parses and it stops cleanly (nothing but a fence after it).
+
+    Gaming: any short parseable statement (`SELECT 1;`) is well formed; keep the weight small.
+    """
+
+    kind: Literal["format"] = "format"
+
+
+class LengthPenalty(_Component):
+    """-min(1, (characters - free_chars) / scale_chars) for completions longer than free_chars, else 0.
+
+    Use a positive weight: the value itself is negative. Gaming: pushes toward terse SQL, which may drop
+    needed clauses; keep it small next to ExecutionMatch.
+    """
+
+    kind: Literal["length_penalty"] = "length_penalty"
+    free_chars: int = Field(400, ge=0, description="completions up to this length are not penalised")
+    scale_chars: int = Field(400, gt=0, description="excess characters at which the penalty reaches 1")
+
+
+class SchemaLinking(_Component):
+    """Jaccard overlap of the tables and columns the prediction names with those the gold query names.
+
+    Gaming: naming the right columns in a wrong query earns it; mentioning every column lowers Jaccard.
+    """
+
+    kind: Literal["schema_linking"] = "schema_linking"
+
+
+RewardComponent = Annotated[
+    ExecutionMatch | ResultOverlap | Parses | Executes | Format | LengthPenalty | SchemaLinking,
+    Field(discriminator="kind"),
+]
+COMPONENT_KINDS = (
+    "execution_match",
+    "result_overlap",
+    "parses",
+    "executes",
+    "format",
+    "length_penalty",
+    "schema_linking",
+)
+
+
+class RewardSpec(BaseModel):
+    """A weighted sum of reward components; the total is what the RL loop maximises."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    components: tuple[RewardComponent, ...] = Field(min_length=1)
+
+    @field_validator("components")
+    @classmethod
+    def _one_of_each(cls, components: tuple[_Component, ...]) -> tuple[_Component, ...]:
+        kinds = [c.kind for c in components]
+        repeated = sorted({k for k in kinds if kinds.count(k) > 1})
+        if repeated:
+            raise ValueError(f"each component kind may appear once; repeated: {repeated}")
+        return components
+
+    def needs_all_databases(self) -> bool:
+        return any(isinstance(c, ExecutionMatch) and c.databases == "all" for c in self.components)
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def parse(cls, data: str | dict) -> RewardSpec:
+        """Validate a spec from JSON text or a dict; errors name each bad field and what is allowed."""
+        try:
+            if isinstance(data, str):
+                return cls.model_validate(json.loads(data))
+            return cls.model_validate(data)
+        except json.JSONDecodeError as error:
+            raise RewardSpecError(f"reward spec is not valid JSON: {error}") from None
+        except ValidationError as error:
+            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: {e['msg']}" for e in error.errors())
+            raise RewardSpecError(
+                f"invalid reward spec: {problems} (component kinds: {', '.join(COMPONENT_KINDS)})"
+            ) from None
+
+
+DEFAULT_REWARD_SPEC = RewardSpec(components=(ExecutionMatch(weight=1.0), Format(weight=0.1)))

@@ -1,0 +1,226 @@
+"""Scoring completions: parse, execute in the sandbox, compare with the cached gold results, weigh by a spec."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+import sqlglot
+from sqlglot import exp
+
+from tasks.text2sql.dataset import Example, Text2SqlDataset
+from tasks.text2sql.matching import Comparable, gold_is_ordered, match_on_databases, result_overlap
+from tasks.text2sql.prompts import ParsedCompletion, parse_completion
+from tasks.text2sql.rewards import (
+    Executes,
+    ExecutionMatch,
+    Format,
+    LengthPenalty,
+    Parses,
+    ResultOverlap,
+    RewardSpec,
+    SchemaLinking,
+)
+from tasks.text2sql.sandbox import ExecutionResult, ExecutionStatus, SandboxLimits, SqlSandbox
+
+
+@dataclass(frozen=True)
+class Score:
+    """The reward of one completion and what it is made of."""
+
+    reward: float
+    components: dict[str, float]
+    # Execution match under the spec's database setting (all variants when the spec has none).
+    correct: bool
+    status: ExecutionStatus
+    sql: str
+
+
+_parsers = threading.local()
+
+
+def duckdb_parses(sql: str) -> bool:
+    """Whether DuckDB's own parser reads exactly one statement: microseconds, unlike sqlglot's parse."""
+    if not sql.strip():
+        return False
+    parser = getattr(_parsers, "connection", None)
+    if parser is None:
+        parser = _parsers.connection = duckdb.connect(":memory:", config={"autoload_known_extensions": False})
+    try:
+        return len(parser.extract_statements(sql)) == 1
+    except duckdb.Error:
+        return False
+
+
+@functools.lru_cache(maxsize=65_536)
+def parses(sql: str) -> bool:
+    """Whether sqlglot parses the SQL as DuckDB (the Parses component's definition)."""
+    if not sql.strip():
+        return False
+    try:
+        return sqlglot.parse_one(sql, read="duckdb") is not None
+    except sqlglot.errors.SqlglotError:
+        return False
+
+
+@functools.lru_cache(maxsize=65_536)
+def schema_items(sql: str) -> frozenset[str]:
+    """Lower-cased table and column names a query mentions."""
+    try:
+        tree = sqlglot.parse_one(sql, read="duckdb")
+    except sqlglot.errors.SqlglotError:
+        return frozenset()
+    tables = {f"table:{t.name.lower()}" for t in tree.find_all(exp.Table)}
+    columns = {f"column:{c.name.lower()}" for c in tree.find_all(exp.Column) if c.name}
+    return frozenset(tables | columns)
+
+
+def _jaccard(a: frozenset[str], b: frozenset[str]) -> float:
+    return len(a & b) / len(a | b) if a | b else 0.0
+
+
+@dataclass
+class _ResultCache:
+    """A bounded LRU of prepared execution results keyed by (database, SQL, row cap).
+
+    RL groups repeat completions often; a hit skips execution and normalisation alike.
+    """
+
+    capacity: int
+    entries: OrderedDict[tuple[Path, str, int | None], Comparable] = field(default_factory=OrderedDict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def get(self, key: tuple[Path, str, int | None]) -> Comparable | None:
+        with self.lock:
+            result = self.entries.get(key)
+            if result is not None:
+                self.entries.move_to_end(key)
+            return result
+
+    def put(self, key: tuple[Path, str, int | None], result: Comparable) -> None:
+        with self.lock:
+            self.entries[key] = result
+            if len(self.entries) > self.capacity:
+                self.entries.popitem(last=False)
+
+
+class Scorer:
+    """Scores completions for a data set's examples; gold results are computed once and kept."""
+
+    def __init__(
+        self,
+        dataset: Text2SqlDataset,
+        limits: SandboxLimits | None = None,
+        result_cache_size: int = 20_000,
+        threads: int = 2,
+    ) -> None:
+        self.dataset = dataset
+        self.sandbox = SqlSandbox(limits or SandboxLimits())
+        self._gold: dict[str, tuple[Comparable, ...]] = {}
+        self._predicted = _ResultCache(result_cache_size)
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="text2sql-score")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self.sandbox.close()
+
+    def __enter__(self) -> Scorer:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def gold_results(self, example: Example) -> tuple[ExecutionResult, ...]:
+        """The gold query's result on the primary database and each variant."""
+        return tuple(c.result for c in self._gold_comparable(example))
+
+    def _gold_comparable(self, example: Example) -> tuple[Comparable, ...]:
+        cached = self._gold.get(example.id)
+        if cached is None:
+            paths = self.dataset.database(example.db_id).all_paths
+            cached = tuple(Comparable(self.sandbox.execute(path, example.gold_sql)) for path in paths)
+            self._gold[example.id] = cached
+        return cached
+
+    def _execute(self, path: Path, sql: str, max_rows: int | None) -> Comparable:
+        key = (path, sql, max_rows)
+        result = self._predicted.get(key)
+        if result is None:
+            result = Comparable(self.sandbox.execute(path, sql, max_rows=max_rows))
+            self._predicted.put(key, result)
+        return result
+
+    def score(self, example: Example, completion: str, spec: RewardSpec) -> Score:
+        """Score one completion for one example under a reward spec."""
+        parsed = parse_completion(completion)
+        gold = self._gold_comparable(example)
+        paths = self.dataset.database(example.db_id).all_paths
+        ordered = gold_is_ordered(example.gold_sql)
+        # Matching only needs to know that a result is larger than the gold one, but overlap needs its rows.
+        needs_rows = any(isinstance(c, ResultOverlap) for c in spec.components)
+        cap = None if needs_rows else max(g.size for g in gold) + 1
+        primary = self._execute(paths[0], parsed.sql, cap) if parsed.sql else Comparable(_no_sql())
+        # `correct` follows the spec's ExecutionMatch setting, and test-suite matching when it has none.
+        needs_all = spec.needs_all_databases() or not any(isinstance(c, ExecutionMatch) for c in spec.components)
+        on_primary = match_on_databases(gold[:1], [primary], ordered)
+        correct_all = on_primary.correct if len(paths) == 1 else False
+        # Variants only matter once the primary matches: a mismatch there already decides the answer.
+        if needs_all and len(paths) > 1 and on_primary.matched == 1:
+            variants = [self._execute(path, parsed.sql, cap) for path in paths[1:]]
+            correct_all = match_on_databases(gold, [primary, *variants], ordered).correct
+        correct = correct_all if needs_all else on_primary.correct
+
+        values: dict[str, float] = {}
+        for component in spec.components:
+            values[component.kind] = component.weight * _component_value(
+                component, example, completion, parsed, gold[0], primary, on_primary.correct, correct_all
+            )
+        return Score(
+            reward=sum(values.values()),
+            components=values,
+            correct=correct,
+            status=primary.result.status,
+            sql=parsed.sql,
+        )
+
+    def score_many(self, items: Sequence[tuple[Example, str]], spec: RewardSpec) -> list[Score]:
+        """Score several completions on the scorer's threads (DuckDB releases the GIL while it runs)."""
+        return list(self._pool.map(lambda item: self.score(item[0], item[1], spec), items))
+
+
+def _no_sql() -> ExecutionResult:
+    return ExecutionResult(status=ExecutionStatus.ERROR, error="no SQL found in the completion")
+
+
+def _component_value(
+    component: object,
+    example: Example,
+    completion: str,
+    parsed: ParsedCompletion,
+    gold: Comparable,
+    predicted: Comparable,
+    correct_primary: bool,
+    correct_all: bool,
+) -> float:
+    if isinstance(component, ExecutionMatch):
+        return float(correct_all if component.databases == "all" else correct_primary)
+    if isinstance(component, ResultOverlap):
+        return result_overlap(gold, predicted)
+    if isinstance(component, Parses):
+        return float(parses(parsed.sql))
+    if isinstance(component, Executes):
+        return float(predicted.result.ok)
+    if isinstance(component, Format):
+        return float(parsed.clean_stop and duckdb_parses(parsed.sql))
+    if isinstance(component, LengthPenalty):
+        excess = max(0, len(completion) - component.free_chars)
+        return -min(1.0, excess / component.scale_chars)
+    if isinstance(component, SchemaLinking):
+        return _jaccard(schema_items(parsed.sql), schema_items(example.gold_sql))
+    raise TypeError(f"unknown reward component {component!r}")
