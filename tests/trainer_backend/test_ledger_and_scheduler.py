@@ -1,0 +1,174 @@
+"""Futures survive restarts and retries; the device worker keeps each client's order and serves tenants fairly."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from trainer_backend.errors import ConflictError, OverloadedError, UserInputError
+from trainer_backend.ledger import FutureState, Ledger, ResultFormat
+from trainer_backend.scheduler import Operation, Scheduler
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Ledger:
+    store = Ledger(tmp_path / "ledger.sqlite3")
+    yield store
+    store.close()
+
+
+def test_a_retry_with_the_same_key_finds_the_same_future(ledger: Ledger) -> None:
+    first, created = ledger.submit("alice", "optim_step", "hash-1", "m1", 1, idempotency_key="k1")
+    again, created_again = ledger.submit("alice", "optim_step", "hash-1", "m1", 1, idempotency_key="k1")
+    assert created and not created_again
+    assert again.request_id == first.request_id
+
+
+def test_a_seq_id_reused_with_another_body_is_refused(ledger: Ledger) -> None:
+    first, _ = ledger.submit("alice", "optim_step", "hash-1", "m1", 1, idempotency_key="k1")
+    same_body, created = ledger.submit("alice", "optim_step", "hash-1", "m1", 1, idempotency_key="k2")
+    assert not created and same_body.request_id == first.request_id
+    with pytest.raises(ConflictError, match="seq_id 1 of model m1 was already used"):
+        ledger.submit("alice", "optim_step", "hash-2", "m1", 1, idempotency_key="k3")
+
+
+def test_idempotency_keys_are_per_owner(ledger: Ledger) -> None:
+    mine, _ = ledger.submit("alice", "sample", "h", idempotency_key="same")
+    theirs, created = ledger.submit("bob", "sample", "h", idempotency_key="same")
+    assert created and theirs.request_id != mine.request_id
+
+
+def test_futures_in_flight_at_a_restart_are_failed_with_a_reason(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "ledger.sqlite3")
+    done, _ = ledger.submit("alice", "sample", "h1")
+    ledger.complete(done.request_id, b'{"ok": true}', ResultFormat.JSON)
+    queued, _ = ledger.submit("alice", "sample", "h2")
+    running, _ = ledger.submit("alice", "sample", "h3")
+    ledger.mark_running(running.request_id)
+    ledger.close()
+
+    reopened = Ledger(tmp_path / "ledger.sqlite3")
+    assert reopened.fail_unfinished("the server restarted") == 2
+    assert reopened.get(done.request_id).state is FutureState.DONE
+    assert reopened.get(done.request_id).result == b'{"ok": true}'
+    for request_id in (queued.request_id, running.request_id):
+        record = reopened.get(request_id)
+        assert record.state is FutureState.FAILED
+        assert record.error == "the server restarted"
+    reopened.close()
+
+
+def _operation(ledger: Ledger, lane: str, seq_id: int | None, log: list, work=None) -> Operation:
+    record, _ = ledger.submit("alice", "op", f"{lane}-{seq_id}-{time.monotonic_ns()}", lane, seq_id)
+
+    def default_work() -> tuple[bytes, ResultFormat]:
+        log.append((lane, seq_id))
+        return b"{}", ResultFormat.JSON
+
+    return Operation(record.request_id, "op", lane, work or default_work, seq_id)
+
+
+def wait_for(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.01)
+
+
+def test_operations_of_one_client_run_in_seq_id_order_whatever_the_arrival(ledger: Ledger) -> None:
+    scheduler = Scheduler(ledger)
+    log: list = []
+    operations = {seq: _operation(ledger, "m1", seq, log) for seq in (1, 2, 3, 4)}
+    for seq in (3, 4, 2):
+        scheduler.submit(operations[seq])
+    time.sleep(0.2)
+    assert log == []  # seq 1 has not arrived: nothing may run
+    scheduler.submit(operations[1])
+    wait_for(lambda: len(log) == 4)
+    assert log == [("m1", 1), ("m1", 2), ("m1", 3), ("m1", 4)]
+    scheduler.stop()
+
+
+def test_a_gap_that_never_fills_fails_the_waiting_operations(ledger: Ledger) -> None:
+    scheduler = Scheduler(ledger, gap_timeout_s=0.3)
+    log: list = []
+    stuck = _operation(ledger, "m1", 2, log)
+    scheduler.submit(stuck)
+    wait_for(lambda: ledger.get(stuck.request_id).finished)
+    record = ledger.get(stuck.request_id)
+    assert record.state is FutureState.FAILED
+    assert "waited" in record.error and "seq_id 1" in record.error
+    after = _operation(ledger, "m1", 3, log)
+    scheduler.submit(after)
+    wait_for(lambda: ledger.get(after.request_id).finished)
+    assert log == [("m1", 3)]
+    scheduler.stop()
+
+
+def test_tenants_take_turns_instead_of_first_come_first_served(ledger: Ledger) -> None:
+    scheduler = Scheduler(ledger)
+    log: list = []
+    gate = threading.Event()
+
+    def blocked() -> tuple[bytes, ResultFormat]:
+        gate.wait(5)
+        return b"{}", ResultFormat.JSON
+
+    scheduler.submit(_operation(ledger, "blocker", None, log, blocked))
+    for seq in range(1, 6):
+        scheduler.submit(_operation(ledger, "busy", seq, log))
+    for seq in range(1, 3):
+        scheduler.submit(_operation(ledger, "quiet", seq, log))
+    gate.set()
+    wait_for(lambda: len(log) == 7)
+    # The quiet tenant's two operations are not left behind the busy tenant's five.
+    assert log.index(("quiet", 2)) < log.index(("busy", 4))
+    scheduler.stop()
+
+
+def test_failures_are_recorded_and_the_worker_keeps_serving(ledger: Ledger) -> None:
+    scheduler = Scheduler(ledger)
+    log: list = []
+
+    def bad_input() -> tuple[bytes, ResultFormat]:
+        raise UserInputError("token id 999999 is outside the vocabulary")
+
+    def crash() -> tuple[bytes, ResultFormat]:
+        raise RuntimeError("boom")
+
+    first = _operation(ledger, "m1", 1, log, bad_input)
+    second = _operation(ledger, "m1", 2, log, crash)
+    third = _operation(ledger, "m1", 3, log)
+    for operation in (first, second, third):
+        scheduler.submit(operation)
+    wait_for(lambda: ledger.get(third.request_id).finished)
+    assert ledger.get(first.request_id).category == "user"
+    assert "outside the vocabulary" in ledger.get(first.request_id).error
+    assert ledger.get(second.request_id).category == "server"
+    assert "boom" in ledger.get(second.request_id).error
+    assert ledger.get(third.request_id).state is FutureState.DONE
+    assert scheduler.stats().busy_seconds > 0
+    scheduler.stop()
+
+
+def test_full_queues_push_back(ledger: Ledger) -> None:
+    scheduler = Scheduler(ledger, max_queued=2)
+    log: list = []
+    gate = threading.Event()
+
+    def blocked() -> tuple[bytes, ResultFormat]:
+        gate.wait(5)
+        return b"{}", ResultFormat.JSON
+
+    scheduler.submit(_operation(ledger, "a", None, log, blocked))
+    wait_for(lambda: scheduler.stats().running is not None)
+    scheduler.submit(_operation(ledger, "b", None, log))
+    scheduler.submit(_operation(ledger, "c", None, log))
+    with pytest.raises(OverloadedError, match="retry"):
+        scheduler.submit(_operation(ledger, "d", None, log))
+    gate.set()
+    scheduler.stop()

@@ -1,0 +1,233 @@
+"""Base models: the tiny test model, the name registry, the build-once cache, device choice, loading, real Gemma."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from trainer_backend.models.cache import MARKER, ensure_folder
+from trainer_backend.models.gemma import GEMMA_3_270M
+from trainer_backend.models.loading import DeviceUnavailableError, LoadedModel, load_base_model, select_device
+from trainer_backend.models.registry import (
+    KNOWN_BASE_MODELS,
+    ResolvedModel,
+    UnknownBaseModelError,
+    default_cache_root,
+    resolve_base_model,
+)
+from trainer_backend.models.tiny import TINY_MODEL_NAME, build_tiny_model
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_folder: Path) -> LoadedModel:
+    return load_base_model(ResolvedModel(name=TINY_MODEL_NAME, folder=tiny_folder), CPU)
+
+
+def test_tiny_model_builds_in_well_under_five_seconds(tmp_path: Path) -> None:
+    start = time.perf_counter()
+    build_tiny_model(tmp_path, seed=3)
+    assert time.perf_counter() - start < 5
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "How many customers live in Berlin?",
+        "SELECT name FROM singer WHERE name = 'O''Brien' AND note <> \"x\";\n\tORDER BY 1",
+        "Ünïcödé: 北京, emoji 🚀, math ∑ x²",
+    ],
+)
+def test_tiny_tokenizer_round_trips_any_text(tiny_folder: Path, text: str) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_folder, local_files_only=True)
+    ids = tokenizer(text)["input_ids"]
+    assert tokenizer.decode(ids, skip_special_tokens=True) == text
+
+
+def test_tiny_tokenizer_has_gemmas_special_token_layout(tiny_folder: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_folder, local_files_only=True)
+    assert tokenizer.convert_tokens_to_ids(["<pad>", "<eos>", "<bos>", "<unk>"]) == [0, 1, 2, 3]
+    assert tokenizer("SELECT 1")["input_ids"][0] == tokenizer.bos_token_id
+    assert 256 < len(tokenizer) <= 1024
+
+
+def test_tiny_model_gives_logits_over_the_tokenizers_vocabulary(tiny: LoadedModel) -> None:
+    input_ids = tiny.tokenizer("SELECT COUNT(*) FROM customers;", return_tensors="pt")["input_ids"]
+    logits_B_T_V = tiny.model(input_ids).logits
+    assert logits_B_T_V.shape == (1, input_ids.shape[1], len(tiny.tokenizer))
+    assert torch.isfinite(logits_B_T_V).all()
+
+
+def test_loaded_model_is_frozen_fp32_on_cpu_with_its_limits(tiny: LoadedModel) -> None:
+    assert not tiny.model.training
+    assert not any(p.requires_grad for p in tiny.model.parameters())
+    assert tiny.model.dtype == torch.float32
+    assert tiny.device == CPU
+    assert tiny.max_context_length == 2048
+    assert tiny.vocab_size == len(tiny.tokenizer)
+    assert tiny.eos_token_ids == (tiny.tokenizer.eos_token_id,)
+
+
+def test_same_seed_builds_byte_identical_folders(tmp_path: Path) -> None:
+    first, second = build_tiny_model(tmp_path / "a", seed=7), build_tiny_model(tmp_path / "b", seed=7)
+    for name in ("model.safetensors", "tokenizer.json", "config.json"):
+        assert (first / name).read_bytes() == (second / name).read_bytes()
+
+
+def test_another_seed_gives_other_weights_and_the_same_tokenizer(tmp_path: Path) -> None:
+    first, second = build_tiny_model(tmp_path / "a", seed=7), build_tiny_model(tmp_path / "b", seed=8)
+    assert (first / "model.safetensors").read_bytes() != (second / "model.safetensors").read_bytes()
+    assert (first / "tokenizer.json").read_bytes() == (second / "tokenizer.json").read_bytes()
+
+
+def test_building_leaves_the_callers_random_stream_alone(tmp_path: Path) -> None:
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    build_tiny_model(tmp_path, seed=0)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_both_built_in_models_are_known() -> None:
+    assert set(KNOWN_BASE_MODELS) == {GEMMA_3_270M, TINY_MODEL_NAME}
+
+
+def test_tiny_name_resolves_to_a_folder_built_once_in_the_cache(tmp_path: Path) -> None:
+    resolved = resolve_base_model(TINY_MODEL_NAME, tmp_path)
+    assert resolved.name == TINY_MODEL_NAME
+    assert resolved.folder == tmp_path / f"{TINY_MODEL_NAME}-0"
+    built_at = (resolved.folder / "model.safetensors").stat().st_mtime_ns
+    assert resolve_base_model(TINY_MODEL_NAME, tmp_path) == resolved
+    assert (resolved.folder / "model.safetensors").stat().st_mtime_ns == built_at
+
+
+def test_local_folder_resolves_under_the_name_given(tiny_folder: Path, tmp_path: Path) -> None:
+    resolved = resolve_base_model(str(tiny_folder), tmp_path / "cache")
+    assert resolved == ResolvedModel(name=str(tiny_folder), folder=tiny_folder.resolve())
+    assert not (tmp_path / "cache").exists()
+
+
+def test_unknown_name_lists_the_known_models_and_mentions_folders(tmp_path: Path) -> None:
+    with pytest.raises(UnknownBaseModelError) as raised:
+        resolve_base_model("meta-llama/Llama-3-8B", tmp_path)
+    message = str(raised.value)
+    assert GEMMA_3_270M in message
+    assert TINY_MODEL_NAME in message
+    assert "folder" in message
+
+
+def test_folder_without_config_is_not_a_model(tmp_path: Path) -> None:
+    with pytest.raises(UnknownBaseModelError, match=r"config\.json"):
+        resolve_base_model(str(tmp_path), tmp_path / "cache")
+
+
+def test_cache_root_comes_from_the_environment_when_set(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TRAINER_BACKEND_CACHE", str(tmp_path))
+    assert default_cache_root() == tmp_path
+    monkeypatch.delenv("TRAINER_BACKEND_CACHE")
+    assert default_cache_root() == Path.home() / ".cache" / "rl-posttrain" / "models"
+
+
+def _write_weights(folder: Path) -> None:
+    (folder / "weights").write_text("w")
+
+
+def test_failed_build_leaves_nothing_that_looks_done(tmp_path: Path) -> None:
+    def crash(folder: Path) -> None:
+        _write_weights(folder)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        ensure_folder(tmp_path / "model", "v1", crash)
+    assert [p.name for p in tmp_path.iterdir()] == [".model.lock"]
+    ensure_folder(tmp_path / "model", "v1", _write_weights)
+    assert (tmp_path / "model" / "weights").read_text() == "w"
+
+
+def test_build_left_by_a_killed_process_is_cleared(tmp_path: Path) -> None:
+    (tmp_path / ".building-model-abc").mkdir()
+    ensure_folder(tmp_path / "model", "v1", _write_weights)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".model.lock", "model"]
+
+
+def test_changed_fingerprint_rebuilds_the_folder(tmp_path: Path) -> None:
+    ensure_folder(tmp_path / "model", "v1", _write_weights)
+    ensure_folder(tmp_path / "model", "v2", lambda folder: (folder / "weights").write_text("v2"))
+    assert (tmp_path / "model" / "weights").read_text() == "v2"
+    assert (tmp_path / "model" / MARKER).read_text() == "v2"
+
+
+def test_concurrent_callers_build_once(tmp_path: Path) -> None:
+    builds: list[Path] = []
+
+    def slow_build(folder: Path) -> None:
+        builds.append(folder)
+        time.sleep(0.2)
+        _write_weights(folder)
+
+    # flock locks belong to each open() of the lock file, so threads contend exactly as processes do.
+    callers = [threading.Thread(target=ensure_folder, args=(tmp_path / "model", "v1", slow_build)) for _ in range(4)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join()
+    assert len(builds) == 1
+    assert (tmp_path / "model" / "weights").read_text() == "w"
+
+
+def test_cpu_is_always_available() -> None:
+    assert select_device("cpu") == CPU
+
+
+def test_auto_picks_the_cpu_without_an_accelerator() -> None:
+    if torch.cuda.is_available() or torch.backends.mps.is_available():
+        pytest.skip("this machine has an accelerator")
+    assert select_device("auto") == CPU
+
+
+def test_cuda_without_cuda_says_so() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(DeviceUnavailableError, match="CUDA is not available"):
+        select_device("cuda:1")
+
+
+@pytest.mark.parametrize("flag", ["gpu", "cuda:x", "meta"])
+def test_malformed_or_unsupported_flags_list_the_allowed_forms(flag: str) -> None:
+    with pytest.raises(DeviceUnavailableError, match="cuda:<index>"):
+        select_device(flag)
+
+
+@pytest.mark.slow
+def test_real_gemma_3_270m_is_cached_and_continues_text_sensibly() -> None:
+    resolve_base_model(GEMMA_3_270M, default_cache_root())  # converts once per machine (about a minute)
+    start = time.perf_counter()
+    resolved = resolve_base_model(GEMMA_3_270M, default_cache_root())
+    assert time.perf_counter() - start < 20
+    start = time.perf_counter()
+    gemma = load_base_model(resolved, CPU)
+    assert time.perf_counter() - start < 60
+
+    config = gemma.model.config
+    assert (config.num_hidden_layers, config.hidden_size, config.vocab_size) == (18, 640, 262144)
+    assert gemma.vocab_size == 262144
+    assert gemma.max_context_length == 32768
+    assert gemma.eos_token_ids == (1, 106)
+
+    # A base model, not an assistant: "The capital of France is" continues "the capital of the country of France."
+    prompt = gemma.tokenizer("The Eiffel Tower is located in the city of", return_tensors="pt")
+    with torch.no_grad():
+        tokens = gemma.model.generate(**prompt, max_new_tokens=8, do_sample=False)
+    continuation = gemma.tokenizer.decode(tokens[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert "Paris" in continuation

@@ -1,0 +1,247 @@
+"""The sampling engine against plain full forwards of a tiny random Gemma 3, with and without a LoRA adapter.
+
+The model's sliding window (8) is shorter than prompt plus completion, so the sliding layers' cache eviction
+is exercised; every check recomputes the logits without a cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import torch
+import torch.nn.functional as F
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+from trainer_backend.engine import sampling
+from trainer_backend.engine.sampling import SamplingInputError, SamplingRequest, SamplingResult, sample
+
+VOCAB = 97
+CONTEXT = 256
+PROMPT = (2, 11, 5, 40, 7, 93, 3, 18, 60, 1)
+
+
+def letters(ids: Sequence[int]) -> str:
+    return "".join(chr(ord("a") + token % 26) for token in ids)
+
+
+@pytest.fixture(scope="module")
+def model() -> Gemma3ForCausalLM:
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=CONTEXT,
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+        # Larger than the default 0.02 so that the next-token distributions are peaked, not near uniform; untied,
+        # or the large embeddings make the tied head repeat the last token for ever.
+        initializer_range=0.3,
+        tie_word_embeddings=False,
+    )
+    return Gemma3ForCausalLM(config).eval()
+
+
+def run(model: torch.nn.Module, eos: tuple[int, ...] = (), **fields: object) -> SamplingResult:
+    return sample(model, SamplingRequest(prompt_tokens=PROMPT, **fields), eos, letters, CONTEXT)
+
+
+def full_forward_logprobs(model: torch.nn.Module, ids: Sequence[int]) -> torch.Tensor:
+    """log_softmax of the logits at every position, from one forward without a cache."""
+    with torch.no_grad():
+        logits_TV = model(input_ids=torch.tensor([list(ids)]), use_cache=False).logits[0]
+    return F.log_softmax(logits_TV.float(), dim=-1)
+
+
+def reference_sampling_logprobs(logits_V: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """The distribution sampled from, by masking the full vocabulary (the engine works on sorted candidates)."""
+    scaled_V = logits_V / temperature
+    if top_k > 0:
+        scaled_V = scaled_V.masked_fill(scaled_V < scaled_V.topk(top_k).values[-1], -torch.inf)
+    if top_p < 1:
+        probs_V = scaled_V.softmax(dim=-1)
+        order_V = probs_V.argsort(descending=True)
+        mass_before_V = probs_V[order_V].cumsum(dim=-1) - probs_V[order_V]
+        scaled_V[order_V[mass_before_V >= top_p]] = -torch.inf
+    return F.log_softmax(scaled_V, dim=-1)
+
+
+def test_greedy_follows_full_forward_argmax_past_the_sliding_window(model: Gemma3ForCausalLM) -> None:
+    (sequence,) = run(model, temperature=0, max_tokens=24).sequences
+    assert len(PROMPT) + len(sequence.tokens) > 3 * model.config.sliding_window
+    context = list(PROMPT)
+    for token, logprob in zip(sequence.tokens, sequence.logprobs, strict=True):
+        logprobs_V = full_forward_logprobs(model, context)[-1]
+        assert token == int(logprobs_V.argmax())
+        assert logprob == pytest.approx(float(logprobs_V[token]), abs=1e-4)
+        context.append(token)
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "top_p"), [(1.0, -1, 1.0), (0.7, -1, 1.0), (1.3, 5, 1.0), (0.8, -1, 0.9), (1.0, 6, 0.8)]
+)
+def test_sampled_logprobs_are_those_of_the_sampling_distribution(
+    model: Gemma3ForCausalLM, temperature: float, top_k: int, top_p: float
+) -> None:
+    result = run(model, num_samples=4, max_tokens=12, temperature=temperature, top_k=top_k, top_p=top_p, seed=7)
+    for sequence in result.sequences:
+        full_TV = full_forward_logprobs(model, PROMPT + sequence.tokens)
+        for step, (token, logprob) in enumerate(zip(sequence.tokens, sequence.logprobs, strict=True)):
+            # At temperature 1 the model's log_softmax is its own logits' up to a constant, so this reference
+            # is the raw full-forward log-softmax when no filter is on.
+            expected_V = reference_sampling_logprobs(full_TV[len(PROMPT) - 1 + step], temperature, top_k, top_p)
+            assert logprob == pytest.approx(float(expected_V[token]), abs=1e-4)
+
+
+def test_rows_that_stop_early_leave_the_batch_without_disturbing_the_others(model: Gemma3ForCausalLM) -> None:
+    stops = tuple(range(0, VOCAB, 9))
+    result = run(model, num_samples=8, max_tokens=14, stop_token_ids=stops, seed=3)
+    assert {sequence.stop_reason for sequence in result.sequences} == {"stop", "length"}
+    for sequence in result.sequences:
+        full_TV = full_forward_logprobs(model, PROMPT + sequence.tokens)
+        expected = full_TV[len(PROMPT) - 1 : -1].gather(1, torch.tensor(sequence.tokens)[:, None])[:, 0]
+        assert sequence.logprobs == pytest.approx(expected.tolist(), abs=1e-4)
+        assert (sequence.stop_reason == "stop") == (sequence.tokens[-1] in stops)
+        assert not set(sequence.tokens[:-1]) & set(stops)
+
+
+def test_same_seed_gives_same_samples_and_other_seeds_differ(model: Gemma3ForCausalLM) -> None:
+    first = run(model, num_samples=4, max_tokens=16, seed=123)
+    assert run(model, num_samples=4, max_tokens=16, seed=123) == first
+    assert run(model, num_samples=4, max_tokens=16, seed=124).sequences != first.sequences
+
+
+def test_samples_of_one_request_are_independent(model: Gemma3ForCausalLM) -> None:
+    result = run(model, num_samples=8, max_tokens=16, temperature=1.5, seed=5)
+    assert len({sequence.tokens for sequence in result.sequences}) == 8
+
+
+def test_top_k_one_is_greedy(model: Gemma3ForCausalLM) -> None:
+    greedy = run(model, temperature=0, max_tokens=16).sequences[0]
+    top_one = run(model, num_samples=3, temperature=1.0, top_k=1, max_tokens=16, seed=9).sequences
+    assert all(sequence.tokens == greedy.tokens for sequence in top_one)
+    assert all(logprob == 0.0 for sequence in top_one for logprob in sequence.logprobs)
+
+
+def test_max_tokens_ends_the_sequence_with_reason_length(model: Gemma3ForCausalLM) -> None:
+    result = run(model, num_samples=2, max_tokens=5, seed=1)
+    assert [len(sequence.tokens) for sequence in result.sequences] == [5, 5]
+    assert [sequence.stop_reason for sequence in result.sequences] == ["length", "length"]
+
+
+def test_a_stop_token_or_eos_ends_the_sequence_and_is_kept(model: Gemma3ForCausalLM) -> None:
+    greedy = run(model, temperature=0, max_tokens=20).sequences[0].tokens
+    stop = greedy[6]
+    expected = greedy[: greedy.index(stop) + 1]
+    by_stop_id = run(model, temperature=0, max_tokens=20, stop_token_ids=(stop,)).sequences[0]
+    by_eos = run(model, eos=(stop,), temperature=0, max_tokens=20).sequences[0]
+    for sequence in (by_stop_id, by_eos):
+        assert sequence.tokens == expected
+        assert sequence.stop_reason == "stop"
+
+
+def test_a_stop_string_ends_the_sequence_at_the_token_completing_it(model: Gemma3ForCausalLM) -> None:
+    greedy = run(model, temperature=0, max_tokens=24).sequences[0].tokens
+    stop = letters(greedy[9:12])
+    end = next(length for length in range(1, len(greedy) + 1) if stop in letters(greedy[:length]))
+    sequence = run(model, temperature=0, max_tokens=24, stop_strings=("zzzzzz", stop)).sequences[0]
+    assert sequence.tokens == greedy[:end]
+    assert sequence.stop_reason == "stop"
+
+
+def test_prompt_logprobs_match_a_full_forward_when_scored_in_chunks(
+    model: Gemma3ForCausalLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Three positions per chunk, so chunks straddle the sliding window and the prompt's end.
+    monkeypatch.setattr(sampling, "_PROMPT_LOGITS_BYTES", 3 * 4 * VOCAB)
+    result = run(model, temperature=0, max_tokens=4, prompt_logprobs=True, topk_prompt_logprobs=3)
+    full_TV = full_forward_logprobs(model, PROMPT + result.sequences[0].tokens)
+    assert result.prompt_logprobs is not None
+    assert result.topk_prompt_logprobs is not None
+    assert result.prompt_logprobs[0] is None
+    assert result.topk_prompt_logprobs[0] is None
+    expected = [float(full_TV[position - 1, PROMPT[position]]) for position in range(1, len(PROMPT))]
+    assert result.prompt_logprobs[1:] == pytest.approx(expected, abs=1e-4)
+    for position in range(1, len(PROMPT)):
+        values_K, ids_K = full_TV[position - 1].topk(3)
+        got_ids, got_values = zip(*result.topk_prompt_logprobs[position], strict=True)
+        assert list(got_ids) == ids_K.tolist()
+        assert list(got_values) == pytest.approx(values_K.tolist(), abs=1e-4)
+    # Chunked prefill leaves the cache as a single prefill would: decoding still follows the full forward.
+    assert result.sequences[0].tokens[0] == int(full_TV[len(PROMPT) - 1].argmax())
+    assert result.sequences[0].tokens[-1] == int(full_TV[-2].argmax())
+
+
+def test_prompt_scores_are_absent_unless_requested(model: Gemma3ForCausalLM) -> None:
+    result = run(model, max_tokens=2, topk_prompt_logprobs=2)
+    assert result.prompt_logprobs is None
+    assert result.topk_prompt_logprobs is not None
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"prompt_tokens": ()}, "prompt_tokens must not be empty"),
+        ({"prompt_tokens": (1, VOCAB)}, f"prompt_tokens[1] = {VOCAB} is outside the vocabulary"),
+        ({"prompt_tokens": (-1,)}, "prompt_tokens[0] = -1 is outside the vocabulary"),
+        ({"stop_token_ids": (500,)}, "stop_token_ids[0] = 500 is outside the vocabulary"),
+        ({"num_samples": 0}, "num_samples must be at least 1, got 0"),
+        ({"max_tokens": 0}, "max_tokens must be at least 1, got 0"),
+        ({"max_tokens": CONTEXT}, f"max_tokens {CONTEXT} = {CONTEXT + len(PROMPT)} exceeds the model's context"),
+        ({"temperature": -0.5}, "temperature must be a finite number >= 0, got -0.5"),
+        ({"temperature": float("nan")}, "temperature must be a finite number >= 0, got nan"),
+        ({"top_k": -2}, "top_k must be -1 or 0 (no limit) or a positive count, got -2"),
+        ({"top_p": 0.0}, "top_p must be in (0, 1], got 0.0"),
+        ({"top_p": 1.5}, "top_p must be in (0, 1], got 1.5"),
+        ({"topk_prompt_logprobs": -1}, "topk_prompt_logprobs must be >= 0, got -1"),
+        ({"stop_strings": ("ab", "")}, "stop_strings[1] is empty"),
+    ],
+)
+def test_invalid_requests_name_the_field_and_value(
+    model: Gemma3ForCausalLM, fields: dict[str, object], message: str
+) -> None:
+    request = SamplingRequest(**{"prompt_tokens": PROMPT, **fields})
+    with pytest.raises(SamplingInputError) as raised:
+        sample(model, request, (), letters, CONTEXT)
+    assert message in str(raised.value)
+    assert isinstance(raised.value, ValueError)
+
+
+def test_the_model_is_returned_in_its_previous_mode(model: Gemma3ForCausalLM) -> None:
+    model.train()
+    try:
+        run(model, max_tokens=2)
+        assert model.training
+    finally:
+        model.eval()
+
+
+@pytest.fixture
+def lora_model(model: Gemma3ForCausalLM) -> PeftModel:
+    torch.manual_seed(1)
+    # get_peft_model injects into the module it is given, so the shared base stays untouched on a copy.
+    base = Gemma3ForCausalLM(model.config)
+    base.load_state_dict(model.state_dict())
+    peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for name, parameter in peft_model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(std=0.5)
+    return peft_model.eval()
+
+
+def test_sampling_goes_through_a_lora_adapter(model: Gemma3ForCausalLM, lora_model: PeftModel) -> None:
+    adapted = run(lora_model, temperature=0, max_tokens=16).sequences[0]
+    context = list(PROMPT)
+    for token, logprob in zip(adapted.tokens, adapted.logprobs, strict=True):
+        logprobs_V = full_forward_logprobs(lora_model, context)[-1]
+        assert token == int(logprobs_V.argmax())
+        assert logprob == pytest.approx(float(logprobs_V[token]), abs=1e-4)
+        context.append(token)
+    assert adapted.tokens != run(model, temperature=0, max_tokens=16).sequences[0].tokens

@@ -1,0 +1,52 @@
+"""`python -m trainer_backend serve …`: run the Tinker-compatible training server."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from trainer_backend.config import ServerConfig
+from trainer_backend.errors import BackendError
+from trainer_backend.server import serve
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+
+
+@app.command(name="serve")
+def serve_command(
+    base_model: Annotated[
+        str | None, typer.Option(help="google/gemma-3-270m, tiny-gemma3, or a local HF folder")
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="auto, cpu, cuda, cuda:N or mps")] = None,
+    host: Annotated[str | None, typer.Option(help="address to bind")] = None,
+    port: Annotated[int | None, typer.Option(help="port to bind")] = None,
+    storage_root: Annotated[Path | None, typer.Option(help="checkpoints, ledger and runs live here")] = None,
+    api_key: Annotated[list[str] | None, typer.Option(help="an accepted API key (repeat for several)")] = None,
+) -> None:
+    """Serve one base model to many LoRA training clients over the Tinker API."""
+    given = {
+        "base_model": base_model,
+        "device": device,
+        "host": host,
+        "port": port,
+        "storage_root": storage_root,
+        "api_keys": api_key or None,
+    }
+    config = ServerConfig(**{k: v for k, v in given.items() if v is not None})
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    serve(config)
+
+
+def main() -> None:
+    try:
+        app(prog_name="trainer_backend")
+    except (BackendError, ValueError) as error:
+        typer.echo(f"error: {error}", err=True)
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,266 @@
+"""The HTTP layer: FastAPI routes mirroring the Tinker API one to one.
+
+Routes are thin: authenticate, parse, call one method of `TrainingService`, return a model. Typed errors become
+status codes in one handler, always with a JSON body naming the problem (the SDK treats an empty 400 as a proxy
+failure and retries it). `retrieve_future` long-polls: it holds the request until the future finishes or
+`long_poll_s` passes, because the SDK re-polls a `try_again` at once, with no pause.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from typing import Annotated, TypeVar
+
+from fastapi import Depends, FastAPI, Header, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from pydantic import BaseModel, ValidationError
+
+from trainer_backend.api import schemas
+from trainer_backend.api.metrics import ServiceCollector
+from trainer_backend.api.proto import PROTOBUF_CONTENT_TYPE, decode_forward_backward_request
+from trainer_backend.auth import KeyPolicy
+from trainer_backend.errors import BackendError, UserInputError
+from trainer_backend.ledger import FutureRecord, FutureState, ResultFormat
+from trainer_backend.service import Submitted, TrainingService
+
+log = logging.getLogger(__name__)
+Model = TypeVar("Model", bound=BaseModel)
+
+
+class FutureWaiters:
+    """Wakes long-polls when the device worker finishes a future (the worker calls `notify` from its thread)."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._events: dict[str, set[asyncio.Event]] = defaultdict(set)
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def notify(self, record: FutureRecord) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._wake, record.request_id)
+
+    def _wake(self, request_id: str) -> None:
+        for event in self._events.pop(request_id, ()):
+            event.set()
+
+    async def wait(self, service: TrainingService, owner: str, request_id: str, timeout: float) -> FutureRecord:
+        event = asyncio.Event()
+        self._events[request_id].add(event)
+        try:
+            # Checked after registering, so a completion between the two cannot be missed.
+            record = service.future(owner, request_id)
+            if not record.finished:
+                with suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), timeout)
+                record = service.future(owner, request_id)
+            return record
+        finally:
+            waiting = self._events.get(request_id)
+            if waiting is not None:
+                waiting.discard(event)
+                if not waiting:
+                    del self._events[request_id]
+
+
+def parse(model: type[Model], body: bytes) -> Model:
+    """Validate a JSON body; the error names every bad field."""
+    try:
+        return model.model_validate_json(body or b"{}")
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in error.errors())
+        raise UserInputError(f"invalid {model.__name__}: {problems}") from None
+
+
+def _owner(request: Request, x_api_key: Annotated[str | None, Header()] = None) -> str:
+    return request.app.state.policy.owner(x_api_key)
+
+
+# The owner a request acts for (from its X-API-Key), and the SDK's idempotency key.
+Owner = Annotated[str, Depends(_owner)]
+IdempotencyKey = Annotated[str | None, Header(alias="X-Idempotency-Key")]
+
+
+def future_response(submitted: Submitted) -> dict:
+    return schemas.UntypedAPIFuture(
+        request_id=submitted.record.request_id,
+        model_id=submitted.model_id,
+        sample_sequence_ids=submitted.sample_sequence_ids,
+    ).model_dump(mode="json", exclude_none=True)
+
+
+def create_app(service: TrainingService, policy: KeyPolicy, long_poll_s: float = 25.0) -> FastAPI:
+    """The ASGI app for one service; the caller owns the service's lifetime."""
+    waiters = FutureWaiters()
+    service.ledger.add_listener(waiters.notify)
+    registry = CollectorRegistry()
+    registry.register(ServiceCollector(service))
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        waiters.bind(asyncio.get_running_loop())
+        yield
+
+    app = FastAPI(title="trainer_backend", summary="A Tinker-compatible LoRA training server", lifespan=lifespan)
+
+    @app.exception_handler(BackendError)
+    async def backend_error(_: Request, error: BackendError) -> JSONResponse:
+        return JSONResponse({"error": str(error), "category": error.category}, status_code=error.status_code)
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(_: Request, error: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return JSONResponse({"error": f"internal error: {error}", "category": "server"}, status_code=500)
+
+    app.state.policy = policy
+    api = "/api/v1"
+
+    # --- start-up, sessions, health ---------------------------------------------------------------------
+
+    @app.post(f"{api}/client/config")
+    async def client_config(request: Request) -> dict:
+        parse(schemas.ClientConfigRequest, await request.body())
+        # Plain httpx transport: the SDK's default (pyqwest) adds nothing on loopback.
+        return {"use_pyqwest_transport": False}
+
+    @app.post(f"{api}/create_session")
+    async def create_session(request: Request, who: Owner) -> dict:
+        body = parse(schemas.CreateSessionRequest, await request.body())
+        return {"session_id": service.create_session(who, body)}
+
+    @app.post(f"{api}/session_heartbeat")
+    async def session_heartbeat(request: Request, who: Owner) -> dict:
+        service.heartbeat(who, parse(schemas.SessionHeartbeatRequest, await request.body()).session_id)
+        return {}
+
+    @app.post(f"{api}/sessions/{{session_id}}/finish")
+    async def finish_session(session_id: str, request: Request, who: Owner) -> dict:
+        parse(schemas.FinishSessionRequest, await request.body())
+        service.finish_session(who, session_id)
+        return {}
+
+    @app.post(f"{api}/telemetry")
+    async def telemetry(who: Owner) -> dict:
+        return {"status": "accepted"}
+
+    @app.get("/healthz")
+    @app.get(f"{api}/healthz")
+    async def healthz() -> dict:
+        return {"status": "ok"}
+
+    @app.get(f"{api}/get_server_capabilities")
+    async def capabilities(who: Owner) -> dict:
+        return service.capabilities().model_dump(mode="json")
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    # --- training ---------------------------------------------------------------------------------------
+
+    @app.post(f"{api}/create_model")
+    async def create_model(request: Request, who: Owner, key: IdempotencyKey = None) -> dict:
+        raw = await request.body()
+        return future_response(service.create_model(who, parse(schemas.CreateModelRequest, raw), raw, key))
+
+    @app.post(f"{api}/get_info")
+    async def get_info(request: Request, who: Owner) -> dict:
+        body = parse(schemas.GetInfoRequest, await request.body())
+        return service.get_info(who, body.model_id).model_dump(mode="json", exclude_none=True)
+
+    @app.post(f"{api}/forward_backward")
+    async def forward_backward(
+        request: Request,
+        who: Owner,
+        key: IdempotencyKey = None,
+        content_encoding: Annotated[str | None, Header()] = None,
+    ) -> dict:
+        raw = await request.body()
+        batch = decode_forward_backward_request(raw, content_encoding)
+        return future_response(service.forward_backward(who, batch, raw, key))
+
+    @app.post(f"{api}/optim_step")
+    async def optim_step(request: Request, who: Owner, key: IdempotencyKey = None) -> dict:
+        raw = await request.body()
+        return future_response(service.optim_step(who, parse(schemas.OptimStepRequest, raw), raw, key))
+
+    @app.post(f"{api}/save_weights")
+    async def save_weights(request: Request, who: Owner, key: IdempotencyKey = None) -> dict:
+        raw = await request.body()
+        return future_response(service.save_weights(who, parse(schemas.SaveWeightsRequest, raw), raw, key))
+
+    @app.post(f"{api}/save_weights_for_sampler")
+    async def save_weights_for_sampler(request: Request, who: Owner, key: IdempotencyKey = None) -> dict:
+        raw = await request.body()
+        body = parse(schemas.SaveWeightsForSamplerRequest, raw)
+        return future_response(service.save_weights_for_sampler(who, body, raw, key))
+
+    @app.post(f"{api}/load_weights")
+    async def load_weights(request: Request, who: Owner, key: IdempotencyKey = None) -> dict:
+        raw = await request.body()
+        return future_response(service.load_weights(who, parse(schemas.LoadWeightsRequest, raw), raw, key))
+
+    # --- sampling ---------------------------------------------------------------------------------------
+
+    @app.post(f"{api}/create_sampling_session")
+    async def create_sampling_session(request: Request, who: Owner) -> dict:
+        body = parse(schemas.CreateSamplingSessionRequest, await request.body())
+        return {"sampling_session_id": service.create_sampling_session(who, body)}
+
+    @app.get(f"{api}/samplers/{{sampler_id}}")
+    async def sampler(sampler_id: str, who: Owner) -> dict:
+        return service.sampler(who, sampler_id).model_dump(mode="json", exclude_none=True)
+
+    @app.post(f"{api}/asample")
+    async def asample(request: Request, who: Owner, key: IdempotencyKey = None) -> dict:
+        raw = await request.body()
+        return future_response(service.sample(who, parse(schemas.SampleRequest, raw), raw, key))
+
+    # --- futures ----------------------------------------------------------------------------------------
+
+    @app.post(f"{api}/retrieve_future")
+    async def retrieve_future(request: Request, who: Owner) -> Response:
+        body = parse(schemas.FutureRetrieveRequest, await request.body())
+        record = await waiters.wait(service, who, body.request_id, long_poll_s)
+        if record.state is FutureState.DONE:
+            media = PROTOBUF_CONTENT_TYPE if record.result_format is ResultFormat.PROTO else "application/json"
+            return Response(record.result, media_type=media)
+        if record.state is FutureState.FAILED:
+            return JSONResponse({"error": record.error, "category": record.category or "unknown"})
+        return JSONResponse({"type": "try_again", "request_id": record.request_id, "queue_state": "active"})
+
+    # --- REST: runs and checkpoints ---------------------------------------------------------------------
+
+    @app.get(f"{api}/training_runs")
+    async def training_runs(who: Owner, limit: int = 20, offset: int = 0) -> dict:
+        return service.list_training_runs(who, limit, offset).model_dump(mode="json")
+
+    @app.get(f"{api}/training_runs/{{model_id}}")
+    async def training_run(model_id: str, who: Owner) -> dict:
+        return service.training_run(who, model_id).model_dump(mode="json")
+
+    @app.get(f"{api}/training_runs/{{model_id}}/checkpoints")
+    async def run_checkpoints(model_id: str, who: Owner) -> dict:
+        return service.list_checkpoints(who, model_id).model_dump(mode="json")
+
+    @app.delete(f"{api}/training_runs/{{model_id}}/checkpoints/{{checkpoint_id:path}}")
+    async def delete_checkpoint(model_id: str, checkpoint_id: str, who: Owner) -> dict:
+        service.delete_checkpoint(who, model_id, checkpoint_id)
+        return {}
+
+    @app.get(f"{api}/checkpoints")
+    async def checkpoints(who: Owner) -> dict:
+        return service.list_checkpoints(who, None).model_dump(mode="json")
+
+    @app.post(f"{api}/weights_info")
+    async def weights_info(request: Request, who: Owner) -> dict:
+        body = parse(schemas.WeightsInfoRequest, await request.body())
+        return service.weights_info(who, body.tinker_path).model_dump(mode="json", exclude_none=True)
+
+    return app

@@ -1,0 +1,38 @@
+"""Prometheus metrics of the server, read from the service at scrape time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from trainer_backend.service import TrainingService
+
+
+class ServiceCollector(Collector):
+    """Queue depth, operations by type, device busy seconds and tokens processed."""
+
+    def __init__(self, service: TrainingService) -> None:
+        self.service = service
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.service.scheduler.stats()
+        queued = GaugeMetricFamily("trainer_queue_depth", "Operations waiting for the device", labels=["lane"])
+        queued.add_metric(["all"], stats.queued)
+        yield queued
+        operations = CounterMetricFamily("trainer_operations", "Device operations finished", labels=["kind"])
+        for kind, count in sorted(stats.operations_by_kind.items()):
+            operations.add_metric([kind], count)
+        yield operations
+        yield CounterMetricFamily(
+            "trainer_device_busy_seconds", "Seconds the device spent running operations", value=stats.busy_seconds
+        )
+        tokens = CounterMetricFamily("trainer_tokens", "Tokens processed", labels=["phase"])
+        for phase, count in sorted(self.service.tokens_processed.items()):
+            tokens.add_metric([phase], count)
+        yield tokens
+        futures = GaugeMetricFamily("trainer_futures", "Futures in the ledger by state", labels=["state"])
+        for state, count in sorted(self.service.ledger.counts_by_state().items()):
+            futures.add_metric([state.value], count)
+        yield futures

@@ -1,0 +1,163 @@
+"""Checkpoint paths and folders: `tinker://<model>/weights/<name>` and `tinker://<model>/sampler_weights/<name>`.
+
+Each checkpoint is a folder under the storage root holding a PEFT adapter (`adapter_model.safetensors`,
+`adapter_config.json`, loadable by peft and transformers as is), the optimizer state for training checkpoints,
+and `checkpoint.json` with who owns it. Names are validated, so a path can never leave the storage root.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from trainer_backend.errors import ConflictError, NotFoundError, UserInputError
+
+SCHEME = "tinker://"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_MODEL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9:._-]{0,127}")
+METADATA_FILE = "checkpoint.json"
+OPTIMIZER_FILE = "optimizer.pt"
+
+
+class CheckpointKind(StrEnum):
+    TRAINING = "weights"  # adapter + optimizer state: resumes training
+    SAMPLER = "sampler_weights"  # adapter only: for sampling
+
+
+@dataclass(frozen=True)
+class CheckpointPath:
+    model_id: str
+    kind: CheckpointKind
+    name: str
+
+    def __str__(self) -> str:
+        return f"{SCHEME}{self.model_id}/{self.kind.value}/{self.name}"
+
+    @classmethod
+    def parse(cls, path: str) -> CheckpointPath:
+        """Parse and validate a tinker:// path; raises UserInputError saying what is wrong with it."""
+        if not path.startswith(SCHEME):
+            raise UserInputError(f"checkpoint path {path!r} must start with {SCHEME}")
+        parts = path[len(SCHEME) :].split("/")
+        if len(parts) != 3:
+            raise UserInputError(f"checkpoint path {path!r} must look like {SCHEME}<model_id>/weights/<name>")
+        model_id, kind, name = parts
+        if kind not in {k.value for k in CheckpointKind}:
+            raise UserInputError(f"checkpoint path {path!r}: kind must be 'weights' or 'sampler_weights'")
+        if not _MODEL_ID.fullmatch(model_id):
+            raise UserInputError(f"checkpoint path {path!r} has an invalid model id")
+        validate_name(name)
+        return cls(model_id, CheckpointKind(kind), name)
+
+
+def validate_name(name: str) -> str:
+    if not _NAME.fullmatch(name) or ".." in name:
+        raise UserInputError(
+            f"invalid checkpoint name {name!r}: use 1-128 letters, digits, '.', '_' or '-', starting with a letter "
+            "or digit"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    path: str
+    owner: str
+    model_id: str
+    kind: CheckpointKind
+    name: str
+    base_model: str
+    created_at: float
+    size_bytes: int
+    has_optimizer: bool
+    expires_at: float | None = None
+
+
+class CheckpointStore:
+    """Checkpoint folders under one storage root; every lookup checks the owner."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+
+    def folder(self, path: CheckpointPath) -> Path:
+        # model ids contain ':', which some file systems dislike; the folder name replaces it.
+        return self.root / "runs" / path.model_id.replace(":", "__") / path.kind.value / path.name
+
+    def prepare(self, path: CheckpointPath, overwrite: bool = True) -> Path:
+        """An empty staging folder to write the checkpoint into; `commit` moves it into place."""
+        target = self.folder(path)
+        if target.exists() and not overwrite:
+            raise ConflictError(f"checkpoint {path} already exists")
+        staging = target.with_name(f".{target.name}.staging-{time.monotonic_ns()}")
+        staging.mkdir(parents=True)
+        return staging
+
+    def commit(
+        self,
+        path: CheckpointPath,
+        staging: Path,
+        owner: str,
+        base_model: str,
+        ttl_seconds: float | None = None,
+    ) -> CheckpointInfo:
+        """Write the metadata and swap the staging folder in, so a crash never leaves half a checkpoint."""
+        size = sum(f.stat().st_size for f in staging.rglob("*") if f.is_file())
+        now = time.time()
+        info = CheckpointInfo(
+            path=str(path),
+            owner=owner,
+            model_id=path.model_id,
+            kind=path.kind,
+            name=path.name,
+            base_model=base_model,
+            created_at=now,
+            size_bytes=size,
+            has_optimizer=(staging / OPTIMIZER_FILE).exists(),
+            expires_at=now + ttl_seconds if ttl_seconds else None,
+        )
+        (staging / METADATA_FILE).write_text(json.dumps(asdict(info)))
+        target = self.folder(path)
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+        return info
+
+    def info(self, owner: str, path: CheckpointPath) -> CheckpointInfo:
+        """The checkpoint's metadata; NotFoundError when it is missing or belongs to another key."""
+        metadata = self.folder(path) / METADATA_FILE
+        if not metadata.exists():
+            raise NotFoundError(f"checkpoint {path} not found")
+        info = _read_info(metadata)
+        if info.owner != owner:
+            raise NotFoundError(f"checkpoint {path} not found")
+        if info.expires_at is not None and info.expires_at < time.time():
+            raise NotFoundError(f"checkpoint {path} expired")
+        return info
+
+    def list(self, owner: str, model_id: str | None = None) -> list[CheckpointInfo]:
+        if model_id is not None and not _MODEL_ID.fullmatch(model_id):
+            raise UserInputError(f"invalid model id {model_id!r}")
+        run_folder = model_id.replace(":", "__") if model_id else "*"
+        pattern = f"runs/{run_folder}/*/*/{METADATA_FILE}"
+        infos = [_read_info(p) for p in self.root.glob(pattern)]
+        now = time.time()
+        return sorted(
+            (i for i in infos if i.owner == owner and (i.expires_at is None or i.expires_at >= now)),
+            key=lambda i: i.created_at,
+        )
+
+    def delete(self, owner: str, path: CheckpointPath) -> None:
+        self.info(owner, path)
+        shutil.rmtree(self.folder(path))
+
+
+def _read_info(metadata: Path) -> CheckpointInfo:
+    data = json.loads(metadata.read_text())
+    data["kind"] = CheckpointKind(data["kind"])
+    return CheckpointInfo(**data)

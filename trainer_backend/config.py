@@ -1,0 +1,31 @@
+"""Server configuration, validated at the edge: command-line flags or TRAINER_BACKEND_* environment variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from trainer_backend.models.gemma import GEMMA_3_270M
+
+
+def default_storage_root() -> Path:
+    return Path.home() / ".local" / "share" / "rl-posttrain" / "backend"
+
+
+class ServerConfig(BaseSettings):
+    """Everything `python -m trainer_backend serve` can be told."""
+
+    model_config = SettingsConfigDict(env_prefix="TRAINER_BACKEND_", extra="forbid")
+
+    base_model: str = Field(GEMMA_3_270M, description="served base model: a known name or a local HF folder")
+    device: str = Field("auto", description="auto, cpu, cuda, cuda:N or mps")
+    host: str = Field("127.0.0.1", description="address to bind")
+    port: int = Field(8000, ge=0, le=65535, description="port to bind (0 picks a free one)")
+    storage_root: Path = Field(default_factory=default_storage_root, description="checkpoints, ledger and runs")
+    model_cache: Path | None = Field(None, description="where converted base models are cached")
+    api_keys: list[str] = Field(default_factory=list, description="accepted keys; none means open mode (loopback)")
+    long_poll_s: float = Field(25.0, gt=0, le=40, description="how long retrieve_future waits before try_again")
+    max_queued: int = Field(1024, ge=1, description="queued operations before clients are told to back off")
+    gap_timeout_s: float = Field(60.0, gt=0, description="how long a request waits for a missing lower seq_id")

@@ -1,0 +1,210 @@
+"""LoRA adapters over one shared base model, one adapter and one AdamW state per training client.
+
+PEFT holds every adapter in one wrapped model; the base weights exist once in memory whatever the number of
+tenants. Only the device worker thread touches this, so switching the active adapter needs no lock.
+Adapters are saved in PEFT's own format (`adapter_model.safetensors` + `adapter_config.json`), which
+`peft.PeftModel.from_pretrained` and vLLM load as they are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from trainer_backend.checkpoints import OPTIMIZER_FILE
+from trainer_backend.errors import NotFoundError, UserInputError
+from trainer_backend.runs import LoraSettings
+
+# Tinker does not send an alpha; 32 is the value common Tinker-compatible servers use.
+LORA_ALPHA = 32
+ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
+UNEMBED_MODULES = ("lm_head",)
+ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
+
+
+@dataclass(frozen=True)
+class AdamSettings:
+    """Tinker's AdamParams, applied at each optimizer step (they may change from step to step)."""
+
+    learning_rate: float = 1e-4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-12
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 0.0
+
+    def validate(self) -> None:
+        checks = {
+            "learning_rate": self.learning_rate >= 0,
+            "beta1": 0 <= self.beta1 < 1,
+            "beta2": 0 <= self.beta2 < 1,
+            "eps": self.eps > 0,
+            "weight_decay": self.weight_decay >= 0,
+            "grad_clip_norm": self.grad_clip_norm >= 0,
+        }
+        for name, ok in checks.items():
+            value = getattr(self, name)
+            if not ok or not math.isfinite(value):
+                raise UserInputError(f"adam_params.{name}={value} is out of range")
+
+
+def lora_config(settings: LoraSettings) -> LoraConfig:
+    targets = (
+        (ATTENTION_MODULES if settings.train_attn else ())
+        + (MLP_MODULES if settings.train_mlp else ())
+        + (UNEMBED_MODULES if settings.train_unembed else ())
+    )
+    if not targets:
+        raise UserInputError("lora_config trains nothing: set at least one of train_attn, train_mlp, train_unembed")
+    if settings.rank < 1:
+        raise UserInputError(f"lora_config.rank must be at least 1, got {settings.rank}")
+    return LoraConfig(
+        r=settings.rank, lora_alpha=LORA_ALPHA, lora_dropout=0.0, target_modules=list(targets), bias="none"
+    )
+
+
+class AdapterPool:
+    """Named adapters on one base model; names are model ids (training) or sampler keys (read-only snapshots)."""
+
+    def __init__(self, base_model: nn.Module) -> None:
+        self.base_model = base_model
+        self.peft_model: PeftModel | None = None
+        self.optimizers: dict[str, torch.optim.AdamW] = {}
+
+    def __contains__(self, name: str) -> bool:
+        return self.peft_model is not None and name in self.peft_model.peft_config
+
+    @property
+    def names(self) -> list[str]:
+        return [] if self.peft_model is None else list(self.peft_model.peft_config)
+
+    def create(self, name: str, settings: LoraSettings) -> None:
+        """A fresh adapter (LoRA B = 0, so it starts equal to the base model) seeded by `settings.seed`."""
+        config = lora_config(settings)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(settings.seed if settings.seed is not None else 0)
+            self._add(name, config)
+        self.optimizers[name] = self._new_optimizer(name)
+
+    def _add(self, name: str, config: LoraConfig) -> None:
+        if self.peft_model is None:
+            self.peft_model = get_peft_model(self.base_model, config, adapter_name=name)
+        else:
+            self.peft_model.add_adapter(name, config)
+        # Adapters train in fp32 whatever the base dtype: LoRA updates are small and bf16 would swallow them.
+        for param in self.parameters(name):
+            param.data = param.data.float()
+            param.requires_grad_(True)
+
+    def _new_optimizer(self, name: str) -> torch.optim.AdamW:
+        return torch.optim.AdamW(self.parameters(name), lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0)
+
+    def parameters(self, name: str) -> list[nn.Parameter]:
+        """The adapter's own parameters, in a stable order (the optimizer state depends on it)."""
+        self._require(name)
+        marker = f".{name}."
+        return [p for n, p in sorted(self.peft_model.named_parameters()) if marker in f"{n}." and "lora_" in n]
+
+    def _require(self, name: str) -> None:
+        if name not in self:
+            raise NotFoundError(f"no adapter {name!r} is loaded")
+
+    @contextlib.contextmanager
+    def active(self, name: str | None) -> Iterator[nn.Module]:
+        """The model with adapter `name` active, or with no adapter (the base model) when `name` is None."""
+        if name is None:
+            if self.peft_model is None:
+                yield self.base_model
+            else:
+                with self.peft_model.disable_adapter():
+                    yield self.peft_model
+            return
+        self._require(name)
+        self.peft_model.set_adapter(name)
+        # set_adapter freezes every other adapter and may re-freeze this one's parameters; keep it trainable.
+        for param in self.parameters(name):
+            param.requires_grad_(True)
+        yield self.peft_model
+
+    def step(self, name: str, adam: AdamSettings) -> dict[str, float]:
+        """Apply accumulated gradients with these Adam settings, then clear them."""
+        adam.validate()
+        optimizer = self.optimizers[name]
+        params = self.parameters(name)
+        metrics: dict[str, float] = {}
+        grads = [p.grad for p in params if p.grad is not None]
+        if grads:
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
+            metrics["grad_norm:mean"] = norm
+            if adam.grad_clip_norm > 0:
+                torch.nn.utils.clip_grad_norm_(params, adam.grad_clip_norm)
+        for group in optimizer.param_groups:
+            group.update(
+                lr=adam.learning_rate, betas=(adam.beta1, adam.beta2), eps=adam.eps, weight_decay=adam.weight_decay
+            )
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return metrics
+
+    def zero_grad(self, name: str) -> None:
+        self.optimizers[name].zero_grad(set_to_none=True)
+
+    def save(self, name: str, folder: Path, include_optimizer: bool) -> None:
+        """Write the adapter in PEFT format (and the optimizer state beside it) into `folder`."""
+        self._require(name)
+        # Only the LoRA matrices: with the unembedding trained, PEFT would otherwise add the whole (tied)
+        # embedding matrix, 670 MB for Gemma.
+        state = get_peft_model_state_dict(self.peft_model, adapter_name=name, save_embedding_layers=False)
+        save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(folder / ADAPTER_WEIGHTS_FILE))
+        config = self.peft_model.peft_config[name]
+        config.base_model_name_or_path = getattr(self.base_model, "name_or_path", None)
+        config.save_pretrained(str(folder))
+        if include_optimizer and name in self.optimizers:
+            torch.save(self.optimizers[name].state_dict(), folder / OPTIMIZER_FILE)
+
+    def load(self, name: str, folder: Path, with_optimizer: bool, trainable: bool) -> None:
+        """Load a saved adapter under `name`, replacing any adapter of that name."""
+        if name in self:
+            self.delete(name)
+        config = LoraConfig.from_pretrained(str(folder))
+        config.inference_mode = False
+        self._add(name, config)
+        state = load_file(str(folder / ADAPTER_WEIGHTS_FILE), device=str(self._device()))
+        result = set_peft_model_state_dict(self.peft_model, state, adapter_name=name)
+        unexpected = [k for k in result.unexpected_keys if "lora_" in k]
+        if unexpected:
+            raise UserInputError(f"checkpoint at {folder.name} does not fit this base model: {unexpected[:3]}")
+        if trainable:
+            self.optimizers[name] = self._new_optimizer(name)
+            optimizer_file = folder / OPTIMIZER_FILE
+            if with_optimizer:
+                if not optimizer_file.exists():
+                    raise UserInputError("this checkpoint has no optimizer state; load it without the optimizer")
+                self.optimizers[name].load_state_dict(torch.load(optimizer_file, map_location=self._device()))
+        else:
+            for param in self.parameters(name):
+                param.requires_grad_(False)
+
+    def delete(self, name: str) -> None:
+        self._require(name)
+        self.optimizers.pop(name, None)
+        if len(self.names) == 1:
+            # PEFT cannot delete its last adapter; unwrap instead, restoring the plain base model.
+            self.base_model = self.peft_model.unload()
+            self.peft_model = None
+            return
+        if self.peft_model.active_adapter == name:
+            self.peft_model.set_adapter(next(n for n in self.names if n != name))
+        self.peft_model.delete_adapter(name)
+
+    def _device(self) -> torch.device:
+        return next(self.base_model.parameters()).device

@@ -1,0 +1,109 @@
+"""Per-token log-probabilities of target tokens, without materialising the whole batch's logits.
+
+Gemma 3's vocabulary has 262,144 entries: fp32 logits for 8 × 128 tokens take 1 GB, and autograd would keep
+two or three such tensors alive until backward. `target_logprobs` projects the hidden states onto the
+vocabulary a chunk of tokens at a time, under activation checkpointing, so forward and backward each hold at
+most one chunk's logits (backward recomputes the chunk). `full_logits_target_logprobs` is the plain
+computation, kept for tests and benchmarks.
+
+Targets are `[B, T]` (one token per position) or `[B, T, K]` (K tokens per position, as a Tinker datum's 2-D
+`target_tokens`). A negative target (for instance -100 on padding) marks an ignored position: its log-prob is
+0.0 and it sends no gradient. Callers still weight or mask the result; the sentinel only keeps padding cheap.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from trainer_backend.errors import UserInputError
+
+
+def target_logprobs(
+    hidden_states: Tensor,
+    lm_head_weight: Tensor,
+    targets: Tensor,
+    chunk_tokens: int = 256,
+    final_logit_softcapping: float | None = None,
+) -> Tensor:
+    """log_softmax(hidden_states @ lm_head_weight.T)[targets], computed `chunk_tokens` positions at a time.
+
+    Args:
+        hidden_states: `[B, T, H]`, the final (normed) hidden states.
+        lm_head_weight: `[V, H]`, the unembedding; it gets a gradient only if it requires one.
+        targets: `[B, T]` or `[B, T, K]` integer token ids; negative ids are ignored positions.
+        chunk_tokens: positions (of the flattened `B * T`) whose logits exist at once.
+        final_logit_softcapping: Gemma's cap c, applied as `tanh(logits / c) * c` before the softmax.
+
+    Returns:
+        float32 log-probabilities shaped like `targets`, differentiable with respect to `hidden_states`.
+
+    Raises:
+        UserInputError: a target token is outside the vocabulary (targets come from the request).
+        ValueError: on mismatched shapes, non-integer targets, or `chunk_tokens < 1`.
+    """
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be at least 1, got {chunk_tokens}")
+    hidden_NH, targets_NK = _flatten(hidden_states, lm_head_weight, targets)
+    pieces = [
+        # Nothing inside a chunk is saved for backward, which recomputes it; no RNG is involved, so skip
+        # stashing RNG state.
+        checkpoint(
+            _logprobs,
+            hidden_nH,
+            lm_head_weight,
+            targets_nK,
+            final_logit_softcapping,
+            use_reentrant=False,
+            preserve_rng_state=False,
+        )
+        for hidden_nH, targets_nK in zip(hidden_NH.split(chunk_tokens), targets_NK.split(chunk_tokens), strict=True)
+    ]
+    return torch.cat(pieces).reshape(targets.shape)
+
+
+def full_logits_target_logprobs(
+    hidden_states: Tensor,
+    lm_head_weight: Tensor,
+    targets: Tensor,
+    chunk_tokens: int = 256,
+    final_logit_softcapping: float | None = None,
+) -> Tensor:
+    """The same values as `target_logprobs`, through the full `[B * T, V]` logits at once.
+
+    `chunk_tokens` is accepted and ignored, so the two functions are interchangeable in benchmarks.
+    """
+    hidden_NH, targets_NK = _flatten(hidden_states, lm_head_weight, targets)
+    return _logprobs(hidden_NH, lm_head_weight, targets_NK, final_logit_softcapping).reshape(targets.shape)
+
+
+def _flatten(hidden_states: Tensor, lm_head_weight: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    if hidden_states.dim() != 3:
+        raise ValueError(f"hidden_states must be [B, T, H], got shape {tuple(hidden_states.shape)}")
+    batch, length, width = hidden_states.shape
+    if lm_head_weight.dim() != 2 or lm_head_weight.shape[1] != width:
+        raise ValueError(f"lm_head_weight must be [V, {width}], got shape {tuple(lm_head_weight.shape)}")
+    if targets.dim() not in (2, 3) or tuple(targets.shape[:2]) != (batch, length):
+        raise ValueError(f"targets must be [{batch}, {length}] or [{batch}, {length}, K], got {tuple(targets.shape)}")
+    if targets.dtype.is_floating_point or targets.dtype.is_complex or targets.dtype == torch.bool:
+        raise ValueError(f"targets must be integer token ids, got dtype {targets.dtype}")
+    vocab = lm_head_weight.shape[0]
+    if targets.numel() and int(targets.max()) >= vocab:
+        raise UserInputError(f"target token {int(targets.max())} is outside the model's vocabulary of {vocab} tokens")
+    per_position = targets.shape[2] if targets.dim() == 3 else 1
+    return hidden_states.reshape(batch * length, width), targets.reshape(batch * length, per_position).long()
+
+
+def _logprobs(hidden_nH: Tensor, weight_VH: Tensor, targets_nK: Tensor, softcap: float | None) -> Tensor:
+    # The matmul stays in the model's dtype (an fp32 copy of Gemma's unembedding would be gigabytes); the
+    # softmax runs in fp32 because bf16 log-probs are too coarse for importance ratios.
+    logits_nV = F.linear(hidden_nH, weight_VH).float()
+    if softcap is not None:
+        logits_nV = torch.tanh(logits_nV / softcap) * softcap
+    ignored_nK = targets_nK < 0
+    # logit[target] - logsumexp avoids a second [n, V] tensor for the full log_softmax.
+    picked_nK = logits_nV.gather(1, targets_nK.clamp(min=0))
+    logprobs_nK = picked_nK - torch.logsumexp(logits_nV, dim=-1, keepdim=True)
+    return logprobs_nK.masked_fill(ignored_nK, 0.0)

@@ -1,0 +1,169 @@
+"""Everything the device does for the server: forward/backward, optimizer steps, sampling, adapter save/load.
+
+One `ModelEngine` wraps one base model and its adapters. It is called only from the scheduler's worker thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from trainer_backend.api.proto import DecodedDatum, ForwardBackwardResult
+from trainer_backend.engine.adapters import AdamSettings, AdapterPool
+from trainer_backend.engine.logprobs import target_logprobs
+from trainer_backend.engine.losses import compute_loss
+from trainer_backend.engine.sampling import SamplingRequest, SamplingResult, sample
+from trainer_backend.errors import UserInputError
+from trainer_backend.models.loading import LoadedModel
+from trainer_backend.runs import LoraSettings
+
+# Logits of this many vocabulary entries (summed over positions) exist at once in a forward/backward: 32 Mi
+# fp32 values, 128 MiB. For Gemma's 262,144-entry vocabulary that is 128 positions per chunk.
+LOGITS_BUDGET = 32 * 1024 * 1024
+# Sampler snapshots kept loaded as adapters; older ones are reloaded from disk on use.
+SAMPLER_ADAPTERS_KEPT = 8
+IGNORED_TARGET = -100
+
+
+class ModelEngine:
+    """The base model, its adapters, and the operations the Tinker API asks of them."""
+
+    def __init__(self, loaded: LoadedModel, logits_budget: int = LOGITS_BUDGET) -> None:
+        self.loaded = loaded
+        self.adapters = AdapterPool(loaded.model)
+        self.chunk_tokens = max(1, logits_budget // loaded.vocab_size)
+        self._sampler_adapters: OrderedDict[str, str] = OrderedDict()
+        config = loaded.model.config.get_text_config()
+        self.softcap = getattr(config, "final_logit_softcapping", None)
+        self.pad_token_id = loaded.tokenizer.pad_token_id or 0
+
+    # --- training -----------------------------------------------------------------------------------------
+
+    def create_adapter(self, model_id: str, lora: LoraSettings) -> None:
+        self.adapters.create(model_id, lora)
+
+    def forward_backward(
+        self,
+        model_id: str,
+        datums: Sequence[DecodedDatum],
+        loss_fn: str,
+        loss_fn_config: dict[str, float | str] | None,
+        forward_only: bool,
+    ) -> ForwardBackwardResult:
+        """Per-datum log-probs and the loss; gradients accumulate in the adapter until `optim_step`."""
+        if not datums:
+            raise UserInputError("forward_backward needs at least one datum")
+        tokens_B_T, mask_B_T, targets = self._batch(datums)
+        with self.adapters.active(model_id) as model, torch.set_grad_enabled(not forward_only):
+            causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+            hidden_B_T_H = causal_lm.model(input_ids=tokens_B_T, attention_mask=mask_B_T).last_hidden_state
+            logprobs_B_T = target_logprobs(
+                hidden_B_T_H, self._unembedding(causal_lm, model_id), targets, self.chunk_tokens, self.softcap
+            )
+            per_datum = [logprobs_B_T[i, : len(d.model_input_tokens)] for i, d in enumerate(datums)]
+            result = compute_loss(loss_fn, per_datum, [d.loss_fn_inputs for d in datums], loss_fn_config)
+            if not forward_only:
+                result.loss.backward()
+        return ForwardBackwardResult(
+            loss_fn_outputs=[{k: v.float().cpu() for k, v in outputs.items()} for outputs in result.outputs],
+            metrics=result.metrics,
+        )
+
+    def _batch(self, datums: Sequence[DecodedDatum]) -> tuple[Tensor, Tensor, Tensor]:
+        """Right-padded tokens, attention mask and targets (-100 on padding) on the device."""
+        vocab = self.loaded.vocab_size
+        longest = max(len(d.model_input_tokens) for d in datums)
+        if longest > self.loaded.max_context_length:
+            raise UserInputError(
+                f"a datum has {longest} tokens; the model's context length is {self.loaded.max_context_length}"
+            )
+        width = None
+        for index, datum in enumerate(datums):
+            tokens = datum.model_input_tokens
+            if not tokens:
+                raise UserInputError(f"datum {index} has an empty model_input")
+            if min(tokens) < 0 or max(tokens) >= vocab:
+                raise UserInputError(f"datum {index} has token ids outside the vocabulary [0, {vocab})")
+            targets = datum.loss_fn_inputs.get("target_tokens")
+            if targets is None:
+                raise UserInputError(f"datum {index} has no loss_fn_inputs['target_tokens']")
+            if targets.shape[0] != len(tokens):
+                raise UserInputError(
+                    f"datum {index}: target_tokens has {targets.shape[0]} positions for {len(tokens)} input tokens"
+                )
+            if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= vocab):
+                raise UserInputError(f"datum {index} has target_tokens outside the vocabulary [0, {vocab})")
+            shape = tuple(targets.shape[1:])
+            if width is None:
+                width = shape
+            elif shape != width:
+                raise UserInputError("all data of one request must have target_tokens of the same rank and width")
+        device = self.loaded.device
+        tokens_B_T = torch.full((len(datums), longest), self.pad_token_id, dtype=torch.long)
+        mask_B_T = torch.zeros((len(datums), longest), dtype=torch.long)
+        targets_B_T = torch.full((len(datums), longest, *width), IGNORED_TARGET, dtype=torch.long)
+        for i, datum in enumerate(datums):
+            n = len(datum.model_input_tokens)
+            tokens_B_T[i, :n] = torch.tensor(datum.model_input_tokens)
+            mask_B_T[i, :n] = 1
+            targets_B_T[i, :n] = datum.loss_fn_inputs["target_tokens"].long()
+        return tokens_B_T.to(device), mask_B_T.to(device), targets_B_T.to(device)
+
+    def _unembedding(self, causal_lm: torch.nn.Module, adapter: str) -> Tensor:
+        """The lm_head weight, with the adapter's LoRA delta folded in when it trains the unembedding."""
+        head = causal_lm.get_output_embeddings()
+        base = getattr(head, "base_layer", head)
+        weight = base.weight
+        if hasattr(head, "lora_A") and adapter in head.lora_A:
+            delta = head.lora_B[adapter].weight @ head.lora_A[adapter].weight
+            weight = weight + delta.to(weight.dtype) * head.scaling[adapter]
+        return weight
+
+    def optim_step(self, model_id: str, adam: AdamSettings) -> dict[str, float]:
+        return self.adapters.step(model_id, adam)
+
+    def save(self, model_id: str, folder: Path, include_optimizer: bool) -> None:
+        self.adapters.save(model_id, folder, include_optimizer)
+
+    def load(self, model_id: str, folder: Path, with_optimizer: bool) -> None:
+        self.adapters.load(model_id, folder, with_optimizer=with_optimizer, trainable=True)
+
+    def has_adapter(self, model_id: str) -> bool:
+        return model_id in self.adapters
+
+    # --- sampling -----------------------------------------------------------------------------------------
+
+    def sample(self, weights_folder: Path | None, request: SamplingRequest, stop_at_eos: bool) -> SamplingResult:
+        """Sample from the base model (no folder) or from saved sampler weights."""
+        adapter = None if weights_folder is None else self._sampler_adapter(weights_folder)
+        eos = self.loaded.eos_token_ids if stop_at_eos else ()
+        with self.adapters.active(adapter) as model:
+            return sample(
+                model,
+                request,
+                eos_token_ids=eos,
+                decode=self._decode,
+                max_context_length=self.loaded.max_context_length,
+            )
+
+    def _decode(self, tokens: Sequence[int]) -> str:
+        return self.loaded.tokenizer.decode(list(tokens), skip_special_tokens=False)
+
+    def _sampler_adapter(self, folder: Path) -> str:
+        key = folder.resolve()
+        stamp = (folder / "adapter_model.safetensors").stat().st_mtime_ns
+        name = "sampler-" + hashlib.sha256(f"{key}:{stamp}".encode()).hexdigest()[:16]
+        if name in self._sampler_adapters:
+            self._sampler_adapters.move_to_end(name)
+            return name
+        self.adapters.load(name, folder, with_optimizer=False, trainable=False)
+        self._sampler_adapters[name] = str(key)
+        while len(self._sampler_adapters) > SAMPLER_ADAPTERS_KEPT:
+            evicted, _ = self._sampler_adapters.popitem(last=False)
+            self.adapters.delete(evicted)
+        return name

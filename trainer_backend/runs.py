@@ -1,0 +1,221 @@
+"""Sessions, training runs (one per training client) and sampling sessions, with their owners.
+
+Ids are random tokens, so nobody can reach another key's run by guessing; a model id embeds its session id as the
+Tinker API does ("<session>:train:<n>").
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainer_backend.errors import NotFoundError
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    tags TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    last_heartbeat REAL NOT NULL,
+    finished_at REAL
+);
+CREATE TABLE IF NOT EXISTS training_runs (
+    model_id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    base_model TEXT NOT NULL,
+    lora_rank INTEGER NOT NULL,
+    train_mlp INTEGER NOT NULL,
+    train_attn INTEGER NOT NULL,
+    train_unembed INTEGER NOT NULL,
+    seed INTEGER,
+    created_at REAL NOT NULL,
+    last_request_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS sampling_sessions (
+    sampling_session_id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    base_model TEXT NOT NULL,
+    model_path TEXT,
+    created_at REAL NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    rank: int
+    train_mlp: bool = True
+    train_attn: bool = True
+    train_unembed: bool = False
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    model_id: str
+    owner: str
+    session_id: str
+    base_model: str
+    lora: LoraSettings
+    created_at: float
+    last_request_at: float
+
+
+@dataclass(frozen=True)
+class SamplingSession:
+    sampling_session_id: str
+    owner: str
+    session_id: str
+    base_model: str
+    # A tinker:// path of sampler weights, or None to sample the base model.
+    model_path: str | None
+
+
+class RunStore:
+    """Who owns which session, run and sampling session; a lookup with the wrong owner is a NotFoundError."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.executescript(_SCHEMA)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def create_session(self, owner: str, tags: list[str]) -> str:
+        session_id = f"ses-{secrets.token_hex(10)}"
+        now = time.time()
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO sessions VALUES (?, ?, ?, ?, ?, NULL)", (session_id, owner, json.dumps(tags), now, now)
+            )
+        return session_id
+
+    def require_session(self, owner: str, session_id: str) -> None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT 1 FROM sessions WHERE session_id = ? AND owner = ?", (session_id, owner)
+            ).fetchone()
+        if row is None:
+            raise NotFoundError(f"unknown session {session_id!r}")
+
+    def heartbeat(self, owner: str, session_id: str) -> None:
+        self.require_session(owner, session_id)
+        with self._lock:
+            self._db.execute("UPDATE sessions SET last_heartbeat = ? WHERE session_id = ?", (time.time(), session_id))
+
+    def finish_session(self, owner: str, session_id: str) -> None:
+        self.require_session(owner, session_id)
+        with self._lock:
+            self._db.execute("UPDATE sessions SET finished_at = ? WHERE session_id = ?", (time.time(), session_id))
+
+    def model_id_for(self, session_id: str, model_seq_id: int) -> str:
+        return f"{session_id}:train:{model_seq_id}"
+
+    def create_training_run(
+        self, owner: str, session_id: str, model_seq_id: int, base_model: str, lora: LoraSettings
+    ) -> TrainingRun:
+        self.require_session(owner, session_id)
+        model_id = self.model_id_for(session_id, model_seq_id)
+        now = time.time()
+        with self._lock:
+            self._db.execute(
+                "INSERT OR IGNORE INTO training_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    model_id,
+                    owner,
+                    session_id,
+                    base_model,
+                    lora.rank,
+                    lora.train_mlp,
+                    lora.train_attn,
+                    lora.train_unembed,
+                    lora.seed,
+                    now,
+                    now,
+                ),
+            )
+        return self.training_run(owner, model_id)
+
+    def training_run(self, owner: str, model_id: str) -> TrainingRun:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT model_id, owner, session_id, base_model, lora_rank, train_mlp, train_attn, train_unembed, seed,"
+                " created_at, last_request_at FROM training_runs WHERE model_id = ? AND owner = ?",
+                (model_id, owner),
+            ).fetchone()
+        if row is None:
+            raise NotFoundError(f"unknown model {model_id!r}")
+        return _run_from_row(row)
+
+    def touch(self, model_id: str) -> None:
+        with self._lock:
+            self._db.execute("UPDATE training_runs SET last_request_at = ? WHERE model_id = ?", (time.time(), model_id))
+
+    def list_training_runs(self, owner: str, limit: int = 100, offset: int = 0) -> tuple[list[TrainingRun], int]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT model_id, owner, session_id, base_model, lora_rank, train_mlp, train_attn, train_unembed, seed,"
+                " created_at, last_request_at FROM training_runs WHERE owner = ? ORDER BY created_at DESC"
+                " LIMIT ? OFFSET ?",
+                (owner, limit, offset),
+            ).fetchall()
+            total = self._db.execute("SELECT COUNT(*) FROM training_runs WHERE owner = ?", (owner,)).fetchone()[0]
+        return [_run_from_row(r) for r in rows], total
+
+    def all_training_runs(self) -> list[TrainingRun]:
+        """Every run of every owner: the server restores their adapters at start-up."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT model_id, owner, session_id, base_model, lora_rank, train_mlp, train_attn, train_unembed, seed,"
+                " created_at, last_request_at FROM training_runs"
+            ).fetchall()
+        return [_run_from_row(r) for r in rows]
+
+    def create_sampling_session(
+        self, owner: str, session_id: str, base_model: str, model_path: str | None
+    ) -> SamplingSession:
+        self.require_session(owner, session_id)
+        sampling_session_id = f"smp-{secrets.token_hex(10)}"
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO sampling_sessions VALUES (?, ?, ?, ?, ?, ?)",
+                (sampling_session_id, owner, session_id, base_model, model_path, time.time()),
+            )
+        return SamplingSession(sampling_session_id, owner, session_id, base_model, model_path)
+
+    def sampling_session(self, owner: str, sampling_session_id: str) -> SamplingSession:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT sampling_session_id, owner, session_id, base_model, model_path FROM sampling_sessions"
+                " WHERE sampling_session_id = ? AND owner = ?",
+                (sampling_session_id, owner),
+            ).fetchone()
+        if row is None:
+            raise NotFoundError(f"unknown sampling session {sampling_session_id!r}")
+        return SamplingSession(*row)
+
+
+def _run_from_row(row: tuple) -> TrainingRun:
+    return TrainingRun(
+        model_id=row[0],
+        owner=row[1],
+        session_id=row[2],
+        base_model=row[3],
+        lora=LoraSettings(
+            rank=row[4], train_mlp=bool(row[5]), train_attn=bool(row[6]), train_unembed=bool(row[7]), seed=row[8]
+        ),
+        created_at=row[9],
+        last_request_at=row[10],
+    )

@@ -1,0 +1,73 @@
+"""Building and running the server: load the base model, wire the service, serve it with uvicorn."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import uvicorn
+
+from trainer_backend.api.app import create_app
+from trainer_backend.auth import KeyPolicy
+from trainer_backend.config import ServerConfig
+from trainer_backend.models.loading import load_base_model, select_device
+from trainer_backend.models.registry import default_cache_root, resolve_base_model
+from trainer_backend.service import TrainingService
+
+log = logging.getLogger(__name__)
+
+
+def build_service(config: ServerConfig) -> TrainingService:
+    """Resolve and load the base model (converting it on first use), then open the stores."""
+    resolved = resolve_base_model(config.base_model, config.model_cache or default_cache_root())
+    device = select_device(config.device)
+    loaded = load_base_model(resolved, device)
+    log.info("serving %s from %s on %s", loaded.name, loaded.folder, device)
+    return TrainingService(config, loaded)
+
+
+def serve(config: ServerConfig) -> None:
+    """Run until interrupted."""
+    policy = KeyPolicy(frozenset(config.api_keys))
+    policy.check_bind(config.host)
+    service = build_service(config)
+    try:
+        app = create_app(service, policy, config.long_poll_s)
+        uvicorn.run(app, host=config.host, port=config.port, log_level="info")
+    finally:
+        service.close()
+
+
+@dataclass(frozen=True)
+class RunningServer:
+    url: str
+    service: TrainingService
+
+
+@contextmanager
+def running_server(config: ServerConfig) -> Iterator[RunningServer]:
+    """A real server on a background thread (tests, benchmarks, a local backend for trials)."""
+    policy = KeyPolicy(frozenset(config.api_keys))
+    policy.check_bind(config.host)
+    service = build_service(config)
+    with socket.socket() as probe:
+        probe.bind((config.host, config.port))
+        port = probe.getsockname()[1]
+    app = create_app(service, policy, config.long_poll_s)
+    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError("the server failed to start; see the log above")
+            threading.Event().wait(0.02)
+        yield RunningServer(f"http://{config.host}:{port}", service)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        service.close()

@@ -1,0 +1,454 @@
+"""The domain layer of the server: what each Tinker API call does, independent of HTTP.
+
+Every mutating call becomes a durable future (ledger) and an operation for the device worker (scheduler); reads
+answer at once. Every lookup goes through the caller's owner, so one API key never reaches another's runs,
+sampling sessions or checkpoints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from trainer_backend.api import schemas
+from trainer_backend.api.proto import (
+    ForwardBackwardBatch,
+    encode_forward_backward_output,
+    encode_sample_response,
+)
+from trainer_backend.checkpoints import CheckpointInfo, CheckpointKind, CheckpointPath, CheckpointStore, validate_name
+from trainer_backend.config import ServerConfig
+from trainer_backend.engine.adapters import AdamSettings
+from trainer_backend.engine.model_engine import ModelEngine
+from trainer_backend.engine.sampling import SamplingRequest
+from trainer_backend.errors import NotFoundError, UserInputError
+from trainer_backend.ledger import FutureRecord, Ledger, ResultFormat
+from trainer_backend.models.loading import LoadedModel
+from trainer_backend.runs import LoraSettings, RunStore, TrainingRun
+from trainer_backend.scheduler import Operation, Scheduler
+
+log = logging.getLogger(__name__)
+
+RESTART_REASON = "the server restarted while this request was queued or running; submit it again"
+# Ephemeral sampler weights (save_weights_and_get_sampling_client) are deleted after this long.
+EPHEMERAL_TTL_S = 24 * 3600
+
+
+def body_hash(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()
+
+
+def _json(model: schemas.BaseModel | dict) -> tuple[bytes, ResultFormat]:
+    data = model if isinstance(model, dict) else model.model_dump(mode="json", exclude_none=True)
+    return json.dumps(data).encode(), ResultFormat.JSON
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """A future the client polls, with the extra fields some calls return alongside it."""
+
+    record: FutureRecord
+    model_id: str | None = None
+    sample_sequence_ids: list[str] | None = None
+
+
+class TrainingService:
+    """One base model served to many owners: sessions, runs, futures, checkpoints, sampling."""
+
+    def __init__(self, config: ServerConfig, loaded: LoadedModel) -> None:
+        self.config = config
+        self.loaded = loaded
+        config.storage_root.mkdir(parents=True, exist_ok=True)
+        self.ledger = Ledger(config.storage_root / "ledger.sqlite3")
+        failed = self.ledger.fail_unfinished(RESTART_REASON)
+        if failed:
+            log.warning("marked %d futures from the previous run as failed", failed)
+        self.runs = RunStore(config.storage_root / "runs.sqlite3")
+        self.checkpoints = CheckpointStore(config.storage_root / "checkpoints")
+        self.engine = ModelEngine(loaded)
+        self.scheduler = Scheduler(self.ledger, max_queued=config.max_queued, gap_timeout_s=config.gap_timeout_s)
+        self.tokens_processed = {"forward_backward": 0, "sample_prompt": 0, "sample_generated": 0}
+
+    def close(self) -> None:
+        self.scheduler.stop()
+        self.ledger.close()
+        self.runs.close()
+
+    # --- futures ------------------------------------------------------------------------------------------
+
+    def _submit(
+        self,
+        owner: str,
+        kind: str,
+        lane: str,
+        body: bytes,
+        work: Callable[[], tuple[bytes, ResultFormat]],
+        seq_id: int | None = None,
+        idempotency_key: str | None = None,
+        model_id: str | None = None,
+    ) -> FutureRecord:
+        record, created = self.ledger.submit(
+            owner,
+            kind,
+            body_hash(body),
+            model_id=model_id,
+            seq_id=seq_id,
+            idempotency_key=idempotency_key,
+        )
+        if created:
+            try:
+                self.scheduler.submit(Operation(record.request_id, kind, lane, work, seq_id))
+            except Exception as error:
+                self.ledger.fail(record.request_id, str(error), "server")
+                raise
+        return record
+
+    def future(self, owner: str, request_id: str) -> FutureRecord:
+        record = self.ledger.get(request_id)
+        if record is None or record.owner != owner:
+            raise NotFoundError(f"unknown request {request_id!r}")
+        return record
+
+    # --- sessions -----------------------------------------------------------------------------------------
+
+    def create_session(self, owner: str, request: schemas.CreateSessionRequest) -> str:
+        return self.runs.create_session(owner, request.tags)
+
+    def heartbeat(self, owner: str, session_id: str) -> None:
+        self.runs.heartbeat(owner, session_id)
+
+    def finish_session(self, owner: str, session_id: str) -> None:
+        self.runs.finish_session(owner, session_id)
+
+    # --- training runs ------------------------------------------------------------------------------------
+
+    def _check_base_model(self, base_model: str | None) -> None:
+        if base_model is not None and base_model != self.loaded.name:
+            raise UserInputError(f"this server serves base model {self.loaded.name!r}, not {base_model!r}")
+
+    def _live_run(self, owner: str, model_id: str) -> TrainingRun:
+        run = self.runs.training_run(owner, model_id)
+        if not self.engine.has_adapter(model_id) and not self._creating(model_id):
+            raise NotFoundError(
+                f"model {model_id!r} lost its live weights when the server restarted; resume from a checkpoint with "
+                "create_training_client_from_state"
+            )
+        self.runs.touch(model_id)
+        return run
+
+    def _creating(self, model_id: str) -> bool:
+        return self.scheduler.stats().queued_by_lane.get(model_id, 0) > 0
+
+    def create_model(self, owner: str, request: schemas.CreateModelRequest, body: bytes, key: str | None) -> Submitted:
+        self._check_base_model(request.base_model)
+        if request.optimizer_config.type != "adamw":
+            raise UserInputError(f"optimizer {request.optimizer_config.type!r} is not supported; use adamw")
+        config = request.lora_config or schemas.LoraConfig(rank=32)
+        lora = LoraSettings(
+            rank=config.rank,
+            train_mlp=config.train_mlp,
+            train_attn=config.train_attn,
+            train_unembed=config.train_unembed,
+            seed=config.seed,
+        )
+        run = self.runs.create_training_run(owner, request.session_id, request.model_seq_id, self.loaded.name, lora)
+
+        def work() -> tuple[bytes, ResultFormat]:
+            if not self.engine.has_adapter(run.model_id):
+                self.engine.create_adapter(run.model_id, lora)
+            return _json(schemas.CreateModelResponse(model_id=run.model_id))
+
+        self.scheduler.expect_sequence(run.model_id, 0)
+        record = self._submit(owner, "create_model", run.model_id, body, work, 0, key, run.model_id)
+        return Submitted(record, model_id=run.model_id)
+
+    def get_info(self, owner: str, model_id: str) -> schemas.GetInfoResponse:
+        run = self.runs.training_run(owner, model_id)
+        return schemas.GetInfoResponse(
+            model_id=model_id,
+            model_data=schemas.ModelData(
+                arch=getattr(self.loaded.model.config, "model_type", None),
+                model_name=self.loaded.name,
+                # A local folder path: the SDK builds the tokenizer with AutoTokenizer.from_pretrained(tokenizer_id).
+                tokenizer_id=str(self.loaded.folder),
+            ),
+            is_lora=True,
+            lora_rank=run.lora.rank,
+            model_name=self.loaded.name,
+        )
+
+    def forward_backward(self, owner: str, batch: ForwardBackwardBatch, body: bytes, key: str | None) -> Submitted:
+        self._live_run(owner, batch.model_id)
+        kind = "forward" if batch.forward_only else "forward_backward"
+
+        def work() -> tuple[bytes, ResultFormat]:
+            result = self.engine.forward_backward(
+                batch.model_id, batch.datums, batch.loss_fn, batch.loss_fn_config, batch.forward_only
+            )
+            self.tokens_processed["forward_backward"] += sum(len(d.model_input_tokens) for d in batch.datums)
+            return encode_forward_backward_output(result), ResultFormat.PROTO
+
+        record = self._submit(owner, kind, batch.model_id, body, work, batch.seq_id, key, batch.model_id)
+        return Submitted(record, model_id=batch.model_id)
+
+    def optim_step(self, owner: str, request: schemas.OptimStepRequest, body: bytes, key: str | None) -> Submitted:
+        self._live_run(owner, request.model_id)
+        if request.adam_params is None:
+            raise UserInputError("only Adam is supported: send adam_params")
+        params = request.adam_params
+        adam = AdamSettings(
+            learning_rate=params.learning_rate,
+            beta1=params.beta1,
+            beta2=params.beta2,
+            eps=params.eps,
+            weight_decay=params.weight_decay,
+            grad_clip_norm=params.grad_clip_norm,
+        )
+        adam.validate()
+
+        def work() -> tuple[bytes, ResultFormat]:
+            metrics = self.engine.optim_step(request.model_id, adam)
+            return _json(schemas.OptimStepResponse(metrics=metrics))
+
+        record = self._submit(owner, "optim_step", request.model_id, body, work, request.seq_id, key, request.model_id)
+        return Submitted(record, model_id=request.model_id)
+
+    def _save(
+        self, owner: str, model_id: str, kind: CheckpointKind, name: str, ttl_s: float | None, overwrite: bool
+    ) -> CheckpointInfo:
+        """Runs on the worker: write the adapter (and optimizer) into a checkpoint folder."""
+        path = CheckpointPath(model_id, kind, validate_name(name))
+        staging = self.checkpoints.prepare(path, overwrite=overwrite)
+        self.engine.save(model_id, staging, include_optimizer=kind is CheckpointKind.TRAINING)
+        return self.checkpoints.commit(path, staging, owner, self.loaded.name, ttl_s)
+
+    def save_weights(self, owner: str, request: schemas.SaveWeightsRequest, body: bytes, key: str | None) -> Submitted:
+        self._live_run(owner, request.model_id)
+        name = validate_name(request.path or f"step-{int(time.time())}")
+
+        def work() -> tuple[bytes, ResultFormat]:
+            info = self._save(
+                owner, request.model_id, CheckpointKind.TRAINING, name, request.ttl_seconds, overwrite=True
+            )
+            return _json(schemas.SaveWeightsResponse(path=info.path))
+
+        record = self._submit(
+            owner, "save_weights", request.model_id, body, work, request.seq_id, key, request.model_id
+        )
+        return Submitted(record, model_id=request.model_id)
+
+    def save_weights_for_sampler(
+        self, owner: str, request: schemas.SaveWeightsForSamplerRequest, body: bytes, key: str | None
+    ) -> Submitted:
+        run = self._live_run(owner, request.model_id)
+        ephemeral = request.path is None
+        name = validate_name(request.path) if request.path else f"ephemeral-{secrets.token_hex(8)}"
+        ttl = EPHEMERAL_TTL_S if ephemeral else request.ttl_seconds
+
+        def work() -> tuple[bytes, ResultFormat]:
+            info = self._save(owner, request.model_id, CheckpointKind.SAMPLER, name, ttl, overwrite=True)
+            if not ephemeral:
+                return _json(schemas.SaveWeightsForSamplerResponseInternal(path=info.path))
+            session = self.runs.create_sampling_session(owner, run.session_id, self.loaded.name, info.path)
+            return _json(schemas.SaveWeightsForSamplerResponseInternal(sampling_session_id=session.sampling_session_id))
+
+        record = self._submit(
+            owner, "save_weights_for_sampler", request.model_id, body, work, request.seq_id, key, request.model_id
+        )
+        return Submitted(record, model_id=request.model_id)
+
+    def load_weights(self, owner: str, request: schemas.LoadWeightsRequest, body: bytes, key: str | None) -> Submitted:
+        path = CheckpointPath.parse(request.path)
+        info = self.checkpoints.info(owner, path)
+        if info.base_model != self.loaded.name:
+            raise UserInputError(f"checkpoint {path} was trained on {info.base_model!r}, not {self.loaded.name!r}")
+        if request.optimizer and not info.has_optimizer:
+            raise UserInputError(f"checkpoint {path} has no optimizer state; load it without the optimizer")
+        folder = self.checkpoints.folder(path)
+        if request.model_id is not None:
+            # TrainingClient.load_state: into an existing run, in its seq_id order.
+            self._live_run(owner, request.model_id)
+            model_id, seq_id = request.model_id, request.seq_id
+        else:
+            # create_training_client_from_state: a new run whose first operation is this load.
+            if request.session_id is None or request.model_seq_id is None:
+                raise UserInputError("load_weights needs model_id, or session_id and model_seq_id")
+            self._check_base_model(request.base_model)
+            source = self.runs.training_run(owner, path.model_id) if self._known_run(owner, path.model_id) else None
+            lora = source.lora if source else LoraSettings(rank=_rank_of(folder))
+            run = self.runs.create_training_run(owner, request.session_id, request.model_seq_id, self.loaded.name, lora)
+            model_id, seq_id = run.model_id, 0
+            self.scheduler.expect_sequence(model_id, 0)
+
+        def work() -> tuple[bytes, ResultFormat]:
+            self.engine.load(model_id, folder, with_optimizer=request.optimizer)
+            return _json(schemas.LoadWeightsResponse(path=str(path), model_id=model_id))
+
+        record = self._submit(owner, "load_weights", model_id, body, work, seq_id, key, model_id)
+        return Submitted(record, model_id=model_id)
+
+    def _known_run(self, owner: str, model_id: str) -> bool:
+        try:
+            self.runs.training_run(owner, model_id)
+        except NotFoundError:
+            return False
+        return True
+
+    # --- sampling -----------------------------------------------------------------------------------------
+
+    def create_sampling_session(self, owner: str, request: schemas.CreateSamplingSessionRequest) -> str:
+        if request.model_path is not None:
+            self.checkpoints.info(owner, CheckpointPath.parse(request.model_path))
+        else:
+            self._check_base_model(request.base_model)
+        session = self.runs.create_sampling_session(owner, request.session_id, self.loaded.name, request.model_path)
+        return session.sampling_session_id
+
+    def sampler(self, owner: str, sampling_session_id: str) -> schemas.GetSamplerResponse:
+        session = self.runs.sampling_session(owner, sampling_session_id)
+        return schemas.GetSamplerResponse(
+            sampler_id=session.sampling_session_id, base_model=session.base_model, model_path=session.model_path
+        )
+
+    def sample(self, owner: str, request: schemas.SampleRequest, body: bytes, key: str | None) -> Submitted:
+        if request.topk_sample_logprobs or request.prompt_alt_tokens_k or request.target_prompt_logprobs:
+            raise UserInputError(
+                "topk_sample_logprobs, prompt_alt_tokens_k and target_prompt_logprobs are not supported by this server"
+            )
+        model_path = self._sampling_weights(owner, request)
+        folder = None if model_path is None else self.checkpoints.folder(model_path)
+        params = request.sampling_params
+        stop = params.stop
+        stop_strings: tuple[str, ...] = ()
+        stop_tokens: tuple[int, ...] = ()
+        if isinstance(stop, str):
+            stop_strings = (stop,)
+        elif stop:
+            if all(isinstance(s, str) for s in stop):
+                stop_strings = tuple(stop)
+            else:
+                stop_tokens = tuple(int(s) for s in stop)
+        sampling = SamplingRequest(
+            prompt_tokens=tuple(request.prompt.tokens()),
+            num_samples=request.num_samples,
+            max_tokens=params.max_tokens if params.max_tokens is not None else 16,
+            temperature=params.temperature,
+            top_k=params.top_k,
+            top_p=params.top_p,
+            seed=params.seed,
+            stop_token_ids=stop_tokens,
+            stop_strings=stop_strings,
+            prompt_logprobs=bool(request.prompt_logprobs),
+            topk_prompt_logprobs=request.topk_prompt_logprobs,
+        )
+        # `stop=[]` disables every stop, EOS included (SamplingParams' documented semantics).
+        stop_at_eos = stop is None or bool(stop)
+        lane = request.sampling_session_id or f"base:{owner}"
+
+        def work() -> tuple[bytes, ResultFormat]:
+            result = self.engine.sample(folder, sampling, stop_at_eos)
+            self.tokens_processed["sample_prompt"] += len(sampling.prompt_tokens)
+            self.tokens_processed["sample_generated"] += sum(len(s.tokens) for s in result.sequences)
+            return encode_sample_response(result), ResultFormat.PROTO
+
+        record = self._submit(owner, "sample", lane, body, work, None, key)
+        ids = [f"{record.request_id}-{i}" for i in range(request.num_samples)]
+        return Submitted(record, sample_sequence_ids=ids)
+
+    def _sampling_weights(self, owner: str, request: schemas.SampleRequest) -> CheckpointPath | None:
+        if request.sampling_session_id is not None:
+            session = self.runs.sampling_session(owner, request.sampling_session_id)
+            path = session.model_path
+        else:
+            self._check_base_model(request.base_model)
+            path = request.model_path
+        if path is None:
+            return None
+        parsed = CheckpointPath.parse(path)
+        self.checkpoints.info(owner, parsed)
+        return parsed
+
+    # --- REST: runs and checkpoints -----------------------------------------------------------------------
+
+    def _checkpoint_view(self, info: CheckpointInfo) -> schemas.Checkpoint:
+        return schemas.Checkpoint(
+            checkpoint_id=f"{info.kind.value}/{info.name}",
+            checkpoint_type="training" if info.kind is CheckpointKind.TRAINING else "sampler",
+            time=datetime.fromtimestamp(info.created_at, UTC),
+            tinker_path=info.path,
+            size_bytes=info.size_bytes,
+            expires_at=datetime.fromtimestamp(info.expires_at, UTC) if info.expires_at else None,
+        )
+
+    def _run_view(self, run: TrainingRun) -> schemas.TrainingRun:
+        checkpoints = self.checkpoints.list(run.owner, run.model_id)
+        training = [c for c in checkpoints if c.kind is CheckpointKind.TRAINING]
+        sampler = [c for c in checkpoints if c.kind is CheckpointKind.SAMPLER]
+        return schemas.TrainingRun(
+            training_run_id=run.model_id,
+            base_model=run.base_model,
+            model_owner=run.owner,
+            is_lora=True,
+            corrupted=not self.engine.has_adapter(run.model_id),
+            lora_rank=run.lora.rank,
+            last_request_time=datetime.fromtimestamp(run.last_request_at, UTC),
+            last_checkpoint=self._checkpoint_view(training[-1]) if training else None,
+            last_sampler_checkpoint=self._checkpoint_view(sampler[-1]) if sampler else None,
+        )
+
+    def list_training_runs(self, owner: str, limit: int, offset: int) -> schemas.TrainingRunsResponse:
+        runs, total = self.runs.list_training_runs(owner, limit, offset)
+        return schemas.TrainingRunsResponse(
+            training_runs=[self._run_view(r) for r in runs],
+            cursor=schemas.Cursor(offset=offset, limit=limit, total_count=total),
+        )
+
+    def training_run(self, owner: str, model_id: str) -> schemas.TrainingRun:
+        return self._run_view(self.runs.training_run(owner, model_id))
+
+    def list_checkpoints(self, owner: str, model_id: str | None) -> schemas.CheckpointsListResponse:
+        if model_id is not None:
+            self.runs.training_run(owner, model_id)
+        infos = self.checkpoints.list(owner, model_id)
+        return schemas.CheckpointsListResponse(checkpoints=[self._checkpoint_view(i) for i in infos])
+
+    def delete_checkpoint(self, owner: str, model_id: str, checkpoint_id: str) -> None:
+        kind, _, name = checkpoint_id.partition("/")
+        self.checkpoints.delete(owner, CheckpointPath.parse(f"tinker://{model_id}/{kind}/{name}"))
+
+    def weights_info(self, owner: str, tinker_path: str) -> schemas.WeightsInfoResponse:
+        path = CheckpointPath.parse(tinker_path)
+        info = self.checkpoints.info(owner, path)
+        config = json.loads((self.checkpoints.folder(path) / "adapter_config.json").read_text())
+        targets = set(config.get("target_modules") or [])
+        return schemas.WeightsInfoResponse(
+            base_model=info.base_model,
+            is_lora=True,
+            lora_rank=config.get("r"),
+            train_attn=bool(targets & {"q_proj", "k_proj", "v_proj", "o_proj"}),
+            train_mlp=bool(targets & {"gate_proj", "up_proj", "down_proj"}),
+            train_unembed="lm_head" in targets,
+        )
+
+    def capabilities(self) -> schemas.GetServerCapabilitiesResponse:
+        return schemas.GetServerCapabilitiesResponse(
+            supported_models=[
+                schemas.SupportedModel(
+                    model_name=self.loaded.name,
+                    max_context_length=self.loaded.max_context_length,
+                    trainable=True,
+                    sampleable=True,
+                )
+            ]
+        )
+
+
+def _rank_of(folder: Path) -> int:
+    return int(json.loads((folder / "adapter_config.json").read_text())["r"])
