@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Annotated
 
@@ -10,6 +9,7 @@ import typer
 
 from trainer_backend.config import ServerConfig
 from trainer_backend.errors import BackendError
+from trainer_backend.logs import configure_logging
 from trainer_backend.server import serve
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -25,6 +25,7 @@ def serve_command(
     port: Annotated[int | None, typer.Option(help="port to bind")] = None,
     storage_root: Annotated[Path | None, typer.Option(help="checkpoints, ledger and runs live here")] = None,
     api_key: Annotated[list[str] | None, typer.Option(help="an accepted API key (repeat for several)")] = None,
+    log_format: Annotated[str, typer.Option(help="text, or json for log collectors")] = "text",
 ) -> None:
     """Serve one base model to many LoRA training clients over the Tinker API."""
     given = {
@@ -36,7 +37,7 @@ def serve_command(
         "api_keys": api_key or None,
     }
     config = ServerConfig(**{k: v for k, v in given.items() if v is not None})
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(log_format)
     serve(config)
 
 

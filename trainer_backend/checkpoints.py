@@ -152,6 +152,17 @@ class CheckpointStore:
             key=lambda i: i.created_at,
         )
 
+    def delete_expired(self) -> int:
+        """Remove checkpoints past their TTL (ephemeral sampler weights, saves with ttl_seconds)."""
+        now = time.time()
+        removed = 0
+        for metadata in self.root.glob(f"runs/*/*/*/{METADATA_FILE}"):
+            info = _read_info(metadata)
+            if info.expires_at is not None and info.expires_at < now:
+                shutil.rmtree(metadata.parent, ignore_errors=True)
+                removed += 1
+        return removed
+
     def delete(self, owner: str, path: CheckpointPath) -> None:
         self.info(owner, path)
         shutil.rmtree(self.folder(path))

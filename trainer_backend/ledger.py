@@ -175,6 +175,11 @@ class Ledger:
             updated_at=row[11],
         )
 
+    def discard(self, request_id: str) -> None:
+        """Forget a future that was never queued, so that a retry of its request is a new submission."""
+        with self._lock:
+            self._db.execute("DELETE FROM futures WHERE request_id = ?", (request_id,))
+
     def mark_running(self, request_id: str) -> None:
         with self._lock:
             self._db.execute(

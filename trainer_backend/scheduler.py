@@ -41,6 +41,8 @@ class Operation:
 class _Lane:
     next_seq: int = 1
     waiting: dict[int, Operation] = field(default_factory=dict)
+    # seq_ids of requests refused before they were queued: nothing runs for them, and nothing waits for them.
+    skipped: set[int] = field(default_factory=set)
     unordered: deque[Operation] = field(default_factory=deque)
     last_served: float = 0.0
     gap_since: float | None = None
@@ -55,7 +57,16 @@ class _Lane:
             self.unordered.popleft()
         else:
             del self.waiting[operation.seq_id]
-            self.next_seq = operation.seq_id + 1
+            self.advance_to(operation.seq_id + 1)
+
+    def advance_to(self, next_seq: int) -> None:
+        self.next_seq = next_seq
+        while self.next_seq in self.skipped:
+            self.next_seq += 1
+        self.skipped = {seq for seq in self.skipped if seq > self.next_seq}
+
+    def taken(self, seq_id: int) -> bool:
+        return seq_id < self.next_seq or seq_id in self.waiting or seq_id in self.skipped
 
     def __len__(self) -> int:
         return len(self.waiting) + len(self.unordered)
@@ -100,16 +111,33 @@ class Scheduler:
             if operation.seq_id is None:
                 lane.unordered.append(operation)
             else:
-                if operation.seq_id < lane.next_seq or operation.seq_id in lane.waiting:
+                if lane.taken(operation.seq_id):
                     # The ledger answers retries before they get here; this is a client numbering bug.
                     raise ConflictError(f"seq_id {operation.seq_id} of {operation.lane} was already scheduled")
                 lane.waiting[operation.seq_id] = operation
             self._condition.notify()
 
     def expect_sequence(self, lane: str, next_seq: int) -> None:
-        """Start a lane's numbering somewhere other than 1 (a lane restored after a restart)."""
+        """Start a new lane's numbering somewhere other than 1; a lane that exists already keeps its place.
+
+        A model's creation is its seq 0 and may be retried after it ran: rewinding the lane then would make the
+        model's next request wait for a seq_id that already ran.
+        """
         with self._condition:
-            self._lanes.setdefault(lane, _Lane()).next_seq = next_seq
+            self._lanes.setdefault(lane, _Lane(next_seq=next_seq))
+
+    def skip(self, lane: str, seq_id: int) -> None:
+        """Count `seq_id` as done without running anything: its request was refused before it was queued.
+
+        The SDK numbers a training client's requests before sending them, so a refused one leaves a gap that its
+        next requests would otherwise wait on until `gap_timeout_s`. A seq_id already queued or run is left alone.
+        """
+        with self._condition:
+            state = self._lanes.setdefault(lane, _Lane())
+            if not state.taken(seq_id):
+                state.skipped.add(seq_id)
+                state.advance_to(state.next_seq)
+                self._condition.notify()
 
     def stats(self) -> SchedulerStats:
         with self._condition:
@@ -122,6 +150,8 @@ class Scheduler:
             )
 
     def stop(self) -> None:
+        """Finish the running operation and start no other: what is left stays queued in the ledger, which fails it
+        with a reason at the next start. A stop must not wait for the whole queue (the ledger closes after it)."""
         with self._condition:
             self._stopping = True
             self._condition.notify_all()
@@ -160,18 +190,18 @@ class Scheduler:
                 "which never arrived; requests of one training client run in order",
                 "user",
             )
-        lane.next_seq = max(lane.waiting) + 1
+        lane.advance_to(max(lane.waiting) + 1)
         lane.waiting.clear()
         lane.gap_since = None
 
     def _run(self) -> None:
         while True:
             with self._condition:
-                operation = self._next()
+                operation = None if self._stopping else self._next()
                 while operation is None and not self._stopping:
                     # Wake up now and then to expire gaps even when nothing new arrives.
                     self._condition.wait(timeout=1.0)
-                    operation = self._next()
+                    operation = None if self._stopping else self._next()
                 if operation is None:
                     return
                 self._running = operation.request_id
@@ -182,17 +212,32 @@ class Scheduler:
     def _execute(self, operation: Operation) -> None:
         self.ledger.mark_running(operation.request_id)
         start = time.monotonic()
+        outcome = "done"
         try:
             result, result_format = operation.work()
         except BackendError as error:
+            outcome = f"failed ({error.category})"
             self.ledger.fail(operation.request_id, str(error), error.category)
         except Exception as error:  # the worker must survive anything one request provokes
+            outcome = "failed (server)"
             log.exception("operation %s (%s) failed", operation.request_id, operation.kind)
             self.ledger.fail(operation.request_id, f"internal error in {operation.kind}: {error}", "server")
         else:
             self.ledger.complete(operation.request_id, result, result_format)
         finally:
             end = time.monotonic()
+            log.info(
+                "operation %s",
+                outcome,
+                extra={
+                    "request_id": operation.request_id,
+                    "kind": operation.kind,
+                    "lane": operation.lane,
+                    "seq_id": operation.seq_id,
+                    "queued_s": round(start - operation.enqueued_at, 4),
+                    "run_s": round(end - start, 4),
+                },
+            )
             with self._condition:
                 self._busy_seconds += end - start
                 self._operations_by_kind[operation.kind] = self._operations_by_kind.get(operation.kind, 0) + 1

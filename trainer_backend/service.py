@@ -7,6 +7,7 @@ sampling sessions or checkpoints.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 from trainer_backend.api import schemas
 from trainer_backend.api.proto import (
@@ -28,7 +30,7 @@ from trainer_backend.config import ServerConfig
 from trainer_backend.engine.adapters import AdamSettings
 from trainer_backend.engine.model_engine import ModelEngine
 from trainer_backend.engine.sampling import SamplingRequest
-from trainer_backend.errors import NotFoundError, UserInputError
+from trainer_backend.errors import NotFoundError, OverloadedError, UserInputError
 from trainer_backend.ledger import FutureRecord, Ledger, ResultFormat
 from trainer_backend.models.loading import LoadedModel
 from trainer_backend.runs import LoraSettings, RunStore, TrainingRun
@@ -48,6 +50,38 @@ def body_hash(body: bytes) -> str:
 def _json(model: schemas.BaseModel | dict) -> tuple[bytes, ResultFormat]:
     data = model if isinstance(model, dict) else model.model_dump(mode="json", exclude_none=True)
     return json.dumps(data).encode(), ResultFormat.JSON
+
+
+class SequencedRequest(Protocol):
+    """A training client's request: it holds a place in its model's seq_id order."""
+
+    @property
+    def model_id(self) -> str | None: ...
+
+    @property
+    def seq_id(self) -> int | None: ...
+
+
+Request = TypeVar("Request", bound=SequencedRequest)
+SequencedCall = Callable[["TrainingService", str, Request, bytes, str | None], "Submitted"]
+
+
+def releases_seq_id_on_refusal(call: SequencedCall[Request]) -> SequencedCall[Request]:
+    """Refusing a training request also releases its seq_id.
+
+    The SDK numbers a client's requests before sending them and goes on numbering after a refusal, so a refused
+    seq_id would otherwise hold the client's next requests until `gap_timeout_s` fails them.
+    """
+
+    @functools.wraps(call)
+    def refusing(service: TrainingService, owner: str, request: Request, body: bytes, key: str | None) -> Submitted:
+        try:
+            return call(service, owner, request, body, key)
+        except (UserInputError, NotFoundError):
+            service.release_seq_id(owner, request.model_id, request.seq_id)
+            raise
+
+    return refusing
 
 
 @dataclass(frozen=True)
@@ -72,6 +106,9 @@ class TrainingService:
             log.warning("marked %d futures from the previous run as failed", failed)
         self.runs = RunStore(config.storage_root / "runs.sqlite3")
         self.checkpoints = CheckpointStore(config.storage_root / "checkpoints")
+        expired = self.checkpoints.delete_expired()
+        if expired:
+            log.info("deleted %d expired checkpoints", expired)
         self.engine = ModelEngine(loaded)
         self.scheduler = Scheduler(self.ledger, max_queued=config.max_queued, gap_timeout_s=config.gap_timeout_s)
         self.tokens_processed = {"forward_backward": 0, "sample_prompt": 0, "sample_generated": 0}
@@ -105,10 +142,20 @@ class TrainingService:
         if created:
             try:
                 self.scheduler.submit(Operation(record.request_id, kind, lane, work, seq_id))
+            except OverloadedError:
+                # The client retries a 429 with the same body and seq_id: that retry must be queued, not answered
+                # with this refusal.
+                self.ledger.discard(record.request_id)
+                raise
             except Exception as error:
                 self.ledger.fail(record.request_id, str(error), "server")
                 raise
         return record
+
+    def release_seq_id(self, owner: str, model_id: str | None, seq_id: int | None) -> None:
+        """Let the owner's model go on past `seq_id`, whose request was refused before it was queued."""
+        if model_id is not None and seq_id is not None and self._known_run(owner, model_id):
+            self.scheduler.skip(model_id, seq_id)
 
     def future(self, owner: str, request_id: str) -> FutureRecord:
         record = self.ledger.get(request_id)
@@ -184,6 +231,7 @@ class TrainingService:
             model_name=self.loaded.name,
         )
 
+    @releases_seq_id_on_refusal
     def forward_backward(self, owner: str, batch: ForwardBackwardBatch, body: bytes, key: str | None) -> Submitted:
         self._live_run(owner, batch.model_id)
         kind = "forward" if batch.forward_only else "forward_backward"
@@ -198,6 +246,7 @@ class TrainingService:
         record = self._submit(owner, kind, batch.model_id, body, work, batch.seq_id, key, batch.model_id)
         return Submitted(record, model_id=batch.model_id)
 
+    @releases_seq_id_on_refusal
     def optim_step(self, owner: str, request: schemas.OptimStepRequest, body: bytes, key: str | None) -> Submitted:
         self._live_run(owner, request.model_id)
         if request.adam_params is None:
@@ -229,6 +278,7 @@ class TrainingService:
         self.engine.save(model_id, staging, include_optimizer=kind is CheckpointKind.TRAINING)
         return self.checkpoints.commit(path, staging, owner, self.loaded.name, ttl_s)
 
+    @releases_seq_id_on_refusal
     def save_weights(self, owner: str, request: schemas.SaveWeightsRequest, body: bytes, key: str | None) -> Submitted:
         self._live_run(owner, request.model_id)
         name = validate_name(request.path or f"step-{int(time.time())}")
@@ -244,6 +294,7 @@ class TrainingService:
         )
         return Submitted(record, model_id=request.model_id)
 
+    @releases_seq_id_on_refusal
     def save_weights_for_sampler(
         self, owner: str, request: schemas.SaveWeightsForSamplerRequest, body: bytes, key: str | None
     ) -> Submitted:
@@ -264,6 +315,7 @@ class TrainingService:
         )
         return Submitted(record, model_id=request.model_id)
 
+    @releases_seq_id_on_refusal
     def load_weights(self, owner: str, request: schemas.LoadWeightsRequest, body: bytes, key: str | None) -> Submitted:
         path = CheckpointPath.parse(request.path)
         info = self.checkpoints.info(owner, path)

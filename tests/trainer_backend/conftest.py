@@ -1,15 +1,24 @@
-"""A real training server on a loopback port, serving the tiny model, and helpers to drive it with the SDK."""
+"""A real training server on a loopback port, serving the tiny model, and helpers to drive it with the SDK or over raw
+HTTP."""
 
 from __future__ import annotations
 
 import os
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import tinker
+from pydantic import BaseModel
 from tinker import types
+from tinker._compat import model_dump
+from tinker.proto.request_conv import forward_backward_request_to_proto
+from tinker.proto.response_conv import deserialize_proto_response
 
+from trainer_backend.api.proto import PROTOBUF_CONTENT_TYPE
 from trainer_backend.config import ServerConfig
 from trainer_backend.server import RunningServer, running_server
 
@@ -50,3 +59,75 @@ def datum_for(tokenizer, text: str) -> types.Datum:
         model_input=types.ModelInput.from_ints(ids[:-1]),
         loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)},
     )
+
+
+class RawApi:
+    """The server's routes over plain httpx, for what the SDK would refuse to send or sends only its own way.
+
+    Bodies are built with the SDK's own types and serialisation where they can be, so only the part a test bends
+    differs from what the SDK sends. Every POST carries a fresh idempotency key, as the SDK's outer retries do.
+    """
+
+    def __init__(self, url: str, api_key: str | None) -> None:
+        headers = {"X-API-Key": api_key} if api_key else {}
+        self.http = httpx.Client(base_url=f"{url}/api/v1", headers=headers, timeout=30)
+
+    def post(
+        self, route: str, body: BaseModel | dict | bytes, content_type: str = "application/json"
+    ) -> httpx.Response:
+        headers = {"X-Idempotency-Key": f"stainless-python-retry-{uuid.uuid4()}"}
+        if isinstance(body, BaseModel):
+            body = model_dump(body, exclude_unset=False, exclude_none=True, mode="json")
+        if isinstance(body, dict):
+            return self.http.post(route, json=body, headers=headers)
+        return self.http.post(route, content=body, headers={**headers, "Content-Type": content_type})
+
+    def forward_backward(
+        self,
+        model_id: str,
+        seq_id: int,
+        datums: list[types.Datum],
+        loss_fn: types.LossFnType = "cross_entropy",
+        forward_only: bool = False,
+    ) -> httpx.Response:
+        """POST /forward_backward with the body the SDK's `training.forward_backward` would build."""
+        request = types.ForwardBackwardRequest(
+            forward_backward_input=types.ForwardBackwardInput(data=datums, loss_fn=loss_fn),
+            model_id=model_id,
+            seq_id=seq_id,
+        )
+        message = forward_backward_request_to_proto(request)
+        message.forward_only = forward_only
+        return self.post("/forward_backward", message.SerializeToString(), PROTOBUF_CONTENT_TYPE)
+
+    def optim_step(self, model_id: str, seq_id: int, learning_rate: float) -> httpx.Response:
+        params = types.AdamParams(learning_rate=learning_rate)
+        return self.post("/optim_step", types.OptimStepRequest(adam_params=params, model_id=model_id, seq_id=seq_id))
+
+    def result(self, submitted: httpx.Response | str, timeout: float = 20.0) -> httpx.Response:
+        """Poll a future (a submission's response, or a request id) until it is no longer `try_again`."""
+        request_id = submitted if isinstance(submitted, str) else request_id_of(submitted)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            reply = self.post("/retrieve_future", {"request_id": request_id, "allow_metadata_only": False})
+            if reply.headers["content-type"].startswith("application/json") and reply.json().get("type") == "try_again":
+                continue
+            return reply
+        raise AssertionError(f"future {request_id} did not finish within {timeout} s")
+
+    def forward_output(self, submitted: httpx.Response) -> types.ForwardBackwardOutput:
+        """The finished result of a forward/forward_backward, parsed by the SDK's own protobuf reader."""
+        reply = self.result(submitted)
+        assert reply.headers["content-type"] == PROTOBUF_CONTENT_TYPE, reply.text
+        return deserialize_proto_response(reply.content, types.ForwardBackwardOutput)
+
+
+def request_id_of(response: httpx.Response) -> str:
+    assert response.status_code == 200, response.text
+    return response.json()["request_id"]
+
+
+def error_of(response: httpx.Response, status: int) -> str:
+    """The `error` of a refusal, after checking its status and that the body is the server's JSON error."""
+    assert response.status_code == status, response.text
+    return response.json()["error"]

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainer_backend.engine.logprobs import full_logits_target_logprobs, target_logprobs
+from trainer_backend.engine.logprobs import LowRankDelta, full_logits_target_logprobs, target_logprobs
 from trainer_backend.errors import UserInputError
 
 B, T, H, V = 2, 7, 8, 50
@@ -53,6 +53,22 @@ def test_chunked_matches_naive_in_values_and_hidden_gradients(chunk_tokens: int,
 
     torch.testing.assert_close(chunked, naive, atol=1e-5, rtol=0)
     torch.testing.assert_close(chunked_grad, naive_grad, atol=1e-5, rtol=0)
+
+
+def test_a_low_rank_delta_on_the_unembedding_equals_the_dense_sum() -> None:
+    hidden_BTH, weight_VH, targets_BT = make_inputs()
+    generator = torch.Generator().manual_seed(3)
+    a_RH = torch.randn(2, H, generator=generator).requires_grad_()
+    b_VR = torch.randn(V, 2, generator=generator).requires_grad_()
+    delta = LowRankDelta(a_RH, b_VR, scale=0.5)
+
+    chunked = target_logprobs(hidden_BTH, weight_VH, targets_BT, chunk_tokens=3, lm_head_delta=delta)
+    dense = reference(hidden_BTH, weight_VH + 0.5 * b_VR @ a_RH, targets_BT, None)
+    torch.testing.assert_close(chunked, dense, atol=1e-5, rtol=0)
+    chunked_grads = torch.autograd.grad(chunked.sum(), (a_RH, b_VR))
+    dense_grads = torch.autograd.grad(dense.sum(), (a_RH, b_VR))
+    for chunked_grad, dense_grad in zip(chunked_grads, dense_grads, strict=True):
+        torch.testing.assert_close(chunked_grad, dense_grad, atol=1e-4, rtol=1e-4)
 
 
 def test_weight_gets_a_gradient_only_when_it_requires_one() -> None:
@@ -108,7 +124,7 @@ def test_mismatched_shapes_are_rejected() -> None:
 _PEAK_PROBE = textwrap.dedent(
     """
     import torch
-    from trainer_backend.engine.logprobs import full_logits_target_logprobs, target_logprobs
+    from trainer_backend.engine.logprobs import LowRankDelta, full_logits_target_logprobs, target_logprobs
 
     def status_kib(field):
         with open("/proc/self/status") as status:

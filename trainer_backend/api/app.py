@@ -17,12 +17,14 @@ from typing import Annotated, TypeVar
 
 from fastapi import Depends, FastAPI, Header, Request
 from fastapi.responses import JSONResponse, Response
+from google.protobuf.message import DecodeError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ValidationError
+from tinker.proto import tinker_public_pb2 as pb
 
 from trainer_backend.api import schemas
 from trainer_backend.api.metrics import ServiceCollector
-from trainer_backend.api.proto import PROTOBUF_CONTENT_TYPE, decode_forward_backward_request
+from trainer_backend.api.proto import PROTOBUF_CONTENT_TYPE, WireFormatError, decode_forward_backward_request
 from trainer_backend.auth import KeyPolicy
 from trainer_backend.errors import BackendError, UserInputError
 from trainer_backend.ledger import FutureRecord, FutureState, ResultFormat
@@ -85,6 +87,21 @@ def _owner(request: Request, x_api_key: Annotated[str | None, Header()] = None) 
 # The owner a request acts for (from its X-API-Key), and the SDK's idempotency key.
 Owner = Annotated[str, Depends(_owner)]
 IdempotencyKey = Annotated[str | None, Header(alias="X-Idempotency-Key")]
+
+
+def _sequence_of(raw: bytes, content_encoding: str | None) -> tuple[str | None, int | None]:
+    """The model and seq_id of a forward_backward body the decoder refused, where its envelope still parses.
+
+    An SDK client refused for its data (a negative token id, an image chunk) has used up that seq_id all the same.
+    Compressed bodies are not read: the SDK compresses only when the client config asks, and this server's does not.
+    """
+    if content_encoding:
+        return None, None
+    try:
+        message = pb.ForwardBackwardRequest.FromString(raw)
+    except DecodeError:
+        return None, None
+    return message.model_id or None, message.seq_id or None
 
 
 def future_response(submitted: Submitted) -> dict:
@@ -182,7 +199,11 @@ def create_app(service: TrainingService, policy: KeyPolicy, long_poll_s: float =
         content_encoding: Annotated[str | None, Header()] = None,
     ) -> dict:
         raw = await request.body()
-        batch = decode_forward_backward_request(raw, content_encoding)
+        try:
+            batch = decode_forward_backward_request(raw, content_encoding)
+        except WireFormatError:
+            service.release_seq_id(who, *_sequence_of(raw, content_encoding))
+            raise
         return future_response(service.forward_backward(who, batch, raw, key))
 
     @app.post(f"{api}/optim_step")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,9 @@ from torch import nn
 from trainer_backend.checkpoints import OPTIMIZER_FILE
 from trainer_backend.errors import NotFoundError, UserInputError
 from trainer_backend.runs import LoraSettings
+
+# LoRA on a tied unembedding adapts the output projection only, which is what train_unembed means.
+warnings.filterwarnings("ignore", message=".*tied layer is part of the adapter.*")
 
 # Tinker does not send an alpha; 32 is the value common Tinker-compatible servers use.
 LORA_ALPHA = 32

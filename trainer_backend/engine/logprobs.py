@@ -13,6 +13,8 @@ Targets are `[B, T]` (one token per position) or `[B, T, K]` (K tokens per posit
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -21,12 +23,22 @@ from torch.utils.checkpoint import checkpoint
 from trainer_backend.errors import UserInputError
 
 
+@dataclass(frozen=True)
+class LowRankDelta:
+    """A LoRA adapter on the unembedding: logits gain `scale * (h @ A.T) @ B.T`, never a dense [V, H] delta."""
+
+    a_RH: Tensor
+    b_VR: Tensor
+    scale: float
+
+
 def target_logprobs(
     hidden_states: Tensor,
     lm_head_weight: Tensor,
     targets: Tensor,
     chunk_tokens: int = 256,
     final_logit_softcapping: float | None = None,
+    lm_head_delta: LowRankDelta | None = None,
 ) -> Tensor:
     """log_softmax(hidden_states @ lm_head_weight.T)[targets], computed `chunk_tokens` positions at a time.
 
@@ -36,6 +48,7 @@ def target_logprobs(
         targets: `[B, T]` or `[B, T, K]` integer token ids; negative ids are ignored positions.
         chunk_tokens: positions (of the flattened `B * T`) whose logits exist at once.
         final_logit_softcapping: Gemma's cap c, applied as `tanh(logits / c) * c` before the softmax.
+        lm_head_delta: a LoRA adapter trained on the unembedding, applied chunk by chunk.
 
     Returns:
         float32 log-probabilities shaped like `targets`, differentiable with respect to `hidden_states`.
@@ -56,6 +69,7 @@ def target_logprobs(
             lm_head_weight,
             targets_nK,
             final_logit_softcapping,
+            lm_head_delta,
             use_reentrant=False,
             preserve_rng_state=False,
         )
@@ -70,13 +84,15 @@ def full_logits_target_logprobs(
     targets: Tensor,
     chunk_tokens: int = 256,
     final_logit_softcapping: float | None = None,
+    lm_head_delta: LowRankDelta | None = None,
 ) -> Tensor:
     """The same values as `target_logprobs`, through the full `[B * T, V]` logits at once.
 
     `chunk_tokens` is accepted and ignored, so the two functions are interchangeable in benchmarks.
     """
     hidden_NH, targets_NK = _flatten(hidden_states, lm_head_weight, targets)
-    return _logprobs(hidden_NH, lm_head_weight, targets_NK, final_logit_softcapping).reshape(targets.shape)
+    logprobs_NK = _logprobs(hidden_NH, lm_head_weight, targets_NK, final_logit_softcapping, lm_head_delta)
+    return logprobs_NK.reshape(targets.shape)
 
 
 def _flatten(hidden_states: Tensor, lm_head_weight: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
@@ -96,10 +112,15 @@ def _flatten(hidden_states: Tensor, lm_head_weight: Tensor, targets: Tensor) -> 
     return hidden_states.reshape(batch * length, width), targets.reshape(batch * length, per_position).long()
 
 
-def _logprobs(hidden_nH: Tensor, weight_VH: Tensor, targets_nK: Tensor, softcap: float | None) -> Tensor:
+def _logprobs(
+    hidden_nH: Tensor, weight_VH: Tensor, targets_nK: Tensor, softcap: float | None, delta: LowRankDelta | None
+) -> Tensor:
     # The matmul stays in the model's dtype (an fp32 copy of Gemma's unembedding would be gigabytes); the
     # softmax runs in fp32 because bf16 log-probs are too coarse for importance ratios.
     logits_nV = F.linear(hidden_nH, weight_VH).float()
+    if delta is not None:
+        low_rank_nR = F.linear(hidden_nH.to(delta.a_RH.dtype), delta.a_RH)
+        logits_nV = logits_nV + delta.scale * F.linear(low_rank_nR, delta.b_VR).float()
     if softcap is not None:
         logits_nV = torch.tanh(logits_nV / softcap) * softcap
     ignored_nK = targets_nK < 0

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from trainer_backend.api.proto import DecodedDatum, ForwardBackwardResult
 from trainer_backend.engine.adapters import AdamSettings, AdapterPool
-from trainer_backend.engine.logprobs import target_logprobs
+from trainer_backend.engine.logprobs import LowRankDelta, full_logits_target_logprobs, target_logprobs
 from trainer_backend.engine.losses import compute_loss
 from trainer_backend.engine.sampling import SamplingRequest, SamplingResult, sample
 from trainer_backend.errors import UserInputError
@@ -33,8 +33,10 @@ IGNORED_TARGET = -100
 class ModelEngine:
     """The base model, its adapters, and the operations the Tinker API asks of them."""
 
-    def __init__(self, loaded: LoadedModel, logits_budget: int = LOGITS_BUDGET) -> None:
+    def __init__(self, loaded: LoadedModel, logits_budget: int = LOGITS_BUDGET, chunked_logprobs: bool = True) -> None:
         self.loaded = loaded
+        # The full-logits path exists to measure what chunking saves (benchmarks/backend_gemma.py).
+        self._logprobs = target_logprobs if chunked_logprobs else full_logits_target_logprobs
         self.adapters = AdapterPool(loaded.model)
         self.chunk_tokens = max(1, logits_budget // loaded.vocab_size)
         self._sampler_adapters: OrderedDict[str, str] = OrderedDict()
@@ -62,9 +64,8 @@ class ModelEngine:
         with self.adapters.active(model_id) as model, torch.set_grad_enabled(not forward_only):
             causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
             hidden_B_T_H = causal_lm.model(input_ids=tokens_B_T, attention_mask=mask_B_T).last_hidden_state
-            logprobs_B_T = target_logprobs(
-                hidden_B_T_H, self._unembedding(causal_lm, model_id), targets, self.chunk_tokens, self.softcap
-            )
+            weight, delta = self._unembedding(causal_lm, model_id)
+            logprobs_B_T = self._logprobs(hidden_B_T_H, weight, targets, self.chunk_tokens, self.softcap, delta)
             per_datum = [logprobs_B_T[i, : len(d.model_input_tokens)] for i, d in enumerate(datums)]
             result = compute_loss(loss_fn, per_datum, [d.loss_fn_inputs for d in datums], loss_fn_config)
             if not forward_only:
@@ -114,15 +115,14 @@ class ModelEngine:
             targets_B_T[i, :n] = datum.loss_fn_inputs["target_tokens"].long()
         return tokens_B_T.to(device), mask_B_T.to(device), targets_B_T.to(device)
 
-    def _unembedding(self, causal_lm: torch.nn.Module, adapter: str) -> Tensor:
-        """The lm_head weight, with the adapter's LoRA delta folded in when it trains the unembedding."""
+    def _unembedding(self, causal_lm: torch.nn.Module, adapter: str) -> tuple[Tensor, LowRankDelta | None]:
+        """The lm_head weight, and the adapter's low-rank delta on it when the adapter trains the unembedding."""
         head = causal_lm.get_output_embeddings()
-        base = getattr(head, "base_layer", head)
-        weight = base.weight
+        weight = getattr(head, "base_layer", head).weight
         if hasattr(head, "lora_A") and adapter in head.lora_A:
-            delta = head.lora_B[adapter].weight @ head.lora_A[adapter].weight
-            weight = weight + delta.to(weight.dtype) * head.scaling[adapter]
-        return weight
+            delta = LowRankDelta(head.lora_A[adapter].weight, head.lora_B[adapter].weight, head.scaling[adapter])
+            return weight, delta
+        return weight, None
 
     def optim_step(self, model_id: str, adam: AdamSettings) -> dict[str, float]:
         return self.adapters.step(model_id, adam)
