@@ -1,0 +1,244 @@
+"""The task as a tinker-cookbook RL environment: prompts, rewards, and the cookbook's own RL loop on our backend."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import logging
+import pickle
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip(
+    "tinker_cookbook",
+    reason='needs the optional `cookbook` extra: pip install -e ".[cookbook]" && '
+    "pip install --no-deps tinker-cookbook==0.6.1 tml-renderers==0.2.1",
+)
+
+import chz
+import tinker
+from tinker_cookbook.rl import train
+from tinker_cookbook.rl.types import StepResult
+from tinker_cookbook.tokenizer_utils import Tokenizer, register_tokenizer, unregister_tokenizer
+
+from tasks.text2sql.cookbook import (
+    BASE_MODEL_RENDERER,
+    CookbookSetupError,
+    Text2SqlDatasetBuilder,
+    Text2SqlEnv,
+    Text2SqlGroupBuilder,
+    Text2SqlRLDataset,
+)
+from tasks.text2sql.errors import DatasetError
+from tasks.text2sql.rewards import ExecutionMatch, Format, LengthPenalty, ResultOverlap, RewardSpec
+from trainer_backend.config import ServerConfig
+from trainer_backend.models.tiny import TINY_MODEL_NAME, train_tiny_tokenizer
+from trainer_backend.server import running_server
+
+# Unit tests render with the tiny model's tokenizer under a name of their own; the loop test registers the server's.
+TOKENIZER = "text2sql-tests/tiny-tokenizer"
+# Every component at its best for the gold query: 1 + 0.2 + 0.1.
+SPEC = RewardSpec(components=(ExecutionMatch(weight=1.0), ResultOverlap(weight=0.2), Format(weight=0.1)))
+GOLD_REWARD = 1.3
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Iterator[Tokenizer]:
+    tiny = train_tiny_tokenizer()
+    register_tokenizer(TOKENIZER, lambda: tiny)
+    yield tiny
+    unregister_tokenizer(TOKENIZER)
+
+
+def build(**overrides: object) -> tuple[Text2SqlRLDataset, Text2SqlRLDataset | None]:
+    """The (training, held-out) datasets of a builder with small batches and SPEC, changed by `overrides`."""
+    settings = {"model_name_for_tokenizer": TOKENIZER, "batch_size": 2, "group_size": 2, "reward_spec": SPEC}
+    return asyncio.run(Text2SqlDatasetBuilder(**{**settings, **overrides})())
+
+
+def first_group() -> Text2SqlGroupBuilder:
+    return build()[0].get_batch(0)[0]
+
+
+def first_env() -> Text2SqlEnv:
+    envs = asyncio.run(first_group().make_envs())
+    assert len(envs) == 2
+    return envs[0]
+
+
+def step_with(env: Text2SqlEnv, tokenizer: Tokenizer, text: str) -> StepResult:
+    """Step with the tokens a model would sample for `text`, the renderer's stop sequence included."""
+    action = tokenizer.encode(f" {text}\n\nUser:", add_special_tokens=False)
+    return asyncio.run(env.step(action))
+
+
+def test_the_observation_is_the_task_prompt_as_the_user_turn(tokenizer: Tokenizer) -> None:
+    env = first_env()
+    observation, stop = asyncio.run(env.initial_observation())
+    text = tokenizer.decode(observation.to_ints())
+    assert f"Question: {env.example.question}" in text
+    assert "CREATE TABLE" in text
+    assert text.endswith("SQL:\n\nAssistant:")
+    assert stop == ["\n\nUser:"]
+
+
+def test_the_gold_sql_earns_the_specs_gold_reward(tokenizer: Tokenizer) -> None:
+    env = first_env()
+    result = step_with(env, tokenizer, f"{env.example.gold_sql};")
+    assert result.episode_done
+    assert result.reward == pytest.approx(GOLD_REWARD)
+    assert result.metrics["execution_match"] == 1.0
+    assert result.metrics["reward/result_overlap"] == pytest.approx(0.2)
+    assert result.metrics["reward/format"] == pytest.approx(0.1)
+    assert result.metrics["status/ok"] == 1.0
+
+
+def test_garbage_earns_nothing(tokenizer: Tokenizer) -> None:
+    env = first_env()
+    result = step_with(env, tokenizer, "I am not sure what the answer is.")
+    assert result.reward == 0.0
+    assert result.metrics["execution_match"] == 0.0
+    assert result.metrics["status/ok"] == 0.0
+
+
+def test_the_held_out_split_is_the_test_dataset_with_one_rollout_per_question(tokenizer: Tokenizer) -> None:
+    train_dataset, eval_dataset = build(eval_limit=3)
+    assert eval_dataset is not None
+    held_out = [group for index in range(len(eval_dataset)) for group in eval_dataset.get_batch(index)]
+    assert len(held_out) == 3
+    assert all(group.group_size == 1 for group in held_out)
+    assert {group.example.db_id for group in held_out}.isdisjoint({e.db_id for e in train_dataset.examples})
+    assert build(eval_split=None)[1] is None
+
+
+def test_few_shot_prompts_never_show_the_question_being_asked(tokenizer: Tokenizer) -> None:
+    train_dataset, _ = build(few_shot=2)
+    shown = train_dataset.few_shot[0].example
+    position = train_dataset.examples.index(shown)
+    group = train_dataset.get_batch(position // 2)[position % 2]
+    assert group.example == shown
+    assert group.prompt.count("Question:") == 3
+    assert group.prompt.count(f"Question: {shown.question}") == 1
+
+
+def test_the_seed_shuffles_the_training_order(tokenizer: Tokenizer) -> None:
+    first, again, other = (build(seed=seed)[0].examples for seed in (1, 1, 2))
+    assert first == again
+    assert first != other
+    assert sorted(e.id for e in first) == sorted(e.id for e in other)
+
+
+def test_group_builders_survive_pickling_for_rollout_workers(tokenizer: Tokenizer) -> None:
+    group = first_group()
+    copy = pickle.loads(pickle.dumps(group))
+    env = asyncio.run(copy.make_envs())[0]
+    assert step_with(env, tokenizer, f"{group.example.gold_sql};").reward == pytest.approx(GOLD_REWARD)
+
+
+def test_the_reward_spec_is_json_on_the_command_line(tokenizer: Tokenizer) -> None:
+    made = chz.entrypoint(
+        Text2SqlDatasetBuilder,
+        argv=[
+            f"model_name_for_tokenizer={TOKENIZER}",
+            "batch_size=4",
+            "group_size=8",
+            'reward_spec={"components": [{"kind": "execution_match", "databases": "primary"}]}',
+        ],
+    )
+    assert made.reward_spec == RewardSpec(components=(ExecutionMatch(databases="primary"),))
+
+
+def test_a_renderer_that_does_not_fit_the_tokenizer_is_refused_by_name(tokenizer: Tokenizer) -> None:
+    with pytest.raises(CookbookSetupError, match=f"'qwen3'.*{BASE_MODEL_RENDERER}"):
+        build(renderer_name="qwen3")
+
+
+def test_an_unknown_split_names_the_splits_that_exist(tokenizer: Tokenizer) -> None:
+    with pytest.raises(DatasetError, match="dev"):
+        build(split="validation")
+
+
+def test_without_the_extra_the_import_error_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "tinker_cookbook", None)
+    monkeypatch.delitem(sys.modules, "tasks.text2sql.cookbook")
+    with pytest.raises(ModuleNotFoundError, match=r"tinker_cookbook is missing.*\.\[cookbook\]"):
+        importlib.import_module("tasks.text2sql.cookbook")
+
+
+@pytest.fixture
+def root_logging_restored() -> Iterator[None]:
+    """The cookbook's loop replaces the root logger's handlers with its own; put pytest's back afterwards."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    for handler in root.handlers:
+        if handler not in handlers:
+            handler.close()
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+@pytest.mark.slow
+def test_the_cookbooks_own_rl_loop_trains_on_the_task_against_our_backend(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, root_logging_restored: None
+) -> None:
+    monkeypatch.setenv("TINKER_API_KEY", "tml-tests")
+    monkeypatch.setenv("TINKER_TELEMETRY", "0")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    server_config = ServerConfig(
+        base_model=TINY_MODEL_NAME, device="cpu", storage_root=tmp_path / "backend", port=0, long_poll_s=5.0
+    )
+    log_path = tmp_path / "run"
+    with running_server(server_config) as server:
+        # The loop loads its tokenizer by model name from the Hugging Face Hub; the tiny model is not there, so
+        # register the tokenizer our server hands the SDK instead (get_info names its folder).
+        with tinker.ServiceClient(base_url=server.url) as service:
+            served = service.create_lora_training_client(base_model=TINY_MODEL_NAME, rank=4).result().get_tokenizer()
+        register_tokenizer(TINY_MODEL_NAME, lambda: served)
+        try:
+            config = train.Config(
+                learning_rate=1e-3,
+                dataset_builder=Text2SqlDatasetBuilder(
+                    model_name_for_tokenizer=TINY_MODEL_NAME,
+                    batch_size=2,
+                    group_size=2,
+                    eval_limit=2,
+                    # A random model never answers right; a length penalty from the first character gives the
+                    # group different rewards, so each step is a real importance-sampling update.
+                    reward_spec=RewardSpec(components=(ExecutionMatch(), LengthPenalty(free_chars=0, scale_chars=100))),
+                ),
+                model_name=TINY_MODEL_NAME,
+                recipe_name="text2sql_cookbook_test",
+                renderer_name=BASE_MODEL_RENDERER,
+                max_tokens=16,
+                log_path=str(log_path),
+                base_url=server.url,
+                loss_fn="importance_sampling",
+                lora_rank=4,
+                max_steps=2,
+                eval_every=2,
+                save_every=0,
+            )
+            asyncio.run(train.main(config))
+        finally:
+            unregister_tokenizer(TINY_MODEL_NAME)
+
+    rows = [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines()]
+    trained = [row for row in rows if "env/all/reward/total" in row]
+    assert [row["step"] for row in trained] == [0, 1]
+    for row in trained:
+        assert row["env/all/total_episodes"] == 4
+        assert row["env/all/reward/length_penalty"] < 0
+        assert "env/all/execution_match" in row
+        # Sampled logprobs and the training forward's agree: the loop stays on-policy against our backend.
+        assert abs(row["optim/kl_sample_train_v1"]) < 1e-3
+    evaluated = [row for row in rows if "test/env/all/execution_match" in row]
+    assert [row["step"] for row in evaluated] == [0, 2]
+    assert all(row["test/env/all/total_episodes"] == 2 for row in evaluated)
+    checkpoints = [json.loads(line) for line in (log_path / "checkpoints.jsonl").read_text().splitlines()]
+    assert checkpoints[-1]["name"] == "final"
+    assert checkpoints[-1]["sampler_path"].startswith("tinker://")
