@@ -15,6 +15,11 @@ from trainer_backend.server import serve
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
 
+@app.callback()
+def commands() -> None:
+    """Keeps `serve` a named subcommand: typer runs a lone command without its name otherwise."""
+
+
 @app.command(name="serve")
 def serve_command(
     base_model: Annotated[

@@ -7,6 +7,7 @@ sampling sessions or checkpoints.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -29,7 +30,7 @@ from trainer_backend.checkpoints import CheckpointInfo, CheckpointKind, Checkpoi
 from trainer_backend.config import ServerConfig
 from trainer_backend.engine.adapters import AdamSettings
 from trainer_backend.engine.model_engine import ModelEngine
-from trainer_backend.engine.sampling import SamplingRequest
+from trainer_backend.engine.sampling import SamplingRequest, SamplingResult
 from trainer_backend.errors import NotFoundError, OverloadedError, UserInputError
 from trainer_backend.ledger import FutureRecord, Ledger, ResultFormat
 from trainer_backend.models.loading import LoadedModel
@@ -404,8 +405,16 @@ class TrainingService:
         stop_at_eos = stop is None or bool(stop)
         lane = request.sampling_session_id or f"base:{owner}"
 
+        last_n = request.prompt_logprobs_last_n
+        if last_n is not None and last_n > len(sampling.prompt_tokens):
+            raise UserInputError(
+                f"prompt_logprobs_last_n={last_n} exceeds the prompt's {len(sampling.prompt_tokens)} tokens"
+            )
+
         def work() -> tuple[bytes, ResultFormat]:
             result = self.engine.sample(folder, sampling, stop_at_eos)
+            if last_n is not None:
+                result = _keep_last_prompt_logprobs(result, last_n)
             self.tokens_processed["sample_prompt"] += len(sampling.prompt_tokens)
             self.tokens_processed["sample_generated"] += sum(len(s.tokens) for s in result.sequences)
             return encode_sample_response(result), ResultFormat.PROTO
@@ -500,6 +509,17 @@ class TrainingService:
                 )
             ]
         )
+
+
+def _keep_last_prompt_logprobs(result: SamplingResult, last_n: int) -> SamplingResult:
+    """Only the last n prompt positions keep their scores (`prompt_logprobs_last_n`)."""
+
+    def cut(values: tuple | None) -> tuple | None:
+        return None if values is None else (None,) * (len(values) - last_n) + tuple(values[-last_n:])
+
+    return dataclasses.replace(
+        result, prompt_logprobs=cut(result.prompt_logprobs), topk_prompt_logprobs=cut(result.topk_prompt_logprobs)
+    )
 
 
 def _rank_of(folder: Path) -> int:

@@ -152,6 +152,16 @@ def test_prompt_logprobs_agree_with_the_training_forward(service_client: tinker.
     assert prompt_logprobs[0] is None
     assert prompt_logprobs[1:] == pytest.approx(trained, abs=1e-4)
 
+    tail = sampler.sample(
+        types.ModelInput.from_ints(tokenizer.encode(SQL)),
+        1,
+        types.SamplingParams(max_tokens=1),
+        include_prompt_logprobs=True,
+        prompt_logprobs_last_n=3,
+    ).result()
+    assert all(lp is None for lp in tail.prompt_logprobs[:-3])
+    assert tail.prompt_logprobs[-3:] == pytest.approx(trained[-3:], abs=1e-4)
+
 
 def test_two_training_clients_stay_independent(service_client: tinker.ServiceClient) -> None:
     first = service_client.create_lora_training_client(base_model=TINY, rank=4, seed=0).result()

@@ -1,0 +1,56 @@
+"""`python -m autoresearch.trial <config.yaml>`: run one RL trial by hand, or resume it with the same run id."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from autoresearch.trials.config import load_trial_config, parse_trial_config
+from autoresearch.trials.errors import TrialError
+from autoresearch.trials.rl_loop import DEFAULT_RUN_DIR, run_trial
+from tasks.text2sql.errors import Text2SqlError
+
+app = typer.Typer(add_completion=False, help=__doc__)
+
+
+@app.command()
+def trial(
+    config: Annotated[Path, typer.Argument(help="trial config (YAML), e.g. experiments/trials/text2sql_tiny.yaml")],
+    backend_url: Annotated[
+        str | None, typer.Option(help="Tinker backend; default $TINKER_BASE_URL, else a local one is started")
+    ] = None,
+    run_dir: Annotated[Path, typer.Option(help="runs live in <run-dir>/<run_id>/")] = DEFAULT_RUN_DIR,
+    run_id: Annotated[str | None, typer.Option(help="overrides the config's run_id; an existing run resumes")] = None,
+    progress: Annotated[bool, typer.Option(help="live progress bar (else log lines)")] = True,
+) -> None:
+    """Train a LoRA adapter with RL on text-to-SQL and report its held-out execution accuracy."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    # The SDK reports every client it opens at INFO; its warnings still show.
+    logging.getLogger("tinker").setLevel(logging.WARNING)
+    trial_config = load_trial_config(config)
+    if run_id is not None:
+        trial_config = parse_trial_config({**trial_config.model_dump(), "run_id": run_id}, "--run-id")
+    result = run_trial(trial_config, backend_url=backend_url, run_dir=run_dir, progress=progress)
+    by_difficulty = ", ".join(
+        f"{d.value} {'-' if a is None else f'{a:.3f}'}" for d, a in result.held_out_by_difficulty.items()
+    )
+    typer.echo(
+        f"run {result.run_id}: {result.steps_completed} steps, held-out accuracy {result.held_out_accuracy:.3f} "
+        f"({by_difficulty}){' (stopped early)' if result.stopped_early else ''}"
+    )
+    typer.echo(f"results in {result.run_dir}; sampler weights {result.sampler_path}")
+
+
+def main() -> None:
+    try:
+        app(prog_name="python -m autoresearch.trial")
+    except (TrialError, Text2SqlError) as error:
+        typer.echo(f"error: {error}", err=True)
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""A trial's configuration: everything one RL run over the Tinker API can be told, validated at the edge."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from autoresearch.trials.errors import ConfigurationError
+from tasks.text2sql.rewards import COMPONENT_KINDS, DEFAULT_REWARD_SPEC, RewardSpec
+
+LossName = Literal["importance_sampling", "ppo", "cispo", "dro"]
+
+# The `loss_fn_config` keys each built-in Tinker loss reads (Tinker docs, "Loss functions").
+LOSS_CONFIG_KEYS: dict[str, tuple[str, ...]] = {
+    "importance_sampling": (),
+    "ppo": ("clip_low_threshold", "clip_high_threshold"),
+    "cispo": ("clip_low_threshold", "clip_high_threshold"),
+    "dro": ("beta",),
+}
+
+# What may change when a run resumes: how long it runs and how often it evaluates and saves.
+RESUMABLE_CHANGES = frozenset({"steps", "eval_interval", "checkpoint_interval"})
+
+
+class TrialConfig(BaseModel):
+    """One RL trial: a LoRA adapter trained with a GRPO-style loop on text-to-SQL, scored on a held-out split."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Identity. A run id names the run directory; a trial started again with the same id resumes.
+    run_id: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$", description="run directory name; None: a fresh id"
+    )
+    seed: int = Field(0, ge=0, description="LoRA init, training data order and sampling seeds")
+
+    # Model and adapter.
+    base_model: str = Field("google/gemma-3-270m", description="the base model the backend serves")
+    lora_rank: int = Field(16, ge=1, le=1024, description="LoRA rank")
+    train_mlp: bool = Field(True, description="LoRA on the MLP layers")
+    train_attn: bool = Field(True, description="LoRA on the attention layers")
+    train_unembed: bool = Field(True, description="LoRA on the unembedding")
+
+    # Adam (the Tinker AdamParams).
+    learning_rate: float = Field(1e-4, gt=0, le=1, description="RL learning rate")
+    beta1: float = Field(0.9, ge=0, lt=1, description="Adam beta1")
+    beta2: float = Field(0.95, ge=0, lt=1, description="Adam beta2")
+    eps: float = Field(1e-8, gt=0, le=1, description="Adam epsilon")
+    weight_decay: float = Field(0.0, ge=0, le=1, description="decoupled weight decay")
+    grad_clip_norm: float = Field(0.0, ge=0, description="global gradient-norm clip; 0 = no clipping")
+
+    # The policy-gradient loss.
+    loss: LossName = Field("importance_sampling", description="Tinker's built-in RL loss")
+    loss_fn_config: dict[str, float] = Field(default_factory=dict, description="the loss's hyperparameters")
+    normalize_advantages: bool = Field(False, description="divide group-centred advantages by the group's std")
+    kl_coef: float = Field(0.0, ge=0, description="per-token KL penalty against the base model; 0 = off")
+
+    # Sampling.
+    batch_size: int = Field(4, ge=1, le=1024, description="prompts per step")
+    group_size: int = Field(4, ge=2, le=256, description="completions per prompt; advantages are relative to it")
+    temperature: float = Field(1.0, gt=0, le=2, description="sampling temperature during training")
+    max_tokens: int = Field(96, ge=1, le=4096, description="completion length cap, training and evaluation")
+    stop: tuple[str, ...] = Field((";", "\nQuestion:"), description="stop strings; the statement ends at ';'")
+
+    # Schedule.
+    steps: int = Field(50, ge=0, description="RL steps (each: sample, score, one optimizer step)")
+    warmup_steps: int = Field(0, ge=0, description="cross-entropy steps on gold SQL before RL")
+    warmup_learning_rate: float = Field(1e-4, gt=0, le=1, description="learning rate of the warm-up")
+    checkpoint_interval: int = Field(10, ge=1, description="save the training state every this many steps")
+
+    # Task.
+    reward_spec: RewardSpec = Field(DEFAULT_REWARD_SPEC, description="the training reward")
+    few_shot: int = Field(1, ge=0, le=8, description="solved examples shown before each question")
+    train_split: str = Field("train", min_length=1, description="split that prompts and few-shot examples come from")
+
+    # Held-out evaluation (greedy, execution accuracy over every database variant).
+    eval_split: str = Field("dev", min_length=1, description="held-out split; never trained or rewarded on")
+    eval_size: int = Field(32, ge=1, description="questions in the fixed held-out subset")
+    eval_interval: int = Field(10, ge=0, description="evaluate every this many steps (and at the end); 0 = end only")
+    eval_seed: int = Field(0, ge=0, description="picks the held-out subset; shared by a study's trials")
+
+    @field_validator("learning_rate", "warmup_learning_rate", "eps", "grad_clip_norm", "kl_coef", "temperature")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrialConfig:
+        allowed = LOSS_CONFIG_KEYS[self.loss]
+        for key, value in self.loss_fn_config.items():
+            if key not in allowed:
+                raise ValueError(
+                    f"loss_fn_config: {key!r} does not apply to loss {self.loss!r} "
+                    f"(allowed: {', '.join(allowed) or 'no keys'})"
+                )
+            if not math.isfinite(value):
+                raise ValueError(f"loss_fn_config: {key!r} must be a finite number")
+        if self.eval_split == self.train_split:
+            raise ValueError(f"eval_split: must differ from train_split ({self.train_split!r}); it is held out")
+        return self
+
+
+def _describe(error: ValidationError) -> str:
+    items = error.errors()
+    locations = [".".join(str(part) for part in item["loc"]) for item in items]
+    problems = []
+    for item, where in zip(items, locations, strict=True):
+        # A bad component also fails the tuple's length check, which would only confuse.
+        if item["type"] == "too_short" and any(other.startswith(f"{where}.") for other in locations):
+            continue
+        if item["type"] == "extra_forbidden" and "." not in where:
+            problems.append(f"{where}: unknown field (fields: {', '.join(TrialConfig.model_fields)})")
+        elif item["type"] == "extra_forbidden":
+            problems.append(f"{where}: unknown field")
+        else:
+            message = item["msg"].removeprefix("Value error, ")
+            problems.append(f"{where}: {message}" if where else message)
+    if any(where.startswith("reward_spec") for where in locations):
+        problems.append(f"reward component kinds: {', '.join(COMPONENT_KINDS)}")
+    return "; ".join(problems)
+
+
+def parse_trial_config(data: object, source: str = "trial config") -> TrialConfig:
+    """Validate a trial config from a mapping.
+
+    Raises:
+        ConfigurationError: naming each bad field and what it allows.
+    """
+    if not isinstance(data, dict):
+        raise ConfigurationError(f"{source}: expected a mapping of fields, got {type(data).__name__}")
+    try:
+        return TrialConfig.model_validate(data)
+    except ValidationError as error:
+        raise ConfigurationError(f"{source}: {_describe(error)}") from None
+
+
+def load_trial_config(path: Path) -> TrialConfig:
+    """Read and validate a trial config from a YAML file.
+
+    Raises:
+        ConfigurationError: the file is missing, is not YAML, or a field does not validate.
+    """
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigurationError(f"{path}: no such trial config") from None
+    except yaml.YAMLError as error:
+        raise ConfigurationError(f"{path}: not valid YAML: {error}") from None
+    return parse_trial_config(data, str(path))

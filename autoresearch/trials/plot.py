@@ -1,0 +1,39 @@
+"""The run's figure: training reward and held-out accuracy over RL steps."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+# A bare Figure draws with Agg and touches no GUI backend or pyplot global state: safe on servers and in threads.
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+
+def plot_run(metrics: Sequence[dict], evals: Sequence[dict], path: Path, title: str) -> None:
+    """Reward mean (± std) per step above held-out accuracy per evaluation, written as a PNG."""
+    figure = Figure(figsize=(7, 6))
+    reward_axes, eval_axes = figure.subplots(2, 1, sharex=True)
+    steps = [m["step"] for m in metrics]
+    means = [m["reward_mean"] for m in metrics]
+    stds = [m["reward_std"] for m in metrics]
+    reward_axes.plot(steps, means, marker=".", label="reward mean")
+    reward_axes.fill_between(
+        steps,
+        [m - s for m, s in zip(means, stds, strict=True)],
+        [m + s for m, s in zip(means, stds, strict=True)],
+        alpha=0.2,
+        label="± std",
+    )
+    reward_axes.set_ylabel("training reward")
+    reward_axes.legend(loc="best")
+    reward_axes.grid(alpha=0.3)
+    eval_axes.plot([e["step"] for e in evals], [e["accuracy"] for e in evals], marker="o", color="tab:green")
+    eval_axes.set_ylabel(f"held-out accuracy ({evals[0]['split']})" if evals else "held-out accuracy")
+    eval_axes.set_ylim(-0.02, 1.02)
+    eval_axes.set_xlabel("RL step")
+    eval_axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    eval_axes.grid(alpha=0.3)
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)

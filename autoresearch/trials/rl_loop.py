@@ -1,0 +1,360 @@
+"""The trial: a GRPO-style RL loop over the Tinker API, from a config to a held-out score.
+
+Each step: snapshot the weights into a sampling client, sample a group of completions for each prompt of the
+batch, score them with the task's reward spec, turn rewards into group-relative advantages (minus a per-token KL
+penalty against the base model when asked), and send one forward_backward and one optim_step. Only the official
+`tinker` SDK is used, so the same loop runs against the local backend, a cluster or any Tinker service.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import tinker
+from pydantic import BaseModel, ConfigDict
+from tinker import types
+
+from autoresearch.trials.backend import api_key, backend_for
+from autoresearch.trials.config import TrialConfig
+from autoresearch.trials.data import PromptRenderer, TrainingOrder, held_out_subset, split_of
+from autoresearch.trials.datums import supervised_datum
+from autoresearch.trials.evaluation import HeldOutReport, evaluate_sampler
+from autoresearch.trials.metrics import StepMetrics, summarize_groups
+from autoresearch.trials.plot import plot_run
+from autoresearch.trials.progress import TrialProgress
+from autoresearch.trials.rollouts import derived_seed, sample_groups, score_groups
+from autoresearch.trials.run_dir import RunDirectory, RunState
+from autoresearch.trials.training_batch import build_training_batch, select_samples
+from tasks.text2sql.bundled import load_bundled
+from tasks.text2sql.dataset import Difficulty, Text2SqlDataset
+from tasks.text2sql.scoring import Scorer
+
+DEFAULT_RUN_DIR = Path(".data/trials")
+
+# Called with each held-out evaluation; returning False stops the trial there (e.g. Optuna's pruner said so).
+EvalCallback = Callable[[HeldOutReport], bool]
+
+
+class TrialResult(BaseModel):
+    """What a finished (or early-stopped) trial reports; also written to `result.json` in its run directory."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    run_dir: Path
+    steps_completed: int
+    # The last held-out evaluation, the trial's objective.
+    held_out_accuracy: float
+    held_out_by_difficulty: dict[Difficulty, float | None]
+    # Held-out accuracy after each evaluated step.
+    held_out_history: dict[int, float]
+    # Reward mean of the last RL step; None when the trial ran no RL step.
+    final_reward_mean: float | None
+    stopped_early: bool
+    # The step this invocation resumed from; None when it started the run.
+    resumed_from_step: int | None
+    checkpoint_path: str
+    sampler_path: str
+    wall_time_s: float
+
+
+def new_run_id() -> str:
+    return f"trial-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def run_trial(
+    config: TrialConfig,
+    backend_url: str | None = None,
+    run_dir: Path = DEFAULT_RUN_DIR,
+    progress: bool = True,
+    on_eval: EvalCallback | None = None,
+) -> TrialResult:
+    """Run (or resume) one trial and return its held-out score.
+
+    The run lives in `run_dir/<run_id>/`; a trial started again with the same run id continues from its last
+    checkpoint. One that already finished returns its stored result at once, unless the config now asks for more
+    steps (and it was not stopped early): then it trains on from its final checkpoint. Without `backend_url` (or
+    $TINKER_BASE_URL) a local backend is started for the trial and stopped after it.
+
+    Raises:
+        ConfigurationError: the config does not fit the data set (a missing split, too large an eval_size).
+        CheckpointError: the run directory holds another config or an unreadable state.
+        BackendStartError: the local backend did not come up.
+    """
+    started = time.monotonic()
+    config = config.model_copy(update={"run_id": config.run_id or new_run_id()})
+    directory = RunDirectory(run_dir / str(config.run_id))
+    directory.check_config(config)
+    state = directory.load_state()
+    if state is not None and state.finished and directory.result_path.exists():
+        stored = TrialResult.model_validate_json(directory.result_path.read_text())
+        if stored.stopped_early or config.steps <= state.step:
+            return stored
+        # Asked for more steps than the run finished with: it goes on from its final checkpoint.
+        state = state.model_copy(update={"finished": False, "sampler_path": None})
+    dataset = load_bundled()
+    with (
+        backend_for(config.base_model, backend_url, directory.backend_root) as url,
+        tinker.ServiceClient(base_url=url, api_key=api_key()) as service,
+        Scorer(dataset) as scorer,
+        TrialProgress(str(config.run_id), progress) as view,
+    ):
+        training, state, resumed_from_step = _start_or_resume(service, config, state)
+        # Steps after the checkpoint are redone, so their records go.
+        directory.metrics.keep_until(state.step)
+        directory.evals.keep_until(state.step)
+        directory.warmup.keep_until(state.warmup_steps_done)
+        trial = _Trial(config, directory, dataset, service, training, scorer, view, on_eval)
+        return trial.run(state, resumed_from_step, started)
+
+
+def _start_or_resume(
+    service: tinker.ServiceClient, config: TrialConfig, state: RunState | None
+) -> tuple[tinker.TrainingClient, RunState, int | None]:
+    """A training client at the run's last checkpoint (adapter and optimizer state), or a fresh adapter.
+
+    Returns the client, the state it stands at, and the step it resumed from (None for a fresh run).
+    """
+    if state is not None and state.checkpoint_path is not None:
+        training = service.create_training_client_from_state_with_optimizer(state.checkpoint_path).result()
+        return training, state, state.step
+    training = service.create_lora_training_client(
+        base_model=config.base_model,
+        rank=config.lora_rank,
+        seed=config.seed,
+        train_mlp=config.train_mlp,
+        train_attn=config.train_attn,
+        train_unembed=config.train_unembed,
+    ).result()
+    fresh = RunState(
+        run_id=str(config.run_id),
+        step=0,
+        warmup_steps_done=0,
+        data_position=0,
+        checkpoint_path=None,
+        seed=config.seed,
+        eval_seed=config.eval_seed,
+    )
+    return training, fresh, None
+
+
+class _Trial:
+    """One run's clients and data; `run` is the whole algorithm, top to bottom."""
+
+    def __init__(
+        self,
+        config: TrialConfig,
+        directory: RunDirectory,
+        dataset: Text2SqlDataset,
+        service: tinker.ServiceClient,
+        training: tinker.TrainingClient,
+        scorer: Scorer,
+        view: TrialProgress,
+        on_eval: EvalCallback | None,
+    ) -> None:
+        self.config = config
+        self.directory = directory
+        self.training = training
+        self.scorer = scorer
+        self.view = view
+        self.on_eval = on_eval
+        self.renderer = PromptRenderer(dataset, training.get_tokenizer(), config.few_shot, config.train_split)
+        train_examples = split_of(dataset, config.train_split, "train_split")
+        self.order = TrainingOrder([e for e in train_examples if e.id not in self.renderer.shot_ids], config.seed)
+        self.held_out = held_out_subset(dataset, config.eval_split, config.eval_size, config.eval_seed)
+        self.base_sampler = (
+            service.create_sampling_client(base_model=config.base_model).result() if config.kl_coef > 0 else None
+        )
+
+    def run(self, state: RunState, resumed_from_step: int | None, started: float) -> TrialResult:
+        config, directory, training = self.config, self.directory, self.training
+        if state.warmup_steps_done < config.warmup_steps:
+            state = self._warmup(state)
+
+        sampler = training.save_weights_and_get_sampling_client().result()
+        last_report = _last_report(directory, state.step)
+        stopped_early = False
+        self.view.phase("RL", config.steps, state.step)
+        for step in range(state.step + 1, config.steps + 1):
+            metrics, sampler = self._rl_step(sampler, step, state.data_position)
+            directory.metrics.append(metrics.to_record())
+            self.view.rl_step(metrics)
+            # Not awaited yet: the checkpoint is written while the evaluation samples.
+            due = step % config.checkpoint_interval == 0 or step == config.steps
+            checkpoint = training.save_state(_checkpoint_name(step)) if due else None
+            if step == config.steps or (config.eval_interval and step % config.eval_interval == 0):
+                last_report = self._evaluate(sampler, step)
+                stopped_early = self.on_eval is not None and not self.on_eval(last_report)
+            if stopped_early and checkpoint is None:
+                checkpoint = training.save_state(_checkpoint_name(step))
+            state = state.model_copy(update={"step": step, "data_position": state.data_position + config.batch_size})
+            if checkpoint is not None:
+                state = state.model_copy(update={"checkpoint_path": checkpoint.result().path})
+                directory.save_state(state)
+            if stopped_early:
+                break
+        if last_report is None or last_report.step != state.step:
+            last_report = self._evaluate(sampler, state.step)
+        return self._finish(state, last_report, stopped_early, resumed_from_step, started)
+
+    def _adam(self, learning_rate: float) -> types.AdamParams:
+        c = self.config
+        return types.AdamParams(
+            learning_rate=learning_rate,
+            beta1=c.beta1,
+            beta2=c.beta2,
+            eps=c.eps,
+            weight_decay=c.weight_decay,
+            grad_clip_norm=c.grad_clip_norm,
+        )
+
+    def _warmup(self, state: RunState) -> RunState:
+        """Cross-entropy on gold SQL (prompt positions weighted 0), then a checkpoint; redone whole if interrupted."""
+        config, training = self.config, self.training
+        position = state.data_position
+        self.view.phase("warm-up", config.warmup_steps, 0)
+        for step in range(1, config.warmup_steps + 1):
+            step_started = time.monotonic()
+            examples = self.order.batch(position, config.batch_size)
+            position += config.batch_size
+            pairs = [(self.renderer.prompt(e).tokens, self.renderer.gold_completion(e)) for e in examples]
+            update = training.forward_backward([supervised_datum(p, c) for p, c in pairs], "cross_entropy")
+            optimizer = training.optim_step(self._adam(config.warmup_learning_rate))
+            loss = update.result().metrics["loss:sum"] / sum(len(c) for _, c in pairs)
+            optimizer.result()
+            self.directory.warmup.append(
+                {"step": step, "nll_per_token": loss, "step_time_s": time.monotonic() - step_started}
+            )
+            self.view.warmup_step(step, loss)
+        checkpoint = training.save_state(f"warmup-{config.warmup_steps:06d}").result().path
+        state = state.model_copy(
+            update={"warmup_steps_done": config.warmup_steps, "data_position": position, "checkpoint_path": checkpoint}
+        )
+        self.directory.save_state(state)
+        return state
+
+    def _rl_step(
+        self, sampler: tinker.SamplingClient, step: int, position: int
+    ) -> tuple[StepMetrics, tinker.SamplingClient]:
+        """One RL step; returns its metrics and a sampler of the updated weights."""
+        config, training = self.config, self.training
+        step_started = time.monotonic()
+        prompts = [self.renderer.prompt(e) for e in self.order.batch(position, config.batch_size)]
+        params = [
+            types.SamplingParams(
+                max_tokens=config.max_tokens,
+                temperature=config.temperature,
+                stop=list(config.stop),
+                seed=derived_seed(config.seed, step, i),
+            )
+            for i in range(len(prompts))
+        ]
+        sampling_started = time.monotonic()
+        # DRO's penalty also acts on prompt positions, so they need the sampler's own log-probs (datums.rl_datum).
+        groups = sample_groups(
+            sampler, prompts, config.group_size, params, self.renderer, include_prompt_logprobs=config.loss == "dro"
+        )
+        sampling_s = time.monotonic() - sampling_started
+        groups = score_groups(groups, self.scorer, config.reward_spec)
+        samples = select_samples(groups, config.normalize_advantages)
+        base_logprobs = self._base_logprobs([(s.group.prompt.tokens, s.completion.tokens) for s in samples])
+        batch = build_training_batch(samples, base_logprobs, config.kl_coef)
+
+        loss = None
+        if batch.datums:
+            # Submitted back to back: the server runs them in seq_id order while the client waits only once.
+            update = training.forward_backward(batch.datums, config.loss, config.loss_fn_config or None)
+            optimizer = training.optim_step(self._adam(config.learning_rate))
+            next_sampler = training.save_weights_and_get_sampling_client()
+            loss = update.result().metrics["loss:sum"] / batch.completion_tokens
+            optimizer.result()
+            sampler = next_sampler.result()
+
+        summary = summarize_groups(groups)
+        metrics = StepMetrics(
+            step=step,
+            reward_mean=summary.reward_mean,
+            reward_std=summary.reward_std,
+            reward_components=summary.reward_components,
+            accuracy=summary.accuracy,
+            groups_kept=batch.groups_kept,
+            datums=len(batch.datums),
+            loss=loss,
+            kl=batch.kl,
+            completion_tokens_mean=summary.completion_tokens / summary.completions,
+            tokens_per_s=summary.completion_tokens / sampling_s if sampling_s > 0 else 0.0,
+            step_time_s=time.monotonic() - step_started,
+        )
+        return metrics, sampler
+
+    def _base_logprobs(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[float]] | None:
+        """The base model's log-prob of each completion token, all sequences in flight at once; None without KL."""
+        if self.base_sampler is None:
+            return None
+        futures = [
+            self.base_sampler.compute_logprobs(types.ModelInput.from_ints([*prompt, *completion]))
+            for prompt, completion in sequences
+        ]
+        return [
+            [float(lp) for lp in future.result()[len(prompt) :]]
+            for future, (prompt, _) in zip(futures, sequences, strict=True)
+        ]
+
+    def _evaluate(self, sampler: tinker.SamplingClient, step: int) -> HeldOutReport:
+        config = self.config
+        report = evaluate_sampler(
+            sampler, self.renderer, self.scorer, self.held_out, config.eval_split, config.max_tokens, config.stop, step
+        )
+        self.directory.evals.append(report.model_dump(mode="json"))
+        self.view.held_out(report)
+        return report
+
+    def _finish(
+        self,
+        state: RunState,
+        report: HeldOutReport,
+        stopped_early: bool,
+        resumed_from_step: int | None,
+        started: float,
+    ) -> TrialResult:
+        directory, training = self.directory, self.training
+        checkpoint_path = state.checkpoint_path
+        if checkpoint_path is None:  # a run of no steps at all
+            checkpoint_path = training.save_state(_checkpoint_name(state.step)).result().path
+            state = state.model_copy(update={"checkpoint_path": checkpoint_path})
+        sampler_path = training.save_weights_for_sampler(f"final-{state.step:06d}").result().path
+        metrics = directory.metrics.read()
+        evals = directory.evals.read()
+        plot_run(metrics, evals, directory.plot_path, f"{state.run_id}: {self.config.loss}, {self.config.base_model}")
+        result = TrialResult(
+            run_id=state.run_id,
+            run_dir=directory.root,
+            steps_completed=state.step,
+            held_out_accuracy=report.accuracy,
+            held_out_by_difficulty=report.accuracy_by_difficulty,
+            held_out_history={e["step"]: e["accuracy"] for e in evals},
+            final_reward_mean=metrics[-1]["reward_mean"] if metrics else None,
+            stopped_early=stopped_early,
+            resumed_from_step=resumed_from_step,
+            checkpoint_path=checkpoint_path,
+            sampler_path=sampler_path,
+            wall_time_s=time.monotonic() - started,
+        )
+        directory.result_path.write_text(result.model_dump_json(indent=2))
+        directory.save_state(state.model_copy(update={"finished": True, "sampler_path": sampler_path}))
+        return result
+
+
+def _checkpoint_name(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+def _last_report(directory: RunDirectory, step: int) -> HeldOutReport | None:
+    """The evaluation already logged for `step`, so a resumed run does not evaluate that step twice."""
+    records = directory.evals.read()
+    if records and records[-1]["step"] == step:
+        return HeldOutReport.model_validate(records[-1])
+    return None

@@ -1,0 +1,101 @@
+"""Advantages and datums, checked by hand on tiny examples."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoresearch.trials.advantages import group_advantages, kl_penalized_advantages
+from autoresearch.trials.data import Prompt
+from autoresearch.trials.datums import rl_datum, supervised_datum
+from autoresearch.trials.rollouts import Completion, Group
+from autoresearch.trials.training_batch import build_training_batch, select_samples
+from tasks.text2sql.dataset import Difficulty, Example
+from tasks.text2sql.sandbox import ExecutionStatus
+from tasks.text2sql.scoring import Score
+
+EXAMPLE = Example(id="q1", db_id="db", question="How many?", gold_sql="SELECT 1", difficulty=Difficulty.EASY)
+
+
+def lists(datum) -> dict[str, list]:
+    inputs = {key: value.tolist() for key, value in datum.loss_fn_inputs.items()}
+    return {"model_input": datum.model_input.to_ints(), **inputs}
+
+
+def group(rewards: list[float], prompt: tuple[int, ...] = (10, 11, 12)) -> Group:
+    completions = tuple(Completion(tokens=(20 + i, 30 + i), logprobs=(-0.5, -0.25), text="") for i in range(4))
+    scores = tuple(Score(r, {"execution_match": r}, r == 1.0, ExecutionStatus.OK, "") for r in rewards)
+    return Group(prompt=Prompt(EXAMPLE, prompt), completions=completions[: len(rewards)], scores=scores)
+
+
+def test_advantages_are_rewards_minus_the_group_mean() -> None:
+    assert group_advantages([1.0, 0.0, 0.0, 1.0], normalize_std=False) == [0.5, -0.5, -0.5, 0.5]
+
+
+def test_normalised_advantages_are_divided_by_the_group_std() -> None:
+    # Population std of [1, 0, 0, 1] is 0.5.
+    assert group_advantages([1.0, 0.0, 0.0, 1.0], normalize_std=True) == [1.0, -1.0, -1.0, 1.0]
+    assert group_advantages([3.0, 1.0], normalize_std=True) == [1.0, -1.0]
+
+
+def test_a_group_whose_rewards_are_all_equal_has_no_advantages() -> None:
+    assert group_advantages([0.0, 0.0, 0.0, 0.0], normalize_std=False) is None
+    assert group_advantages([0.7, 0.7], normalize_std=True) is None
+
+
+def test_the_kl_penalty_subtracts_the_scaled_log_ratio_per_token() -> None:
+    # logp_policy - logp_base = [0.5, -1.0]
+    penalized = kl_penalized_advantages(0.5, [-1.0, -2.0], [-1.5, -1.0], kl_coef=0.1)
+    assert penalized == pytest.approx([0.45, 0.6])
+
+
+def test_an_rl_datum_is_the_sequence_shifted_by_one_with_inert_prompt_positions() -> None:
+    datum = rl_datum(
+        prompt_tokens=[10, 11, 12],
+        completion_tokens=[20, 21],
+        completion_logprobs=[-0.5, -0.25],
+        completion_advantages=[0.5, 0.5],
+    )
+    assert lists(datum) == {
+        "model_input": [10, 11, 12, 20],
+        "target_tokens": [11, 12, 20, 21],
+        "logprobs": [0.0, 0.0, -0.5, -0.25],
+        "advantages": [0.0, 0.0, 0.5, 0.5],
+    }
+
+
+def test_prompt_logprobs_fill_the_prompt_positions_when_given() -> None:
+    datum = rl_datum([10, 11, 12], [20, 21], [-0.5, -0.25], [0.5, 0.5], prompt_logprobs=[None, -1.0, -2.0])
+    assert lists(datum)["logprobs"] == [-1.0, -2.0, -0.5, -0.25]
+    assert lists(datum)["advantages"] == [0.0, 0.0, 0.5, 0.5]
+
+
+def test_a_supervised_datum_weights_only_the_completion() -> None:
+    datum = supervised_datum([10, 11, 12], [20, 21])
+    assert lists(datum) == {
+        "model_input": [10, 11, 12, 20],
+        "target_tokens": [11, 12, 20, 21],
+        "weights": [0.0, 0.0, 1.0, 1.0],
+    }
+
+
+def test_a_batch_trains_on_groups_with_signal_and_drops_the_rest() -> None:
+    samples = select_samples([group([1.0, 0.0, 0.0, 1.0]), group([0.0, 0.0, 0.0, 0.0])], normalize_std=False)
+    batch = build_training_batch(samples, base_logprobs=None, kl_coef=0.0)
+    assert batch.groups_kept == 1 and len(batch.datums) == 4 and batch.completion_tokens == 8
+    assert batch.kl is None
+    assert [lists(d)["advantages"] for d in batch.datums] == [
+        [0.0, 0.0, 0.5, 0.5],
+        [0.0, 0.0, -0.5, -0.5],
+        [0.0, 0.0, -0.5, -0.5],
+        [0.0, 0.0, 0.5, 0.5],
+    ]
+    assert lists(batch.datums[1])["target_tokens"] == [11, 12, 21, 31]
+
+
+def test_a_batch_with_a_kl_penalty_reports_the_mean_log_ratio() -> None:
+    samples = select_samples([group([1.0, 0.0])], normalize_std=False)
+    # The base model is less sure of both tokens of both completions: log ratio +0.5 and +0.25.
+    batch = build_training_batch(samples, base_logprobs=[[-1.0, -0.5], [-1.0, -0.5]], kl_coef=0.2)
+    assert batch.kl == pytest.approx(0.375)
+    assert lists(batch.datums[0])["advantages"] == pytest.approx([0.0, 0.0, 0.5 - 0.1, 0.5 - 0.05])
+    assert lists(batch.datums[1])["advantages"] == pytest.approx([0.0, 0.0, -0.5 - 0.1, -0.5 - 0.05])

@@ -1,0 +1,174 @@
+"""Real trials on the tiny model against a real backend on loopback, driven only through the Tinker API."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autoresearch.trials.config import TrialConfig
+from autoresearch.trials.evaluation import HeldOutReport, evaluate_checkpoint
+from autoresearch.trials.rl_loop import run_trial
+from autoresearch.trials.run_dir import RunDirectory
+from tasks.text2sql.dataset import Text2SqlDataset
+from tasks.text2sql.rewards import DEFAULT_REWARD_SPEC
+from tasks.text2sql.scoring import Scorer
+
+STEP_KEYS = {
+    "step",
+    "reward_mean",
+    "reward_std",
+    "accuracy",
+    "groups_kept",
+    "datums",
+    "loss",
+    "kl",
+    "completion_tokens_mean",
+    "tokens_per_s",
+    "step_time_s",
+    "reward/execution_match",
+    "reward/length_penalty",
+}
+
+
+class KilledError(Exception):
+    """Stands for the process dying in the middle of a step."""
+
+
+def assert_scored_by_the_matcher(report: HeldOutReport, scorer: Scorer, bundled: Text2SqlDataset) -> None:
+    examples = {e.id: e for e in bundled.split(report.split)}
+    items = [(examples[a.example_id], a.completion) for a in report.answers]
+    expected = [score.correct for score in scorer.score_many(items, DEFAULT_REWARD_SPEC)]
+    assert [a.correct for a in report.answers] == expected
+    assert report.accuracy == sum(expected) / len(expected)
+    assert 0.0 <= report.accuracy <= 1.0
+
+
+def test_a_trial_trains_evaluates_checkpoints_and_plots(
+    tiny_config: TrialConfig, backend_url: str, tmp_path: Path, scorer: Scorer, bundled: Text2SqlDataset
+) -> None:
+    config = tiny_config.model_copy(update={"run_id": "complete"})
+    reports: list[HeldOutReport] = []
+
+    def keep_going(report: HeldOutReport) -> bool:
+        reports.append(report)
+        return True
+
+    result = run_trial(config, backend_url, tmp_path, progress=False, on_eval=keep_going)
+
+    directory = RunDirectory(tmp_path / "complete")
+    metrics = directory.metrics.read()
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert all(set(m) == STEP_KEYS for m in metrics)
+    assert any(m["datums"] > 0 for m in metrics)
+    assert all((m["loss"] is None) == (m["datums"] == 0) and m["kl"] is None for m in metrics)
+    assert [w["step"] for w in directory.warmup.read()] == [1]
+
+    # Evaluated every 2 steps and at the end, each time through the task's matcher.
+    assert [r.step for r in reports] == [2, 3]
+    assert [e["step"] for e in directory.evals.read()] == [2, 3]
+    for report in reports:
+        assert len(report.answers) == config.eval_size
+        assert_scored_by_the_matcher(report, scorer, bundled)
+    assert result.held_out_accuracy == reports[-1].accuracy
+    assert result.held_out_history == {2: reports[0].accuracy, 3: reports[1].accuracy}
+
+    state = directory.load_state()
+    assert state is not None and state.finished and state.step == 3
+    assert state.data_position == (config.warmup_steps + 3) * config.batch_size
+    assert result.checkpoint_path == state.checkpoint_path and result.checkpoint_path.endswith("/weights/step-000003")
+    assert result.steps_completed == 3 and not result.stopped_early and result.resumed_from_step is None
+    assert directory.plot_path.read_bytes().startswith(b"\x89PNG")
+    assert json.loads(directory.result_path.read_text())["held_out_accuracy"] == result.held_out_accuracy
+
+    # The controller's standalone evaluation of the final weights answers as the trial's last evaluation did.
+    again = evaluate_checkpoint(config, backend_url, model_path=result.sampler_path, dataset=bundled)
+    assert [a.completion for a in again.answers] == [a.completion for a in reports[-1].answers]
+
+    # Finished: asking again returns the stored result without touching a backend.
+    assert run_trial(config, "http://127.0.0.1:9", tmp_path, progress=False) == result
+
+
+def test_a_restarted_trial_resumes_from_its_last_checkpoint(
+    tiny_config: TrialConfig, backend_url: str, tmp_path: Path
+) -> None:
+    config = tiny_config.model_copy(
+        update={"run_id": "resumed", "warmup_steps": 0, "checkpoint_interval": 2, "eval_interval": 0}
+    )
+
+    def die_at_the_end(report: HeldOutReport) -> bool:
+        raise KilledError(f"killed after step {report.step}")
+
+    with pytest.raises(KilledError):
+        run_trial(config, backend_url, tmp_path, progress=False, on_eval=die_at_the_end)
+    directory = RunDirectory(tmp_path / "resumed")
+    before = directory.metrics.path.read_text().splitlines()
+    assert [json.loads(line)["step"] for line in before] == [1, 2, 3]
+    state = directory.load_state()
+    assert state is not None and state.step == 2 and not state.finished
+    assert state.data_position == 2 * config.batch_size and state.checkpoint_path.endswith("/weights/step-000002")
+
+    evaluated: list[int] = []
+
+    def keep_going(report: HeldOutReport) -> bool:
+        evaluated.append(report.step)
+        return True
+
+    result = run_trial(config, backend_url, tmp_path, progress=False, on_eval=keep_going)
+    after = directory.metrics.path.read_text().splitlines()
+    assert result.resumed_from_step == 2 and result.steps_completed == 3
+    # Steps 1 and 2 were not redone: their lines are untouched. Step 3 ran again, once, on the same prompts.
+    assert after[:2] == before[:2]
+    assert [json.loads(line)["step"] for line in after] == [1, 2, 3]
+    assert evaluated == [3]
+    assert json.loads(after[2])["reward_mean"] == pytest.approx(json.loads(before[2])["reward_mean"])
+
+    # Finished, but asked for one step more: it trains on from the final checkpoint.
+    longer = run_trial(config.model_copy(update={"steps": 4}), backend_url, tmp_path, progress=False)
+    assert longer.resumed_from_step == 3 and longer.steps_completed == 4
+    assert [m["step"] for m in directory.metrics.read()] == [1, 2, 3, 4]
+
+
+def test_an_eval_callback_can_stop_a_trial_early(tiny_config: TrialConfig, backend_url: str, tmp_path: Path) -> None:
+    # Also the DRO loss with the KL penalty and normalised advantages: the other path through the loop.
+    config = tiny_config.model_copy(
+        update={
+            "run_id": "pruned",
+            "steps": 4,
+            "warmup_steps": 0,
+            "checkpoint_interval": 10,
+            "eval_interval": 1,
+            "loss": "dro",
+            "loss_fn_config": {"beta": 0.05},
+            "kl_coef": 0.1,
+            "normalize_advantages": True,
+        }
+    )
+    result = run_trial(config, backend_url, tmp_path, progress=False, on_eval=lambda report: report.step < 2)
+    assert result.stopped_early and result.steps_completed == 2
+    assert result.checkpoint_path.endswith("/weights/step-000002")
+    metrics = RunDirectory(tmp_path / "pruned").metrics.read()
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all(isinstance(m["kl"], float) for m in metrics)
+
+
+@pytest.mark.slow
+def test_the_command_line_runs_a_trial_on_a_backend_it_starts(tmp_path: Path) -> None:
+    # The backend the trial starts gets one torch thread, for the reason given in conftest.py.
+    environment = {k: v for k, v in os.environ.items() if k != "TINKER_BASE_URL"} | {"OMP_NUM_THREADS": "1"}
+    command = [
+        sys.executable, "-m", "autoresearch.trial", "experiments/trials/text2sql_tiny.yaml",
+        "--run-dir", str(tmp_path), "--run-id", "by-hand", "--no-progress",
+    ]  # fmt: skip
+    finished = subprocess.run(
+        command, cwd=Path(__file__).parents[2], env=environment, capture_output=True, text=True, timeout=300
+    )
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert "run by-hand: 3 steps, held-out accuracy" in finished.stdout
+    directory = RunDirectory(tmp_path / "by-hand")
+    assert len(directory.metrics.read()) == 3 and directory.plot_path.exists()
+    assert (directory.backend_root / "server.log").exists()
