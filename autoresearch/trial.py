@@ -1,4 +1,7 @@
-"""`python -m autoresearch.trial <config.yaml>`: run one RL trial by hand, or resume it with the same run id."""
+"""`python -m autoresearch.trial <config.yaml>`: run one RL trial by hand, or resume it with the same run id.
+
+`--baseline` scores the untrained base model on the config's held-out subset instead (the number a trial has to beat).
+"""
 
 from __future__ import annotations
 
@@ -8,9 +11,12 @@ from typing import Annotated
 
 import typer
 
+from autoresearch.trials.backend import backend_for
 from autoresearch.trials.config import load_trial_config, parse_trial_config
 from autoresearch.trials.errors import TrialError
+from autoresearch.trials.evaluation import evaluate_checkpoint
 from autoresearch.trials.rl_loop import DEFAULT_RUN_DIR, run_trial
+from tasks.text2sql.dataset import Difficulty
 from tasks.text2sql.errors import Text2SqlError
 
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -25,23 +31,33 @@ def trial(
     run_dir: Annotated[Path, typer.Option(help="runs live in <run-dir>/<run_id>/")] = DEFAULT_RUN_DIR,
     run_id: Annotated[str | None, typer.Option(help="overrides the config's run_id; an existing run resumes")] = None,
     progress: Annotated[bool, typer.Option(help="live progress bar (else log lines)")] = True,
+    baseline: Annotated[bool, typer.Option(help="only score the base model on the held-out subset")] = False,
 ) -> None:
     """Train a LoRA adapter with RL on text-to-SQL and report its held-out execution accuracy."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    # The SDK reports every client it opens at INFO; its warnings still show.
+    # The SDK reports every client it opens (and every long-poll it repeats) at INFO; its warnings still show.
     logging.getLogger("tinker").setLevel(logging.WARNING)
     trial_config = load_trial_config(config)
     if run_id is not None:
         trial_config = parse_trial_config({**trial_config.model_dump(), "run_id": run_id}, "--run-id")
+    if baseline:
+        with backend_for(trial_config.base_model, backend_url, run_dir / "baseline-backend") as url:
+            report = evaluate_checkpoint(trial_config, url)
+        typer.echo(
+            f"baseline {trial_config.base_model} on {report.split} ({len(report.answers)} questions): "
+            f"held-out accuracy {report.accuracy:.3f} ({_by_difficulty(report.accuracy_by_difficulty)})"
+        )
+        return
     result = run_trial(trial_config, backend_url=backend_url, run_dir=run_dir, progress=progress)
-    by_difficulty = ", ".join(
-        f"{d.value} {'-' if a is None else f'{a:.3f}'}" for d, a in result.held_out_by_difficulty.items()
-    )
     typer.echo(
         f"run {result.run_id}: {result.steps_completed} steps, held-out accuracy {result.held_out_accuracy:.3f} "
-        f"({by_difficulty}){' (stopped early)' if result.stopped_early else ''}"
+        f"({_by_difficulty(result.held_out_by_difficulty)}){' (stopped early)' if result.stopped_early else ''}"
     )
     typer.echo(f"results in {result.run_dir}; sampler weights {result.sampler_path}")
+
+
+def _by_difficulty(accuracies: dict[Difficulty, float | None]) -> str:
+    return ", ".join(f"{d.value} {'-' if a is None else f'{a:.3f}'}" for d, a in accuracies.items())
 
 
 def main() -> None:

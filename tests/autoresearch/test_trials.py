@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -172,3 +173,22 @@ def test_the_command_line_runs_a_trial_on_a_backend_it_starts(tmp_path: Path) ->
     directory = RunDirectory(tmp_path / "by-hand")
     assert len(directory.metrics.read()) == 3 and directory.plot_path.exists()
     assert (directory.backend_root / "server.log").exists()
+
+
+def test_the_command_line_scores_the_baseline_without_training(
+    tiny_config: TrialConfig, backend_url: str, tmp_path: Path
+) -> None:
+    environment = dict(os.environ) | {"TINKER_BASE_URL": backend_url, "OMP_NUM_THREADS": "1"}
+    command = [
+        sys.executable, "-m", "autoresearch.trial", "experiments/trials/text2sql_tiny.yaml",
+        "--run-dir", str(tmp_path), "--baseline",
+    ]  # fmt: skip
+    finished = subprocess.run(
+        command, cwd=Path(__file__).parents[2], env=environment, capture_output=True, text=True, timeout=300
+    )
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    match = re.search(r"baseline tiny-gemma3 on dev \((\d+) questions\): held-out accuracy ([\d.]+)", finished.stdout)
+    assert match is not None, finished.stdout
+    assert int(match.group(1)) == tiny_config.eval_size
+    assert 0.0 <= float(match.group(2)) <= 1.0
+    assert not list(tmp_path.glob("*/metrics.jsonl"))  # nothing was trained
