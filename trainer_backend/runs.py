@@ -174,15 +174,6 @@ class RunStore:
             total = self._db.execute("SELECT COUNT(*) FROM training_runs WHERE owner = ?", (owner,)).fetchone()[0]
         return [_run_from_row(r) for r in rows], total
 
-    def all_training_runs(self) -> list[TrainingRun]:
-        """Every run of every owner: the server restores their adapters at start-up."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT model_id, owner, session_id, base_model, lora_rank, train_mlp, train_attn, train_unembed, seed,"
-                " created_at, last_request_at FROM training_runs"
-            ).fetchall()
-        return [_run_from_row(r) for r in rows]
-
     def create_sampling_session(
         self, owner: str, session_id: str, base_model: str, model_path: str | None
     ) -> SamplingSession:

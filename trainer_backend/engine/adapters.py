@@ -159,9 +159,6 @@ class AdapterPool:
         optimizer.zero_grad(set_to_none=True)
         return metrics
 
-    def zero_grad(self, name: str) -> None:
-        self.optimizers[name].zero_grad(set_to_none=True)
-
     def save(self, name: str, folder: Path, include_optimizer: bool) -> None:
         """Write the adapter in PEFT format (and the optimizer state beside it) into `folder`."""
         self._require(name)
