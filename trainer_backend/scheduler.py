@@ -139,6 +139,12 @@ class Scheduler:
                 state.advance_to(state.next_seq)
                 self._condition.notify()
 
+    def queued(self, lane: str) -> int:
+        """Operations of one lane waiting to run (cheap: every training request asks)."""
+        with self._condition:
+            found = self._lanes.get(lane)
+            return len(found) if found is not None else 0
+
     def stats(self) -> SchedulerStats:
         with self._condition:
             return SchedulerStats(

@@ -192,7 +192,7 @@ class TrainingService:
         return run
 
     def _creating(self, model_id: str) -> bool:
-        return self.scheduler.stats().queued_by_lane.get(model_id, 0) > 0
+        return self.scheduler.queued(model_id) > 0
 
     def create_model(self, owner: str, request: schemas.CreateModelRequest, body: bytes, key: str | None) -> Submitted:
         self._check_base_model(request.base_model)
