@@ -104,6 +104,22 @@ def test_several_targets_per_position() -> None:
     torch.testing.assert_close(logprobs_BTK, expected_BTK)
 
 
+@pytest.mark.parametrize("cap", [None, 5.0])
+def test_gradients_through_a_frozen_unembedding_with_several_targets_and_ignored_ones(cap: float | None) -> None:
+    hidden_BTH, weight_VH, _ = make_inputs()
+    targets_BTK = torch.randint(0, V, (B, T, 3), generator=torch.Generator().manual_seed(2))
+    targets_BTK[1, 4:, 1] = -100
+    upstream_BTK = torch.randn(B, T, 3, generator=torch.Generator().manual_seed(4))
+
+    chunked = target_logprobs(hidden_BTH, weight_VH, targets_BTK, chunk_tokens=4, final_logit_softcapping=cap)
+    (chunked_grad,) = torch.autograd.grad((chunked * upstream_BTK).sum(), hidden_BTH)
+    naive = full_logits_target_logprobs(hidden_BTH, weight_VH, targets_BTK, final_logit_softcapping=cap)
+    (naive_grad,) = torch.autograd.grad((naive * upstream_BTK).sum(), hidden_BTH)
+
+    torch.testing.assert_close(chunked, naive, atol=1e-5, rtol=0)
+    torch.testing.assert_close(chunked_grad, naive_grad, atol=1e-5, rtol=0)
+
+
 def test_target_outside_vocabulary_is_a_user_error() -> None:
     hidden_BTH, weight_VH, targets_BT = make_inputs()
     targets_BT[1, 3] = V

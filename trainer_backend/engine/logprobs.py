@@ -2,9 +2,14 @@
 
 Gemma 3's vocabulary has 262,144 entries: fp32 logits for 8 × 128 tokens take 1 GB, and autograd would keep
 two or three such tensors alive until backward. `target_logprobs` projects the hidden states onto the
-vocabulary a chunk of tokens at a time, under activation checkpointing, so forward and backward each hold at
-most one chunk's logits (backward recomputes the chunk). `full_logits_target_logprobs` is the plain
-computation, kept for tests and benchmarks.
+vocabulary a chunk of tokens at a time, so forward and backward each hold at most one chunk's logits.
+
+When the unembedding is frozen (no gradient, no adapter on it, the usual LoRA setup), each chunk's gradient
+with respect to the hidden states is computed in the forward pass, while its logits exist: the derivative of
+a log-prob with respect to its hidden state is one `[H]` vector per target, so backward needs no logits at all
+and costs two vocabulary matmuls per token in all, as the plain computation does. Otherwise each chunk runs
+under activation checkpointing and backward recomputes its logits (three matmuls).
+`full_logits_target_logprobs` is the plain computation, kept for tests and benchmarks.
 
 Targets are `[B, T]` (one token per position) or `[B, T, K]` (K tokens per position, as a Tinker datum's 2-D
 `target_tokens`). A negative target (for instance -100 on padding) marks an ignored position: its log-prob is
@@ -60,6 +65,11 @@ def target_logprobs(
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be at least 1, got {chunk_tokens}")
     hidden_NH, targets_NK = _flatten(hidden_states, lm_head_weight, targets)
+    if lm_head_delta is None and not lm_head_weight.requires_grad:
+        logprobs_NK = _FrozenUnembeddingLogprobs.apply(
+            hidden_NH, lm_head_weight, targets_NK, final_logit_softcapping, chunk_tokens
+        )
+        return logprobs_NK.reshape(targets.shape)
     pieces = [
         # Nothing inside a chunk is saved for backward, which recomputes it; no RNG is involved, so skip
         # stashing RNG state.
@@ -128,3 +138,50 @@ def _logprobs(
     picked_nK = logits_nV.gather(1, targets_nK.clamp(min=0))
     logprobs_nK = picked_nK - torch.logsumexp(logits_nV, dim=-1, keepdim=True)
     return logprobs_nK.masked_fill(ignored_nK, 0.0)
+
+
+class _FrozenUnembeddingLogprobs(torch.autograd.Function):
+    """Target log-probs through a frozen unembedding, with their hidden-state gradients taken chunk by chunk.
+
+    For logits z = cap(h W^T) and target t, d log_softmax(z)[t] / dh = W^T ((e_t - p) * cap'), one vector per
+    target, so forward stores `[N, K, H]` gradients instead of anything of vocabulary size.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden_NH: Tensor, weight_VH: Tensor, targets_NK: Tensor, softcap: float | None, chunk: int):
+        needs_grad = ctx.needs_input_grad[0]
+        logprobs, gradients = [], []
+        for hidden_nH, targets_nK in zip(hidden_NH.split(chunk), targets_NK.split(chunk), strict=True):
+            logits_nV = F.linear(hidden_nH, weight_VH).float()
+            # d cap(u) / du = 1 - tanh(u / c)^2, kept per logit for the gradient.
+            slope_nV = None
+            if softcap is not None:
+                capped_nV = torch.tanh(logits_nV / softcap)
+                slope_nV = 1.0 - capped_nV.square() if needs_grad else None
+                logits_nV = capped_nV * softcap
+            ignored_nK = targets_nK < 0
+            safe_nK = targets_nK.clamp(min=0)
+            log_normaliser_n1 = torch.logsumexp(logits_nV, dim=-1, keepdim=True)
+            logprobs.append((logits_nV.gather(1, safe_nK) - log_normaliser_n1).masked_fill(ignored_nK, 0.0))
+            if not needs_grad:
+                continue
+            # In place: the logits are not needed again, and a second [n, V] buffer is what chunking avoids.
+            weights_nV = logits_nV.sub_(log_normaliser_n1).exp_()
+            if slope_nV is not None:
+                weights_nV.mul_(slope_nV)
+            expected_nH = F.linear(weights_nV.to(weight_VH.dtype), weight_VH.T).float()
+            picked_nKH = weight_VH[safe_nK].float()
+            if slope_nV is not None:
+                picked_nKH = picked_nKH * slope_nV.gather(1, safe_nK).unsqueeze(-1)
+            gradient_nKH = (picked_nKH - expected_nH.unsqueeze(1)).masked_fill(ignored_nK.unsqueeze(-1), 0.0)
+            gradients.append(gradient_nKH)
+        if needs_grad:
+            ctx.save_for_backward(torch.cat(gradients))
+            ctx.hidden_dtype = hidden_NH.dtype
+        return torch.cat(logprobs)
+
+    @staticmethod
+    def backward(ctx, upstream_NK: Tensor):
+        (gradient_NKH,) = ctx.saved_tensors
+        hidden_grad_NH = torch.einsum("nk,nkh->nh", upstream_NK.float(), gradient_NKH).to(ctx.hidden_dtype)
+        return hidden_grad_NH, None, None, None, None
