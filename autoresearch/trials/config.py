@@ -69,6 +69,9 @@ class TrialConfig(BaseModel):
     steps: int = Field(50, ge=0, description="RL steps (each: sample, score, one optimizer step)")
     warmup_steps: int = Field(0, ge=0, description="cross-entropy steps on gold SQL before RL")
     warmup_learning_rate: float = Field(1e-4, gt=0, le=1, description="learning rate of the warm-up")
+    warmup_batch_size: int | None = Field(
+        None, ge=1, le=1024, description="examples per warm-up step; None: batch_size"
+    )
     checkpoint_interval: int = Field(10, ge=1, description="save the training state every this many steps")
 
     # Task.

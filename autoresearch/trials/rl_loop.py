@@ -176,6 +176,10 @@ class _Trial:
 
         sampler = training.save_weights_and_get_sampling_client().result()
         last_report = _last_report(directory, state.step)
+        if state.step == 0 and config.eval_interval and last_report is None:
+            # Where RL starts from (after any warm-up), so the curve separates what each phase did. Not passed to
+            # on_eval: no RL has run yet to judge.
+            last_report = self._evaluate(sampler, 0)
         stopped_early = False
         self.view.phase("RL", config.steps, state.step)
         for step in range(state.step + 1, config.steps + 1):
@@ -215,11 +219,12 @@ class _Trial:
         """Cross-entropy on gold SQL (prompt positions weighted 0), then a checkpoint; redone whole if interrupted."""
         config, training = self.config, self.training
         position = state.data_position
+        batch_size = config.warmup_batch_size or config.batch_size
         self.view.phase("warm-up", config.warmup_steps, 0)
         for step in range(1, config.warmup_steps + 1):
             step_started = time.monotonic()
-            examples = self.order.batch(position, config.batch_size)
-            position += config.batch_size
+            examples = self.order.batch(position, batch_size)
+            position += batch_size
             pairs = [(self.renderer.prompt(e).tokens, self.renderer.gold_completion(e)) for e in examples]
             update = training.forward_backward([supervised_datum(p, c) for p, c in pairs], "cross_entropy")
             optimizer = training.optim_step(self._adam(config.warmup_learning_rate))

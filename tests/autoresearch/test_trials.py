@@ -69,18 +69,20 @@ def test_a_trial_trains_evaluates_checkpoints_and_plots(
     assert all((m["loss"] is None) == (m["datums"] == 0) and m["kl"] is None for m in metrics)
     assert [w["step"] for w in directory.warmup.read()] == [1]
 
-    # Evaluated every 2 steps and at the end, each time through the task's matcher.
+    # Evaluated where RL starts, every 2 steps and at the end, each time through the task's matcher; the callback
+    # judges only evaluations after RL steps.
     assert [r.step for r in reports] == [2, 3]
-    assert [e["step"] for e in directory.evals.read()] == [2, 3]
+    assert [e["step"] for e in directory.evals.read()] == [0, 2, 3]
     for report in reports:
         assert len(report.answers) == config.eval_size
         assert_scored_by_the_matcher(report, scorer, bundled)
     assert result.held_out_accuracy == reports[-1].accuracy
-    assert result.held_out_history == {2: reports[0].accuracy, 3: reports[1].accuracy}
+    starting_accuracy = directory.evals.read()[0]["accuracy"]
+    assert result.held_out_history == {0: starting_accuracy, 2: reports[0].accuracy, 3: reports[1].accuracy}
 
     state = directory.load_state()
     assert state is not None and state.finished and state.step == 3
-    assert state.data_position == (config.warmup_steps + 3) * config.batch_size
+    assert state.data_position == config.warmup_steps * config.warmup_batch_size + 3 * config.batch_size
     assert result.checkpoint_path == state.checkpoint_path and result.checkpoint_path.endswith("/weights/step-000003")
     assert result.steps_completed == 3 and not result.stopped_early and result.resumed_from_step is None
     assert directory.plot_path.read_bytes().startswith(b"\x89PNG")
