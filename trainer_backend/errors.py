@@ -50,3 +50,10 @@ class OverloadedError(BackendError):
 
     status_code = 429
     category = "server"
+
+
+class ServerError(BackendError):
+    """Something failed on our side while running a request; the message says what."""
+
+    status_code = 500
+    category = "server"

@@ -4,7 +4,9 @@ Requests arrive on the HTTP loop and become `Operation`s. For a training client,
 before operation n (the SDK numbers them and relies on it; chunks of one batch may even arrive out of order). A
 gap that stays open longer than `gap_timeout_s` fails the waiting operations with a message, instead of leaving
 their futures hanging. Across tenants the worker serves the least recently served one first, so a tenant with
-a deep queue cannot starve the others. Busy time is measured around each operation.
+a deep queue cannot starve the others. Operations of a kind that has a batch runner (sampling) run together:
+the worker takes every ready one of that kind, from all tenants, into one device call. Busy time is measured
+around each device call.
 """
 
 from __future__ import annotations
@@ -13,16 +15,22 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from trainer_backend.errors import BackendError, ConflictError, OverloadedError
+from trainer_backend.errors import BackendError, ConflictError, OverloadedError, ServerError
 from trainer_backend.ledger import Ledger, ResultFormat
 
 log = logging.getLogger(__name__)
 
 # What an operation returns: the result bytes and how they are encoded.
 Work = Callable[[], tuple[bytes, ResultFormat]]
+# One operation's outcome in a batch: its result, or the error that failed it.
+Outcome = tuple[bytes, ResultFormat] | BackendError
+# Runs several operations of one batch kind in one device call; one outcome per operation, in order.
+BatchRunner = Callable[[Sequence["Operation"]], Sequence[Outcome]]
+# Operations handed to a batch runner at once; the runner may still split them by its own limits.
+MAX_BATCH_OPERATIONS = 64
 
 
 @dataclass
@@ -31,9 +39,12 @@ class Operation:
     kind: str
     # The tenant whose order and fairness this operation counts toward: a model id or a sampling session.
     lane: str
-    work: Work
+    # What to run; None for an operation of a batch kind, which its batch runner runs from `payload`.
+    work: Work | None
     # Position in the lane's order; None for operations that need no ordering (sampling).
     seq_id: int | None = None
+    batch_kind: str | None = None
+    payload: object = None
     enqueued_at: float = field(default_factory=time.monotonic)
 
 
@@ -51,6 +62,14 @@ class _Lane:
         if self.next_seq in self.waiting:
             return self.waiting[self.next_seq]
         return self.unordered[0] if self.unordered else None
+
+    def take_batch_kind(self, batch_kind: str, limit: int) -> list[Operation]:
+        """Remove and return up to `limit` unordered operations of `batch_kind`, oldest first."""
+        taken = [op for op in self.unordered if op.batch_kind == batch_kind][:limit]
+        if taken:
+            ids = {id(op) for op in taken}
+            self.unordered = deque(op for op in self.unordered if id(op) not in ids)
+        return taken
 
     def pop(self, operation: Operation) -> None:
         if operation.seq_id is None:
@@ -78,22 +97,34 @@ class SchedulerStats:
     queued_by_lane: dict[str, int]
     busy_seconds: float
     operations_by_kind: dict[str, int]
-    running: str | None
+    # Device calls that ran more than one operation, and the operations they ran.
+    batches: int
+    batched_operations: int
+    running: tuple[str, ...]
 
 
 class Scheduler:
     """Runs operations on one worker thread; `submit` is safe from any thread."""
 
-    def __init__(self, ledger: Ledger, max_queued: int = 1024, gap_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        max_queued: int = 1024,
+        gap_timeout_s: float = 60.0,
+        batch_runners: dict[str, BatchRunner] | None = None,
+    ) -> None:
         self.ledger = ledger
         self.max_queued = max_queued
         self.gap_timeout_s = gap_timeout_s
+        self._batch_runners = dict(batch_runners or {})
+        self._batches = 0
+        self._batched_operations = 0
         self._lanes: dict[str, _Lane] = {}
         self._condition = threading.Condition()
         self._stopping = False
         self._busy_seconds = 0.0
         self._operations_by_kind: dict[str, int] = {}
-        self._running: str | None = None
+        self._running: tuple[str, ...] = ()
         self._busy_listeners: list[Callable[[float, float], None]] = []
         self._thread = threading.Thread(target=self._run, name="device-worker", daemon=True)
         self._thread.start()
@@ -104,6 +135,11 @@ class Scheduler:
 
     def submit(self, operation: Operation) -> None:
         """Queue an operation; raises OverloadedError when the queues are full (the client backs off)."""
+        batched = operation.batch_kind is not None
+        if (operation.work is None) != batched or (batched and operation.batch_kind not in self._batch_runners):
+            raise ValueError(f"operation {operation.kind} needs either work or a batch kind with a runner")
+        if operation.batch_kind is not None and operation.seq_id is not None:
+            raise ValueError("only unordered operations (no seq_id) can run in batches")
         with self._condition:
             if self._queued() >= self.max_queued:
                 raise OverloadedError(f"the server has {self.max_queued} operations queued; retry shortly")
@@ -152,6 +188,8 @@ class Scheduler:
                 queued_by_lane={name: len(lane) for name, lane in self._lanes.items() if len(lane)},
                 busy_seconds=self._busy_seconds,
                 operations_by_kind=dict(self._operations_by_kind),
+                batches=self._batches,
+                batched_operations=self._batched_operations,
                 running=self._running,
             )
 
@@ -166,8 +204,11 @@ class Scheduler:
     def _queued(self) -> int:
         return sum(len(lane) for lane in self._lanes.values())
 
-    def _next(self) -> Operation | None:
-        """The ready operation of the least recently served lane; expires operations stuck behind a gap."""
+    def _next(self) -> list[Operation]:
+        """The ready operation of the least recently served lane, with every ready operation it can batch with.
+
+        Also expires operations stuck behind a gap. Empty when nothing is ready.
+        """
         now = time.monotonic()
         candidates = []
         for name, lane in self._lanes.items():
@@ -180,12 +221,23 @@ class Scheduler:
                 if now - lane.gap_since > self.gap_timeout_s:
                     self._expire_gap(name, lane)
         if not candidates:
-            return None
-        _, name, operation = min(candidates, key=lambda c: c[0])
+            return []
+        candidates.sort(key=lambda c: c[0])
+        _, name, first = candidates[0]
         lane = self._lanes[name]
-        lane.pop(operation)
+        lane.pop(first)
         lane.last_served = now
-        return operation
+        batch = [first]
+        if first.batch_kind is not None:
+            for _, name, _ in candidates:
+                room = MAX_BATCH_OPERATIONS - len(batch)
+                if room <= 0:
+                    break
+                taken = self._lanes[name].take_batch_kind(first.batch_kind, room)
+                if taken:
+                    self._lanes[name].last_served = now
+                    batch += taken
+        return batch
 
     def _expire_gap(self, name: str, lane: _Lane) -> None:
         missing = lane.next_seq
@@ -203,38 +255,34 @@ class Scheduler:
     def _run(self) -> None:
         while True:
             with self._condition:
-                operation = None if self._stopping else self._next()
-                while operation is None and not self._stopping:
+                batch = [] if self._stopping else self._next()
+                while not batch and not self._stopping:
                     # Wake up now and then to expire gaps even when nothing new arrives.
                     self._condition.wait(timeout=1.0)
-                    operation = None if self._stopping else self._next()
-                if operation is None:
+                    batch = [] if self._stopping else self._next()
+                if not batch:
                     return
-                self._running = operation.request_id
-            self._execute(operation)
+                self._running = tuple(op.request_id for op in batch)
+            self._execute(batch)
             with self._condition:
-                self._running = None
+                self._running = ()
 
-    def _execute(self, operation: Operation) -> None:
-        self.ledger.mark_running(operation.request_id)
+    def _execute(self, batch: list[Operation]) -> None:
+        for operation in batch:
+            self.ledger.mark_running(operation.request_id)
         start = time.monotonic()
-        outcome = "done"
-        try:
-            result, result_format = operation.work()
-        except BackendError as error:
-            outcome = f"failed ({error.category})"
-            self.ledger.fail(operation.request_id, str(error), error.category)
-        except Exception as error:  # the worker must survive anything one request provokes
-            outcome = "failed (server)"
-            log.exception("operation %s (%s) failed", operation.request_id, operation.kind)
-            self.ledger.fail(operation.request_id, f"internal error in {operation.kind}: {error}", "server")
-        else:
-            self.ledger.complete(operation.request_id, result, result_format)
-        finally:
-            end = time.monotonic()
+        outcomes = self._outcomes(batch)
+        end = time.monotonic()
+        for operation, outcome in zip(batch, outcomes, strict=True):
+            if isinstance(outcome, BackendError):
+                result_text = f"failed ({outcome.category})"
+                self.ledger.fail(operation.request_id, str(outcome), outcome.category)
+            else:
+                result_text = "done"
+                self.ledger.complete(operation.request_id, *outcome)
             log.info(
                 "operation %s",
-                outcome,
+                result_text,
                 extra={
                     "request_id": operation.request_id,
                     "kind": operation.kind,
@@ -242,10 +290,31 @@ class Scheduler:
                     "seq_id": operation.seq_id,
                     "queued_s": round(start - operation.enqueued_at, 4),
                     "run_s": round(end - start, 4),
+                    "batch": len(batch),
                 },
             )
-            with self._condition:
-                self._busy_seconds += end - start
+        with self._condition:
+            self._busy_seconds += end - start
+            for operation in batch:
                 self._operations_by_kind[operation.kind] = self._operations_by_kind.get(operation.kind, 0) + 1
-            for listener in self._busy_listeners:
-                listener(start, end)
+            if len(batch) > 1:
+                self._batches += 1
+                self._batched_operations += len(batch)
+        for listener in self._busy_listeners:
+            listener(start, end)
+
+    def _outcomes(self, batch: list[Operation]) -> list[Outcome]:
+        """Run one operation or one batch; whatever it raises fails its operations, never the worker."""
+        first = batch[0]
+        try:
+            if first.batch_kind is None:
+                return [first.work()]
+            outcomes = list(self._batch_runners[first.batch_kind](batch))
+            if len(outcomes) != len(batch):
+                raise RuntimeError(f"the {first.batch_kind} runner returned {len(outcomes)} outcomes for {len(batch)}")
+            return outcomes
+        except BackendError as error:
+            return [error] * len(batch)
+        except Exception as error:  # the worker must survive anything one request provokes
+            log.exception("operation %s (%s) failed", first.request_id, first.kind)
+            return [ServerError(f"internal error in {first.kind}: {error}")] * len(batch)

@@ -14,7 +14,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,13 +29,13 @@ from trainer_backend.api.proto import (
 from trainer_backend.checkpoints import CheckpointInfo, CheckpointKind, CheckpointPath, CheckpointStore, validate_name
 from trainer_backend.config import ServerConfig
 from trainer_backend.engine.adapters import AdamSettings
-from trainer_backend.engine.model_engine import ModelEngine
-from trainer_backend.engine.sampling import SamplingRequest, SamplingResult
+from trainer_backend.engine.model_engine import ModelEngine, SamplerCall
+from trainer_backend.engine.sampling import SamplingInputError, SamplingRequest, SamplingResult
 from trainer_backend.errors import NotFoundError, OverloadedError, UserInputError
 from trainer_backend.ledger import FutureRecord, Ledger, ResultFormat
 from trainer_backend.models.loading import LoadedModel
 from trainer_backend.runs import LoraSettings, RunStore, TrainingRun
-from trainer_backend.scheduler import Operation, Scheduler
+from trainer_backend.scheduler import Operation, Outcome, Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,12 @@ class TrainingService:
         if expired:
             log.info("deleted %d expired checkpoints", expired)
         self.engine = ModelEngine(loaded)
-        self.scheduler = Scheduler(self.ledger, max_queued=config.max_queued, gap_timeout_s=config.gap_timeout_s)
+        self.scheduler = Scheduler(
+            self.ledger,
+            max_queued=config.max_queued,
+            gap_timeout_s=config.gap_timeout_s,
+            batch_runners={"sample": self._run_samples},
+        )
         self.tokens_processed = {"forward_backward": 0, "sample_prompt": 0, "sample_generated": 0}
 
     def close(self) -> None:
@@ -127,11 +132,13 @@ class TrainingService:
         kind: str,
         lane: str,
         body: bytes,
-        work: Callable[[], tuple[bytes, ResultFormat]],
+        work: Callable[[], tuple[bytes, ResultFormat]] | None,
         seq_id: int | None = None,
         idempotency_key: str | None = None,
         model_id: str | None = None,
+        batch_payload: _PendingSample | None = None,
     ) -> FutureRecord:
+        """Record a future and queue its operation: `work`, or `batch_payload` for the batch runner of `kind`."""
         record, created = self.ledger.submit(
             owner,
             kind,
@@ -142,7 +149,10 @@ class TrainingService:
         )
         if created:
             try:
-                self.scheduler.submit(Operation(record.request_id, kind, lane, work, seq_id))
+                batch_kind = kind if batch_payload is not None else None
+                self.scheduler.submit(
+                    Operation(record.request_id, kind, lane, work, seq_id, batch_kind=batch_kind, payload=batch_payload)
+                )
             except OverloadedError:
                 # The client retries a 429 with the same body and seq_id: that retry must be queued, not answered
                 # with this refusal.
@@ -411,17 +421,25 @@ class TrainingService:
                 f"prompt_logprobs_last_n={last_n} exceeds the prompt's {len(sampling.prompt_tokens)} tokens"
             )
 
-        def work() -> tuple[bytes, ResultFormat]:
-            result = self.engine.sample(folder, sampling, stop_at_eos)
-            if last_n is not None:
-                result = _keep_last_prompt_logprobs(result, last_n)
-            self.tokens_processed["sample_prompt"] += len(sampling.prompt_tokens)
-            self.tokens_processed["sample_generated"] += sum(len(s.tokens) for s in result.sequences)
-            return encode_sample_response(result), ResultFormat.PROTO
-
-        record = self._submit(owner, "sample", lane, body, work, None, key)
+        call = _PendingSample(SamplerCall(folder, sampling, stop_at_eos), request.prompt_logprobs_last_n)
+        record = self._submit(owner, "sample", lane, body, None, None, key, batch_payload=call)
         ids = [f"{record.request_id}-{i}" for i in range(request.num_samples)]
         return Submitted(record, sample_sequence_ids=ids)
+
+    def _run_samples(self, operations: Sequence[Operation]) -> list[Outcome]:
+        """The scheduler's batch runner for sampling: every pending request, of any weights, in one batch."""
+        pending: list[_PendingSample] = [op.payload for op in operations]
+        outcomes: list[Outcome] = []
+        for item, result in zip(pending, self.engine.sample_batch([p.call for p in pending]), strict=True):
+            if isinstance(result, SamplingInputError):
+                outcomes.append(result)
+                continue
+            if item.prompt_logprobs_last_n is not None:
+                result = _keep_last_prompt_logprobs(result, item.prompt_logprobs_last_n)
+            self.tokens_processed["sample_prompt"] += len(item.call.request.prompt_tokens)
+            self.tokens_processed["sample_generated"] += sum(len(s.tokens) for s in result.sequences)
+            outcomes.append((encode_sample_response(result), ResultFormat.PROTO))
+        return outcomes
 
     def _sampling_weights(self, owner: str, request: schemas.SampleRequest) -> CheckpointPath | None:
         if request.sampling_session_id is not None:
@@ -509,6 +527,14 @@ class TrainingService:
                 )
             ]
         )
+
+
+@dataclass(frozen=True)
+class _PendingSample:
+    """A queued sampling request, as its batch runner needs it."""
+
+    call: SamplerCall
+    prompt_logprobs_last_n: int | None
 
 
 def _keep_last_prompt_logprobs(result: SamplingResult, last_n: int) -> SamplingResult:

@@ -172,3 +172,72 @@ def test_full_queues_push_back(ledger: Ledger) -> None:
         scheduler.submit(_operation(ledger, "d", None, log))
     gate.set()
     scheduler.stop()
+
+
+def _sample_operation(ledger: Ledger, lane: str, payload: str) -> Operation:
+    record, _ = ledger.submit("alice", "sample", f"{lane}-{payload}-{time.monotonic_ns()}")
+    return Operation(record.request_id, "sample", lane, None, batch_kind="sample", payload=payload)
+
+
+def test_ready_operations_of_a_batch_kind_from_all_tenants_run_in_one_call(ledger: Ledger) -> None:
+    calls: list[list[str]] = []
+
+    def run_samples(operations):
+        calls.append([op.payload for op in operations])
+        return [
+            UserInputError(f"bad {op.payload}") if op.payload == "bad" else (op.payload.encode(), ResultFormat.JSON)
+            for op in operations
+        ]
+
+    scheduler = Scheduler(ledger, batch_runners={"sample": run_samples})
+    log: list = []
+    gate = threading.Event()
+
+    def blocked() -> tuple[bytes, ResultFormat]:
+        gate.wait(5)
+        log.append("blocker")
+        return b"{}", ResultFormat.JSON
+
+    scheduler.submit(_operation(ledger, "trainer", 1, log, blocked))
+    wait_for(lambda: scheduler.stats().running)
+    samples = [_sample_operation(ledger, lane, payload) for lane, payload in [("s1", "a"), ("s2", "bad"), ("s1", "c")]]
+    for operation in samples:
+        scheduler.submit(operation)
+    trainer_next = _operation(ledger, "trainer", 2, log)
+    scheduler.submit(trainer_next)
+    gate.set()
+    wait_for(lambda: all(ledger.get(op.request_id).finished for op in [*samples, trainer_next]))
+
+    # One device call for the three samples of two tenants, each answered with its own outcome.
+    assert calls == [["a", "c", "bad"]] or calls == [["bad", "a", "c"]]
+    assert [ledger.get(op.request_id).result for op in samples] == [b"a", None, b"c"]
+    failed = ledger.get(samples[1].request_id)
+    assert failed.state is FutureState.FAILED and failed.error == "bad bad" and failed.category == "user"
+    stats = scheduler.stats()
+    assert stats.batches == 1 and stats.batched_operations == 3 and stats.operations_by_kind["sample"] == 3
+    scheduler.stop()
+
+
+def test_a_batch_runner_that_breaks_fails_its_operations_and_the_worker_goes_on(ledger: Ledger) -> None:
+    def broken(operations):
+        raise RuntimeError("engine fell over")
+
+    scheduler = Scheduler(ledger, batch_runners={"sample": broken})
+    sampled = _sample_operation(ledger, "s1", "a")
+    scheduler.submit(sampled)
+    wait_for(lambda: ledger.get(sampled.request_id).finished)
+    record = ledger.get(sampled.request_id)
+    assert record.state is FutureState.FAILED and "engine fell over" in record.error
+    log: list = []
+    after = _operation(ledger, "m1", 1, log)
+    scheduler.submit(after)
+    wait_for(lambda: ledger.get(after.request_id).finished)
+    assert log == [("m1", 1)]
+    scheduler.stop()
+
+
+def test_an_operation_needs_work_or_a_registered_batch_kind(ledger: Ledger) -> None:
+    scheduler = Scheduler(ledger)
+    with pytest.raises(ValueError, match="needs either work or a batch kind"):
+        scheduler.submit(_sample_operation(ledger, "s1", "a"))
+    scheduler.stop()

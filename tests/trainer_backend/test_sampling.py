@@ -15,7 +15,14 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
 from trainer_backend.engine import sampling
-from trainer_backend.engine.sampling import SamplingInputError, SamplingRequest, SamplingResult, sample
+from trainer_backend.engine.sampling import (
+    SamplingInputError,
+    SamplingJob,
+    SamplingRequest,
+    SamplingResult,
+    sample,
+    sample_batch,
+)
 
 VOCAB = 97
 CONTEXT = 256
@@ -48,8 +55,10 @@ def model() -> Gemma3ForCausalLM:
     return Gemma3ForCausalLM(config).eval()
 
 
-def run(model: torch.nn.Module, eos: tuple[int, ...] = (), **fields: object) -> SamplingResult:
-    return sample(model, SamplingRequest(prompt_tokens=PROMPT, **fields), eos, letters, CONTEXT)
+def run(
+    model: torch.nn.Module, eos: tuple[int, ...] = (), adapter: str | None = None, **fields: object
+) -> SamplingResult:
+    return sample(model, SamplingRequest(prompt_tokens=PROMPT, **fields), eos, letters, CONTEXT, adapter)
 
 
 def full_forward_logprobs(model: torch.nn.Module, ids: Sequence[int]) -> torch.Tensor:
@@ -237,7 +246,7 @@ def lora_model(model: Gemma3ForCausalLM) -> PeftModel:
 
 
 def test_sampling_goes_through_a_lora_adapter(model: Gemma3ForCausalLM, lora_model: PeftModel) -> None:
-    adapted = run(lora_model, temperature=0, max_tokens=16).sequences[0]
+    adapted = run(lora_model, adapter="default", temperature=0, max_tokens=16).sequences[0]
     context = list(PROMPT)
     for token, logprob in zip(adapted.tokens, adapted.logprobs, strict=True):
         logprobs_V = full_forward_logprobs(lora_model, context)[-1]
@@ -245,3 +254,67 @@ def test_sampling_goes_through_a_lora_adapter(model: Gemma3ForCausalLM, lora_mod
         assert logprob == pytest.approx(float(logprobs_V[token]), abs=1e-4)
         context.append(token)
     assert adapted.tokens != run(model, temperature=0, max_tokens=16).sequences[0].tokens
+
+
+@pytest.fixture
+def two_adapter_model(lora_model: PeftModel) -> PeftModel:
+    """The LoRA model with a second adapter ("other") of different weights beside "default"."""
+    torch.manual_seed(2)
+    lora_model.add_adapter("other", LoraConfig(r=2, lora_alpha=8, target_modules=["q_proj", "o_proj", "down_proj"]))
+    with torch.no_grad():
+        for name, parameter in lora_model.named_parameters():
+            if "lora_B" in name and ".other." in name:
+                parameter.normal_(std=0.5)
+    return lora_model.eval()
+
+
+def mixed_jobs() -> list[SamplingJob]:
+    """Prompts of different lengths (one past the sliding window), through no adapter and two adapters."""
+    long_prompt = tuple((7 * i + 3) % VOCAB for i in range(40))
+    return [
+        SamplingJob(SamplingRequest(prompt_tokens=PROMPT, temperature=0, max_tokens=12), None, ()),
+        SamplingJob(SamplingRequest(prompt_tokens=long_prompt, temperature=0, max_tokens=20), "default", ()),
+        SamplingJob(
+            SamplingRequest(prompt_tokens=PROMPT[:4], num_samples=3, temperature=0.8, max_tokens=15, seed=11),
+            "other",
+            (5,),
+        ),
+        SamplingJob(
+            SamplingRequest(prompt_tokens=PROMPT[3:], temperature=1.0, top_p=0.9, top_k=20, max_tokens=18, seed=3),
+            "default",
+            (),
+        ),
+        SamplingJob(SamplingRequest(prompt_tokens=long_prompt[:25], num_samples=2, max_tokens=9, seed=5), None, ()),
+        SamplingJob(
+            SamplingRequest(prompt_tokens=PROMPT, max_tokens=10, seed=8, prompt_logprobs=True, topk_prompt_logprobs=2),
+            "other",
+            (),
+        ),
+    ]
+
+
+def test_a_mixed_batch_answers_each_request_as_it_would_be_answered_alone(two_adapter_model: PeftModel) -> None:
+    jobs = mixed_jobs()
+    together = sample_batch(two_adapter_model, jobs, letters, CONTEXT)
+    for job, batched in zip(jobs, together, strict=True):
+        (alone,) = sample_batch(two_adapter_model, [job], letters, CONTEXT)
+        assert isinstance(batched, SamplingResult) and isinstance(alone, SamplingResult)
+        for batched_sequence, alone_sequence in zip(batched.sequences, alone.sequences, strict=True):
+            assert batched_sequence.tokens == alone_sequence.tokens
+            assert batched_sequence.stop_reason == alone_sequence.stop_reason
+            torch.testing.assert_close(batched_sequence.logprobs, alone_sequence.logprobs, atol=1e-4, rtol=0)
+        assert batched.prompt_logprobs == alone.prompt_logprobs
+    # The adapters really differ: the same greedy request gives other tokens through each.
+    greedy = SamplingRequest(prompt_tokens=PROMPT, temperature=0, max_tokens=12)
+    outputs = sample_batch(
+        two_adapter_model, [SamplingJob(greedy, name, ()) for name in (None, "default", "other")], letters, CONTEXT
+    )
+    assert len({result.sequences[0].tokens for result in outputs}) == 3
+
+
+def test_a_bad_request_in_a_batch_gets_its_error_and_the_others_their_samples(two_adapter_model: PeftModel) -> None:
+    good = SamplingJob(SamplingRequest(prompt_tokens=PROMPT, temperature=0, max_tokens=5), "default", ())
+    bad = SamplingJob(SamplingRequest(prompt_tokens=(1, VOCAB + 3), max_tokens=5), "other", ())
+    first, second, third = sample_batch(two_adapter_model, [good, bad, good], letters, CONTEXT)
+    assert isinstance(second, SamplingInputError) and f"prompt_tokens[1] = {VOCAB + 3}" in str(second)
+    assert isinstance(first, SamplingResult) and first == third

@@ -95,7 +95,7 @@ def test_a_stopping_scheduler_finishes_the_running_operation_and_starts_no_other
 
     running, queued = operation("running"), operation("queued")
     scheduler.submit(running)
-    while scheduler.stats().running is None:
+    while not scheduler.stats().running:
         time.sleep(0.01)
     scheduler.submit(queued)
     stopping = threading.Thread(target=scheduler.stop)

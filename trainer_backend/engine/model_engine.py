@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -17,7 +18,13 @@ from trainer_backend.api.proto import DecodedDatum, ForwardBackwardResult
 from trainer_backend.engine.adapters import AdamSettings, AdapterPool
 from trainer_backend.engine.logprobs import LowRankDelta, full_logits_target_logprobs, target_logprobs
 from trainer_backend.engine.losses import compute_loss
-from trainer_backend.engine.sampling import SamplingRequest, SamplingResult, sample
+from trainer_backend.engine.sampling import (
+    SamplingInputError,
+    SamplingJob,
+    SamplingRequest,
+    SamplingResult,
+    sample_batch,
+)
 from trainer_backend.errors import UserInputError
 from trainer_backend.models.loading import LoadedModel
 from trainer_backend.runs import LoraSettings
@@ -27,6 +34,8 @@ from trainer_backend.runs import LoraSettings
 LOGITS_BUDGET = 32 * 1024 * 1024
 # Sampler snapshots kept loaded as adapters; older ones are reloaded from disk on use.
 SAMPLER_ADAPTERS_KEPT = 8
+# Rows (samples) decoded together in one generation batch; more requests wait for the next batch.
+MAX_SAMPLING_ROWS = 64
 IGNORED_TARGET = -100
 
 
@@ -140,16 +149,30 @@ class ModelEngine:
 
     def sample(self, weights_folder: Path | None, request: SamplingRequest, stop_at_eos: bool) -> SamplingResult:
         """Sample from the base model (no folder) or from saved sampler weights."""
-        adapter = None if weights_folder is None else self._sampler_adapter(weights_folder)
-        eos = self.loaded.eos_token_ids if stop_at_eos else ()
-        with self.adapters.active(adapter) as model:
-            return sample(
-                model,
-                request,
-                eos_token_ids=eos,
-                decode=self._decode,
-                max_context_length=self.loaded.max_context_length,
-            )
+        (outcome,) = self.sample_batch([SamplerCall(weights_folder, request, stop_at_eos)])
+        if isinstance(outcome, SamplingInputError):
+            raise outcome
+        return outcome
+
+    def sample_batch(self, calls: Sequence[SamplerCall]) -> list[SamplingResult | SamplingInputError]:
+        """Serve several sampling requests, of any mix of weights, in as few generation batches as fit.
+
+        A batch holds at most `MAX_SAMPLING_ROWS` rows and `SAMPLER_ADAPTERS_KEPT` distinct sampler weights, so
+        loading one batch's adapters never evicts another of the same batch.
+        """
+        outcomes: list[SamplingResult | SamplingInputError] = []
+        for batch in _sampling_batches(calls):
+            jobs = [
+                SamplingJob(
+                    request=call.request,
+                    adapter=None if call.weights_folder is None else self._sampler_adapter(call.weights_folder),
+                    eos_token_ids=self.loaded.eos_token_ids if call.stop_at_eos else (),
+                )
+                for call in batch
+            ]
+            model = self.adapters.peft_model or self.adapters.base_model
+            outcomes += sample_batch(model, jobs, self._decode, self.loaded.max_context_length)
+        return outcomes
 
     def _decode(self, tokens: Sequence[int]) -> str:
         return self.loaded.tokenizer.decode(list(tokens), skip_special_tokens=False)
@@ -167,3 +190,27 @@ class ModelEngine:
             evicted, _ = self._sampler_adapters.popitem(last=False)
             self.adapters.delete(evicted)
         return name
+
+
+@dataclass(frozen=True)
+class SamplerCall:
+    """One sampling request and the weights it samples: a sampler checkpoint folder, or None for the base model."""
+
+    weights_folder: Path | None
+    request: SamplingRequest
+    stop_at_eos: bool
+
+
+def _sampling_batches(calls: Sequence[SamplerCall]) -> list[list[SamplerCall]]:
+    """Consecutive runs of calls within the row and distinct-weights limits of one generation batch."""
+    batches: list[list[SamplerCall]] = []
+    rows, weights = 0, set()
+    for call in calls:
+        grown = weights | {call.weights_folder}
+        if batches and rows + call.request.num_samples <= MAX_SAMPLING_ROWS and len(grown) <= SAMPLER_ADAPTERS_KEPT:
+            batches[-1].append(call)
+            rows, weights = rows + call.request.num_samples, grown
+        else:
+            batches.append([call])
+            rows, weights = call.request.num_samples, {call.weights_folder}
+    return batches

@@ -1,7 +1,9 @@
 """Token sampling with exact log-probabilities: the engine behind the Tinker API's `sample`.
 
-`sample` prefills the prompt once, copies its KV cache across the `num_samples` rows, and then decodes one
-token per step for the rows still running; a row that stops leaves the batch (and the cache) at once.
+`sample_batch` serves several requests, of one adapter or of several, as one generation batch: their prompts
+are prefilled together (left-padded), each prompt's KV cache is copied across its `num_samples` rows, and
+every step decodes one token for each row still running, each row through its own adapter (PEFT's mixed-batch
+LoRA); a row that stops leaves the batch (and the cache) at once. `sample` is the one-request case.
 
 Semantics, matched to the Tinker SDK 0.38 and the tinker-cookbook:
 
@@ -87,62 +89,192 @@ class SamplingResult:
     topk_prompt_logprobs: tuple[TopkLogprobs | None, ...] | None
 
 
+# PEFT's adapter name for rows of a mixed batch that go through no adapter (the base model).
+BASE_ROWS = "__base__"
+
+
+@dataclass(frozen=True)
+class SamplingJob:
+    """One request of a generation batch: the adapter its rows go through and the ids that end its sequences.
+
+    `adapter` is the name of an adapter loaded in the `PeftModel`, or None for the base model. `eos_token_ids`
+    end a sequence besides the request's own `stop_token_ids`; () when the client disabled stopping.
+    """
+
+    request: SamplingRequest
+    adapter: str | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+
 def sample(
     model: PreTrainedModel | PeftModel,
     request: SamplingRequest,
     eos_token_ids: tuple[int, ...],
     decode: Callable[[Sequence[int]], str],
     max_context_length: int,
+    adapter: str | None = None,
 ) -> SamplingResult:
-    """Sample `request.num_samples` completions of the prompt from `model`, with their logprobs.
-
-    Args:
-        model: a causal LM, or a `PeftModel` whose adapter for this request is already active. It runs in
-            eval mode and is put back in its previous mode afterwards.
-        request: the prompt and the sampling parameters.
-        eos_token_ids: ids that end a sequence besides `request.stop_token_ids`; pass () when the client
-            disabled stopping (the SDK's `stop=[]`).
-        decode: token ids to text, used only to look for `request.stop_strings`.
-        max_context_length: the most tokens, prompt and completion together, the model may see.
-
-    Returns:
-        The completions in sample order, and prompt logprobs if the request asked for them.
+    """Sample `request.num_samples` completions of one prompt; `sample_batch` with a single job.
 
     Raises:
         SamplingInputError: an empty prompt, out-of-vocabulary ids, a parameter out of range, or a prompt
             plus `max_tokens` longer than `max_context_length`.
     """
+    (outcome,) = sample_batch(model, [SamplingJob(request, adapter, eos_token_ids)], decode, max_context_length)
+    if isinstance(outcome, SamplingInputError):
+        raise outcome
+    return outcome
+
+
+def sample_batch(
+    model: PreTrainedModel | PeftModel,
+    jobs: Sequence[SamplingJob],
+    decode: Callable[[Sequence[int]], str],
+    max_context_length: int,
+) -> list[SamplingResult | SamplingInputError]:
+    """Sample every job's completions in one generation batch, each row through its own job's adapter.
+
+    The prompts are left-padded into one prefill; then every running row of every job decodes one token per
+    step, and a row that stops leaves the batch. Each job draws from its own generator with its own parameters,
+    so a seeded job gets the tokens it would get alone (up to float rounding of the batched matmuls). A job
+    that asks for prompt log-probs is prefilled and decoded on its own: its prompt's scores need logits at
+    every prompt position, which a batched prefill does not keep.
+
+    Args:
+        model: a causal LM, or a `PeftModel` holding every adapter the jobs name. It runs in eval mode and is
+            put back in its previous mode afterwards.
+        jobs: the requests, each with its adapter and stop ids.
+        decode: token ids to text, used only to look for stop strings.
+        max_context_length: the most tokens, prompt and completion together, the model may see.
+
+    Returns:
+        One outcome per job, in order: its completions (and prompt log-probs if asked), or the
+        `SamplingInputError` that names what is wrong with the request (the other jobs still run).
+    """
     vocab_size = model.get_output_embeddings().weight.shape[0]
-    _validate(request, vocab_size, max_context_length)
+    outcomes: list[SamplingResult | SamplingInputError | None] = [None] * len(jobs)
+    batched: list[int] = []
+    for index, job in enumerate(jobs):
+        try:
+            _validate(job.request, vocab_size, max_context_length)
+        except SamplingInputError as error:
+            outcomes[index] = error
+            continue
+        batched.append(index)
     was_training = model.training
     model.eval()
     try:
         with torch.inference_mode():
-            device = model.get_input_embeddings().weight.device
-            prompt_1P = torch.tensor([request.prompt_tokens], dtype=torch.long, device=device)
-            scores_wanted = request.prompt_logprobs or request.topk_prompt_logprobs > 0
-            if scores_wanted:
-                cache, logits_1V, prompt_logprobs, topk_prompt_logprobs = _prefill_scoring(
-                    model, prompt_1P, request.topk_prompt_logprobs
-                )
-            else:
-                output = model(input_ids=prompt_1P, use_cache=True, logits_to_keep=1)
-                cache, logits_1V = output.cache, output.logits[:, -1]
-                prompt_logprobs = topk_prompt_logprobs = None
-            generator = torch.Generator(device=device)
-            if request.seed is None:
-                generator.seed()
-            else:
-                # manual_seed takes [-2**63, 2**64); any Python int maps into it.
-                generator.manual_seed(request.seed % 2**64)
-            sequences = _decode(model, cache, logits_1V, request, frozenset(eos_token_ids), decode, generator)
+            alone = [i for i in batched if _scores_wanted(jobs[i].request)]
+            for index in alone:
+                outcomes[index] = _sample_with_prompt_scores(model, jobs[index], decode)
+            together = [i for i in batched if not _scores_wanted(jobs[i].request)]
+            if together:
+                results = _generate(model, [jobs[i] for i in together], decode)
+                for index, result in zip(together, results, strict=True):
+                    outcomes[index] = result
     finally:
         model.train(was_training)
+    return outcomes
+
+
+def _scores_wanted(request: SamplingRequest) -> bool:
+    return request.prompt_logprobs or request.topk_prompt_logprobs > 0
+
+
+def _routing(model: PreTrainedModel | PeftModel, adapters: Sequence[str | None]) -> dict[str, list[str]]:
+    """The forward kwargs that send each batch row through its adapter (none for a model without adapters)."""
+    if not isinstance(model, PeftModel):
+        if any(adapter is not None for adapter in adapters):
+            raise ValueError("jobs name adapters, but the model has none")
+        return {}
+    return {"adapter_names": [BASE_ROWS if adapter is None else adapter for adapter in adapters]}
+
+
+def _generator(request: SamplingRequest, device: torch.device) -> torch.Generator:
+    generator = torch.Generator(device=device)
+    if request.seed is None:
+        generator.seed()
+    else:
+        # manual_seed takes [-2**63, 2**64); any Python int maps into it.
+        generator.manual_seed(request.seed % 2**64)
+    return generator
+
+
+def _sample_with_prompt_scores(
+    model: PreTrainedModel | PeftModel, job: SamplingJob, decode: Callable[[Sequence[int]], str]
+) -> SamplingResult:
+    request = job.request
+    device = model.get_input_embeddings().weight.device
+    prompt_1P = torch.tensor([request.prompt_tokens], dtype=torch.long, device=device)
+    cache, logits_1V, prompt_logprobs, topk_prompt_logprobs = _prefill_scoring(
+        model, prompt_1P, request.topk_prompt_logprobs, _routing(model, [job.adapter])
+    )
+    rows = _Rows.for_jobs([job], torch.ones_like(prompt_1P), torch.tensor([len(request.prompt_tokens) - 1]))
+    cache.batch_select_indices(rows.prompt_index_R)
+    sequences = _decode(model, cache, logits_1V[rows.prompt_index_R], [job], rows, decode, device)[0]
     return SamplingResult(
         sequences=sequences,
         prompt_logprobs=prompt_logprobs if request.prompt_logprobs else None,
         topk_prompt_logprobs=topk_prompt_logprobs if request.topk_prompt_logprobs > 0 else None,
     )
+
+
+def _generate(
+    model: PreTrainedModel | PeftModel, jobs: Sequence[SamplingJob], decode: Callable[[Sequence[int]], str]
+) -> list[SamplingResult]:
+    """Prefill the jobs' prompts as one left-padded batch, then decode all their samples together."""
+    device = model.get_input_embeddings().weight.device
+    longest = max(len(job.request.prompt_tokens) for job in jobs)
+    tokens_JP = torch.zeros((len(jobs), longest), dtype=torch.long)
+    mask_JP = torch.zeros((len(jobs), longest), dtype=torch.long)
+    for j, job in enumerate(jobs):
+        prompt = job.request.prompt_tokens
+        tokens_JP[j, longest - len(prompt) :] = torch.tensor(prompt)
+        mask_JP[j, longest - len(prompt) :] = 1
+    tokens_JP, mask_JP = tokens_JP.to(device), mask_JP.to(device)
+    # Positions count real tokens only, so a padded prompt sees the positions it would see alone.
+    positions_JP = (mask_JP.cumsum(dim=-1) - 1).clamp(min=0)
+    output = model(
+        input_ids=tokens_JP,
+        attention_mask=mask_JP,
+        position_ids=positions_JP,
+        use_cache=True,
+        logits_to_keep=1,
+        **_routing(model, [job.adapter for job in jobs]),
+    )
+    rows = _Rows.for_jobs(jobs, mask_JP, positions_JP[:, -1])
+    output.cache.batch_select_indices(rows.prompt_index_R)
+    logits_RV = output.logits[:, -1][rows.prompt_index_R]
+    sequences = _decode(model, output.cache, logits_RV, jobs, rows, decode, device)
+    return [SamplingResult(sequences=s, prompt_logprobs=None, topk_prompt_logprobs=None) for s in sequences]
+
+
+@dataclass
+class _Rows:
+    """What each row of the decoding batch belongs to; rows leave (all lists and tensors at once) as they stop."""
+
+    job: list[int]
+    sample: list[int]
+    # Row r of the prefill batch that the row's prompt came from.
+    prompt_index_R: Tensor
+    mask_RT: Tensor
+    last_position_R: Tensor
+
+    @classmethod
+    def for_jobs(cls, jobs: Sequence[SamplingJob], mask_JP: Tensor, last_position_J: Tensor) -> _Rows:
+        job = [j for j, job in enumerate(jobs) for _ in range(job.request.num_samples)]
+        sample = [s for job in jobs for s in range(job.request.num_samples)]
+        index_R = torch.tensor(job, dtype=torch.long, device=mask_JP.device)
+        return cls(job, sample, index_R, mask_JP[index_R], last_position_J.to(mask_JP.device)[index_R])
+
+    def keep(self, rows: list[int]) -> Tensor:
+        rows_R = torch.tensor(rows, dtype=torch.long, device=self.mask_RT.device)
+        self.job = [self.job[r] for r in rows]
+        self.sample = [self.sample[r] for r in rows]
+        self.mask_RT = self.mask_RT[rows_R]
+        self.last_position_R = self.last_position_R[rows_R]
+        return rows_R
 
 
 def _validate(request: SamplingRequest, vocab_size: int, max_context_length: int) -> None:
@@ -176,7 +308,7 @@ def _validate(request: SamplingRequest, vocab_size: int, max_context_length: int
 
 
 def _prefill_scoring(
-    model: PreTrainedModel | PeftModel, prompt_1P: Tensor, topk: int
+    model: PreTrainedModel | PeftModel, prompt_1P: Tensor, topk: int, routing: dict[str, list[str]]
 ) -> tuple[Cache, Tensor, tuple[float | None, ...], tuple[TopkLogprobs | None, ...]]:
     """Prefill chunk by chunk through the cache, scoring each chunk's positions before its logits are freed."""
     length = prompt_1P.shape[1]
@@ -187,7 +319,7 @@ def _prefill_scoring(
     logprobs: list[float | None] = [None]
     topk_logprobs: list[TopkLogprobs | None] = [None]
     for start in range(0, length, chunk):
-        output = model(input_ids=prompt_1P[:, start : start + chunk], cache=cache, use_cache=True)
+        output = model(input_ids=prompt_1P[:, start : start + chunk], cache=cache, use_cache=True, **routing)
         cache = output.cache
         # Row j of this chunk's logits predicts prompt position start + j + 1; the prompt's last row predicts
         # the first sampled token and has no target here.
@@ -206,50 +338,68 @@ def _prefill_scoring(
 def _decode(
     model: PreTrainedModel | PeftModel,
     cache: Cache,
-    logits_1V: Tensor,
-    request: SamplingRequest,
-    eos_token_ids: frozenset[int],
+    logits_RV: Tensor,
+    jobs: Sequence[SamplingJob],
+    rows: _Rows,
     decode: Callable[[Sequence[int]], str],
-    generator: torch.Generator,
-) -> tuple[SampledSequence, ...]:
-    count = request.num_samples
-    stop_ids = eos_token_ids | frozenset(request.stop_token_ids)
-    window = max(map(len, request.stop_strings), default=0) * _STOP_WINDOW_TOKENS_PER_CHAR + _STOP_WINDOW_MARGIN
-    tokens: list[list[int]] = [[] for _ in range(count)]
-    logprobs: list[list[float]] = [[] for _ in range(count)]
-    reasons: list[StopReason] = ["length"] * count
-    # running[r] is the sample that batch row r (of the logits and the cache) belongs to.
-    running = list(range(count))
-    if count > 1:
-        cache.batch_repeat_interleave(count)
-    logits_BV = logits_1V.expand(count, -1)
-    for step in range(request.max_tokens):
-        next_B, next_logprobs_B = _draw(logits_BV, request, generator)
-        kept_rows = []
-        for row, (sample_index, token, logprob) in enumerate(
-            zip(running, next_B.tolist(), next_logprobs_B.tolist(), strict=True)
+    device: torch.device,
+) -> list[tuple[SampledSequence, ...]]:
+    """Decode every row until it stops or reaches its job's max_tokens; the sequences of each job, in order."""
+    generators = [_generator(job.request, device) for job in jobs]
+    stop_ids = [frozenset(job.eos_token_ids) | frozenset(job.request.stop_token_ids) for job in jobs]
+    windows = [
+        max(map(len, job.request.stop_strings), default=0) * _STOP_WINDOW_TOKENS_PER_CHAR + _STOP_WINDOW_MARGIN
+        for job in jobs
+    ]
+    tokens = [[[] for _ in range(job.request.num_samples)] for job in jobs]
+    logprobs = [[[] for _ in range(job.request.num_samples)] for job in jobs]
+    reasons: list[list[StopReason]] = [["length"] * job.request.num_samples for job in jobs]
+    while True:
+        next_R = torch.empty(len(rows.job), dtype=torch.long, device=device)
+        next_logprobs_R = torch.empty(len(rows.job), dtype=torch.float32, device=device)
+        # Each job draws its rows (in sample order) from its own generator, as it would alone.
+        for j in dict.fromkeys(rows.job):
+            rows_of_job = torch.tensor([r for r, owner in enumerate(rows.job) if owner == j], device=device)
+            next_R[rows_of_job], next_logprobs_R[rows_of_job] = _draw(
+                logits_RV[rows_of_job], jobs[j].request, generators[j]
+            )
+        kept = []
+        for row, (j, s, token, logprob) in enumerate(
+            zip(rows.job, rows.sample, next_R.tolist(), next_logprobs_R.tolist(), strict=True)
         ):
-            tokens[sample_index].append(token)
-            logprobs[sample_index].append(logprob)
-            sequence = tokens[sample_index]
-            if token in stop_ids or (
-                request.stop_strings and any(stop in decode(sequence[-window:]) for stop in request.stop_strings)
+            request = jobs[j].request
+            sequence = tokens[j][s]
+            sequence.append(token)
+            logprobs[j][s].append(logprob)
+            if token in stop_ids[j] or (
+                request.stop_strings and any(stop in decode(sequence[-windows[j] :]) for stop in request.stop_strings)
             ):
-                reasons[sample_index] = "stop"
-            else:
-                kept_rows.append(row)
-        if not kept_rows or step == request.max_tokens - 1:
+                reasons[j][s] = "stop"
+            elif len(sequence) < request.max_tokens:
+                kept.append(row)
+        if not kept:
             break
-        if len(kept_rows) < len(running):
-            rows_B = torch.tensor(kept_rows, device=next_B.device)
-            cache.batch_select_indices(rows_B)
-            next_B = next_B[rows_B]
-            running = [running[row] for row in kept_rows]
-        logits_BV = model(input_ids=next_B[:, None], cache=cache, use_cache=True).logits[:, -1]
-    return tuple(
-        SampledSequence(tokens=tuple(t), logprobs=tuple(lp), stop_reason=reason)
-        for t, lp, reason in zip(tokens, logprobs, reasons, strict=True)
-    )
+        if len(kept) < len(rows.job):
+            kept_R = rows.keep(kept)
+            cache.batch_select_indices(kept_R)
+            next_R = next_R[kept_R]
+        rows.mask_RT = torch.cat([rows.mask_RT, rows.mask_RT.new_ones((len(kept), 1))], dim=1)
+        rows.last_position_R = rows.last_position_R + 1
+        logits_RV = model(
+            input_ids=next_R[:, None],
+            attention_mask=rows.mask_RT,
+            position_ids=rows.last_position_R[:, None],
+            cache=cache,
+            use_cache=True,
+            **_routing(model, [jobs[j].adapter for j in rows.job]),
+        ).logits[:, -1]
+    return [
+        tuple(
+            SampledSequence(tokens=tuple(t), logprobs=tuple(lp), stop_reason=reason)
+            for t, lp, reason in zip(tokens[j], logprobs[j], reasons[j], strict=True)
+        )
+        for j in range(len(jobs))
+    ]
 
 
 def _draw(logits_BV: Tensor, request: SamplingRequest, generator: torch.Generator) -> tuple[Tensor, Tensor]:
