@@ -72,6 +72,7 @@ CREATE TABLE IF NOT EXISTS futures (
 );
 CREATE UNIQUE INDEX IF NOT EXISTS futures_by_key ON futures(owner, idempotency_key) WHERE idempotency_key IS NOT NULL;
 CREATE UNIQUE INDEX IF NOT EXISTS futures_by_seq ON futures(model_id, seq_id) WHERE seq_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS futures_by_state ON futures(state);
 """
 
 _COLUMNS = (
@@ -158,22 +159,7 @@ class Ledger:
 
     def _get_locked(self, request_id: str) -> FutureRecord | None:
         row = self._db.execute(f"SELECT {_COLUMNS} FROM futures WHERE request_id = ?", (request_id,)).fetchone()
-        if row is None:
-            return None
-        return FutureRecord(
-            request_id=row[0],
-            owner=row[1],
-            kind=row[2],
-            model_id=row[3],
-            seq_id=row[4],
-            state=FutureState(row[5]),
-            result=row[6],
-            result_format=ResultFormat(row[7]) if row[7] else None,
-            error=row[8],
-            category=row[9],
-            created_at=row[10],
-            updated_at=row[11],
-        )
+        return None if row is None else _record(row)
 
     def discard(self, request_id: str) -> None:
         """Forget a future that was never queued, so that a retry of its request is a new submission."""
@@ -222,7 +208,34 @@ class Ledger:
             )
             return cursor.rowcount
 
+    def in_flight(self, owner: str | None = None) -> list[FutureRecord]:
+        """Queued and running futures, oldest first: all of them, or one owner's."""
+        query = f"SELECT {_COLUMNS} FROM futures WHERE state IN (?, ?)"
+        params: tuple = (FutureState.QUEUED, FutureState.RUNNING)
+        if owner is not None:
+            query, params = query + " AND owner = ?", (*params, owner)
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY created_at", params).fetchall()
+        return [_record(row) for row in rows]
+
     def counts_by_state(self) -> dict[FutureState, int]:
         with self._lock:
             rows = self._db.execute("SELECT state, COUNT(*) FROM futures GROUP BY state").fetchall()
         return {FutureState(state): count for state, count in rows}
+
+
+def _record(row: tuple) -> FutureRecord:
+    return FutureRecord(
+        request_id=row[0],
+        owner=row[1],
+        kind=row[2],
+        model_id=row[3],
+        seq_id=row[4],
+        state=FutureState(row[5]),
+        result=row[6],
+        result_format=ResultFormat(row[7]) if row[7] else None,
+        error=row[8],
+        category=row[9],
+        created_at=row[10],
+        updated_at=row[11],
+    )

@@ -101,6 +101,8 @@ class SchedulerStats:
     batches: int
     batched_operations: int
     running: tuple[str, ...]
+    # When the device call running now started (monotonic); None when the device is idle.
+    running_since: float | None
 
 
 class Scheduler:
@@ -125,6 +127,7 @@ class Scheduler:
         self._busy_seconds = 0.0
         self._operations_by_kind: dict[str, int] = {}
         self._running: tuple[str, ...] = ()
+        self._running_since: float | None = None
         self._busy_listeners: list[Callable[[float, float], None]] = []
         self._thread = threading.Thread(target=self._run, name="device-worker", daemon=True)
         self._thread.start()
@@ -191,6 +194,7 @@ class Scheduler:
                 batches=self._batches,
                 batched_operations=self._batched_operations,
                 running=self._running,
+                running_since=self._running_since,
             )
 
     def stop(self) -> None:
@@ -263,9 +267,11 @@ class Scheduler:
                 if not batch:
                     return
                 self._running = tuple(op.request_id for op in batch)
+                self._running_since = time.monotonic()
             self._execute(batch)
             with self._condition:
                 self._running = ()
+                self._running_since = None
 
     def _execute(self, batch: list[Operation]) -> None:
         for operation in batch:

@@ -26,13 +26,15 @@ from trainer_backend.api.proto import (
     encode_forward_backward_output,
     encode_sample_response,
 )
+from trainer_backend.api.status import DeviceStatus, FutureInFlight, ServerStatus
 from trainer_backend.checkpoints import CheckpointInfo, CheckpointKind, CheckpointPath, CheckpointStore, validate_name
 from trainer_backend.config import ServerConfig
+from trainer_backend.duty_cycle import DutyCycle
 from trainer_backend.engine.adapters import AdamSettings
 from trainer_backend.engine.model_engine import ModelEngine, SamplerCall
 from trainer_backend.engine.sampling import SamplingInputError, SamplingRequest, SamplingResult
 from trainer_backend.errors import NotFoundError, OverloadedError, UserInputError
-from trainer_backend.ledger import FutureRecord, Ledger, ResultFormat
+from trainer_backend.ledger import FutureRecord, FutureState, Ledger, ResultFormat
 from trainer_backend.models.loading import LoadedModel
 from trainer_backend.runs import LoraSettings, RunStore, TrainingRun
 from trainer_backend.scheduler import Operation, Outcome, Scheduler
@@ -117,6 +119,8 @@ class TrainingService:
             gap_timeout_s=config.gap_timeout_s,
             batch_runners={"sample": self._run_samples},
         )
+        self.duty_cycle = DutyCycle()
+        self.scheduler.on_busy(self.duty_cycle.record)
         self.tokens_processed = {"forward_backward": 0, "sample_prompt": 0, "sample_generated": 0}
 
     def close(self) -> None:
@@ -173,6 +177,49 @@ class TrainingService:
         if record is None or record.owner != owner:
             raise NotFoundError(f"unknown request {request_id!r}")
         return record
+
+    def status(self, owner: str) -> ServerStatus:
+        """The device's recent busy fraction and the caller's unfinished futures with their ages."""
+        stats = self.scheduler.stats()
+        now, wall_now = time.monotonic(), time.time()
+        running_kinds = []
+        mine, others = [], 0
+        for record in self.ledger.in_flight():
+            if record.request_id in stats.running:
+                running_kinds.append(record.kind)
+            if record.owner != owner:
+                others += 1
+                continue
+            mine.append(
+                FutureInFlight(
+                    request_id=record.request_id,
+                    kind=record.kind,
+                    model_id=record.model_id,
+                    seq_id=record.seq_id,
+                    state="running" if record.state is FutureState.RUNNING else "queued",
+                    age_s=round(wall_now - record.created_at, 3),
+                )
+            )
+        queued: dict[str, int] = {}
+        for future in mine:
+            if future.state == "queued":
+                lane = "sampling" if future.kind == "sample" else future.model_id or future.kind
+                queued[lane] = queued.get(lane, 0) + 1
+        return ServerStatus(
+            base_model=self.loaded.name,
+            device=DeviceStatus(
+                busy_fraction_1m=round(self.duty_cycle.busy_fraction(60.0, stats.running_since, now), 4),
+                busy_fraction_10s=round(self.duty_cycle.busy_fraction(10.0, stats.running_since, now), 4),
+                running_kinds=sorted(running_kinds),
+                running_for_s=None if stats.running_since is None else round(now - stats.running_since, 3),
+                queued=stats.queued,
+                batched_calls=stats.batches,
+                batched_requests=stats.batched_operations,
+            ),
+            queued=queued,
+            in_flight=mine,
+            other_tenants_in_flight=others,
+        )
 
     # --- sessions -----------------------------------------------------------------------------------------
 

@@ -175,6 +175,10 @@ def create_app(service: TrainingService, policy: KeyPolicy, long_poll_s: float =
     async def capabilities(who: Owner) -> dict:
         return service.capabilities().model_dump(mode="json")
 
+    @app.get(f"{api}/status")
+    async def status(who: Owner) -> dict:
+        return service.status(who).model_dump(mode="json")
+
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

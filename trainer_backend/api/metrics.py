@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -11,7 +12,7 @@ from trainer_backend.service import TrainingService
 
 
 class ServiceCollector(Collector):
-    """Queue depth, operations by type, device busy seconds and tokens processed."""
+    """Queue depth, operations by type, device busy time and fraction, batching, future age, tokens processed."""
 
     def __init__(self, service: TrainingService) -> None:
         self.service = service
@@ -27,6 +28,22 @@ class ServiceCollector(Collector):
         yield operations
         yield CounterMetricFamily(
             "trainer_device_busy_seconds", "Seconds the device spent running operations", value=stats.busy_seconds
+        )
+        busy = GaugeMetricFamily(
+            "trainer_device_busy_fraction", "Share of a recent window the device was busy", labels=["window"]
+        )
+        for window_s in (10, 60):
+            busy.add_metric([f"{window_s}s"], self.service.duty_cycle.busy_fraction(window_s, stats.running_since))
+        yield busy
+        yield CounterMetricFamily(
+            "trainer_batched_operations",
+            "Operations that ran in a device call with others",
+            value=stats.batched_operations,
+        )
+        in_flight = self.service.ledger.in_flight()
+        oldest = max((time.time() - record.created_at for record in in_flight), default=0.0)
+        yield GaugeMetricFamily(
+            "trainer_oldest_future_age_seconds", "Age of the oldest queued or running future", value=oldest
         )
         tokens = CounterMetricFamily("trainer_tokens", "Tokens processed", labels=["phase"])
         for phase, count in sorted(self.service.tokens_processed.items()):

@@ -1,0 +1,40 @@
+"""GET /api/v1/status: what the device is doing and where the caller's requests are (our extension of the API).
+
+A future that hangs without a word is what users of hosted training services complain about most; this says, for
+each of the caller's unfinished futures, whether it is queued or running and for how long, and how busy the
+device has been. Other tenants appear only as a count.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+class FutureInFlight(BaseModel):
+    request_id: str
+    kind: str
+    model_id: str | None
+    seq_id: int | None
+    state: Literal["queued", "running"]
+    age_s: float = Field(description="seconds since the request was accepted")
+
+
+class DeviceStatus(BaseModel):
+    busy_fraction_1m: float = Field(description="share of the last 60 s the device spent running requests")
+    busy_fraction_10s: float
+    running_kinds: list[str] = Field(description="kinds of the requests in the device call running now")
+    running_for_s: float | None
+    queued: int = Field(description="requests of all tenants waiting for the device")
+    batched_calls: int = Field(description="device calls that served several requests at once, since start")
+    batched_requests: int
+
+
+class ServerStatus(BaseModel):
+    base_model: str
+    device: DeviceStatus
+    # The caller's waiting requests by training client (model id), sampling requests under "sampling".
+    queued: dict[str, int]
+    in_flight: list[FutureInFlight]
+    other_tenants_in_flight: int
