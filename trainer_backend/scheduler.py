@@ -64,12 +64,21 @@ class _Lane:
         return self.unordered[0] if self.unordered else None
 
     def take_batch_kind(self, batch_kind: str, limit: int) -> list[Operation]:
-        """Remove and return up to `limit` unordered operations of `batch_kind`, oldest first."""
-        taken = [op for op in self.unordered if op.batch_kind == batch_kind][:limit]
-        if taken:
-            ids = {id(op) for op in taken}
+        """Remove and return up to `limit` operations of `batch_kind` that may run now.
+
+        That is the lane's next operation in seq_id order if it is of that kind (never a later one: it depends on
+        what runs before it), and unordered operations of that kind, oldest first.
+        """
+        taken = []
+        ordered = self.waiting.get(self.next_seq)
+        if ordered is not None and ordered.batch_kind == batch_kind and limit > 0:
+            self.pop(ordered)
+            taken.append(ordered)
+        unordered = [op for op in self.unordered if op.batch_kind == batch_kind][: limit - len(taken)]
+        if unordered:
+            ids = {id(op) for op in unordered}
             self.unordered = deque(op for op in self.unordered if id(op) not in ids)
-        return taken
+        return taken + unordered
 
     def pop(self, operation: Operation) -> None:
         if operation.seq_id is None:
@@ -141,8 +150,6 @@ class Scheduler:
         batched = operation.batch_kind is not None
         if (operation.work is None) != batched or (batched and operation.batch_kind not in self._batch_runners):
             raise ValueError(f"operation {operation.kind} needs either work or a batch kind with a runner")
-        if operation.batch_kind is not None and operation.seq_id is not None:
-            raise ValueError("only unordered operations (no seq_id) can run in batches")
         with self._condition:
             if self._queued() >= self.max_queued:
                 raise OverloadedError(f"the server has {self.max_queued} operations queued; retry shortly")
@@ -237,6 +244,8 @@ class Scheduler:
                 room = MAX_BATCH_OPERATIONS - len(batch)
                 if room <= 0:
                     break
+                if name == first.lane and first.seq_id is not None:
+                    continue  # the lane's next ordered operation waits for this one
                 taken = self._lanes[name].take_batch_kind(first.batch_kind, room)
                 if taken:
                     self._lanes[name].last_served = now

@@ -31,9 +31,9 @@ from trainer_backend.checkpoints import CheckpointInfo, CheckpointKind, Checkpoi
 from trainer_backend.config import ServerConfig
 from trainer_backend.duty_cycle import DutyCycle
 from trainer_backend.engine.adapters import AdamSettings
-from trainer_backend.engine.model_engine import ModelEngine, SamplerCall
+from trainer_backend.engine.model_engine import ForwardBackwardCall, ModelEngine, SamplerCall
 from trainer_backend.engine.sampling import SamplingInputError, SamplingRequest, SamplingResult
-from trainer_backend.errors import NotFoundError, OverloadedError, UserInputError
+from trainer_backend.errors import BackendError, NotFoundError, OverloadedError, UserInputError
 from trainer_backend.ledger import FutureRecord, FutureState, Ledger, ResultFormat
 from trainer_backend.models.loading import LoadedModel
 from trainer_backend.runs import LoraSettings, RunStore, TrainingRun
@@ -42,6 +42,10 @@ from trainer_backend.scheduler import Operation, Outcome, Scheduler
 log = logging.getLogger(__name__)
 
 RESTART_REASON = "the server restarted while this request was queued or running; submit it again"
+# Batch kinds: sampling requests of any weights share a generation batch; forward and forward_backward
+# requests of different clients share a pass over the base model.
+SAMPLING = "sampling"
+TRAINING_PASS = "training_pass"
 # Ephemeral sampler weights (save_weights_and_get_sampling_client) are deleted after this long.
 EPHEMERAL_TTL_S = 24 * 3600
 
@@ -117,7 +121,7 @@ class TrainingService:
             self.ledger,
             max_queued=config.max_queued,
             gap_timeout_s=config.gap_timeout_s,
-            batch_runners={"sample": self._run_samples},
+            batch_runners={SAMPLING: self._run_samples, TRAINING_PASS: self._run_forward_backward},
         )
         self.duty_cycle = DutyCycle()
         self.scheduler.on_busy(self.duty_cycle.record)
@@ -140,9 +144,9 @@ class TrainingService:
         seq_id: int | None = None,
         idempotency_key: str | None = None,
         model_id: str | None = None,
-        batch_payload: _PendingSample | None = None,
+        batch: tuple[str, _PendingSample | ForwardBackwardCall] | None = None,
     ) -> FutureRecord:
-        """Record a future and queue its operation: `work`, or `batch_payload` for the batch runner of `kind`."""
+        """Record a future and queue its operation: `work`, or a (batch kind, payload) for that kind's runner."""
         record, created = self.ledger.submit(
             owner,
             kind,
@@ -153,9 +157,9 @@ class TrainingService:
         )
         if created:
             try:
-                batch_kind = kind if batch_payload is not None else None
+                batch_kind, payload = batch if batch is not None else (None, None)
                 self.scheduler.submit(
-                    Operation(record.request_id, kind, lane, work, seq_id, batch_kind=batch_kind, payload=batch_payload)
+                    Operation(record.request_id, kind, lane, work, seq_id, batch_kind=batch_kind, payload=payload)
                 )
             except OverloadedError:
                 # The client retries a 429 with the same body and seq_id: that retry must be queued, not answered
@@ -294,15 +298,25 @@ class TrainingService:
         self._live_run(owner, batch.model_id)
         kind = "forward" if batch.forward_only else "forward_backward"
 
-        def work() -> tuple[bytes, ResultFormat]:
-            result = self.engine.forward_backward(
-                batch.model_id, batch.datums, batch.loss_fn, batch.loss_fn_config, batch.forward_only
-            )
-            self.tokens_processed["forward_backward"] += sum(len(d.model_input_tokens) for d in batch.datums)
-            return encode_forward_backward_output(result), ResultFormat.PROTO
-
-        record = self._submit(owner, kind, batch.model_id, body, work, batch.seq_id, key, batch.model_id)
+        call = ForwardBackwardCall(
+            batch.model_id, batch.datums, batch.loss_fn, batch.loss_fn_config, batch.forward_only
+        )
+        record = self._submit(
+            owner, kind, batch.model_id, body, None, batch.seq_id, key, batch.model_id, batch=(TRAINING_PASS, call)
+        )
         return Submitted(record, model_id=batch.model_id)
+
+    def _run_forward_backward(self, operations: Sequence[Operation]) -> list[Outcome]:
+        """The scheduler's batch runner for training passes: the next request of several clients in one pass."""
+        calls: list[ForwardBackwardCall] = [op.payload for op in operations]
+        outcomes: list[Outcome] = []
+        for call, result in zip(calls, self.engine.forward_backward_batch(calls), strict=True):
+            if isinstance(result, BackendError):
+                outcomes.append(result)
+                continue
+            self.tokens_processed["forward_backward"] += sum(len(d.model_input_tokens) for d in call.datums)
+            outcomes.append((encode_forward_backward_output(result), ResultFormat.PROTO))
+        return outcomes
 
     @releases_seq_id_on_refusal
     def optim_step(self, owner: str, request: schemas.OptimStepRequest, body: bytes, key: str | None) -> Submitted:
@@ -469,7 +483,7 @@ class TrainingService:
             )
 
         call = _PendingSample(SamplerCall(folder, sampling, stop_at_eos), request.prompt_logprobs_last_n)
-        record = self._submit(owner, "sample", lane, body, None, None, key, batch_payload=call)
+        record = self._submit(owner, "sample", lane, body, None, None, key, batch=(SAMPLING, call))
         ids = [f"{record.request_id}-{i}" for i in range(request.num_samples)]
         return Submitted(record, sample_sequence_ids=ids)
 

@@ -241,3 +241,41 @@ def test_an_operation_needs_work_or_a_registered_batch_kind(ledger: Ledger) -> N
     with pytest.raises(ValueError, match="needs either work or a batch kind"):
         scheduler.submit(_sample_operation(ledger, "s1", "a"))
     scheduler.stop()
+
+
+def test_the_next_ordered_operations_of_several_clients_batch_and_later_ones_wait(ledger: Ledger) -> None:
+    calls: list[list[tuple[str, int]]] = []
+    log: list = []
+
+    def run_passes(operations):
+        calls.append([(op.lane, op.seq_id) for op in operations])
+        log.extend((op.lane, op.seq_id) for op in operations)
+        return [(b"{}", ResultFormat.JSON) for _ in operations]
+
+    scheduler = Scheduler(ledger, batch_runners={"pass": run_passes})
+    gate = threading.Event()
+
+    def blocked() -> tuple[bytes, ResultFormat]:
+        gate.wait(5)
+        return b"{}", ResultFormat.JSON
+
+    def training_pass(lane: str, seq_id: int) -> Operation:
+        record, _ = ledger.submit("alice", "forward_backward", f"{lane}-{seq_id}", lane, seq_id)
+        return Operation(record.request_id, "forward_backward", lane, None, seq_id, batch_kind="pass")
+
+    scheduler.submit(_operation(ledger, "blocker", None, log, blocked))
+    wait_for(lambda: scheduler.stats().running)
+    submitted = [training_pass("m1", 1), _operation(ledger, "m1", 2, log), training_pass("m1", 3)]
+    submitted += [training_pass("m2", 1), training_pass("m2", 2)]
+    for operation in submitted:
+        scheduler.submit(operation)
+    gate.set()
+    wait_for(lambda: all(ledger.get(op.request_id).finished for op in submitted))
+
+    # Each client's first pass runs in one call; m1's optimizer step runs before its second pass, and no call
+    # holds two operations of one client.
+    assert sorted(calls[0]) == [("m1", 1), ("m2", 1)]
+    assert log.index(("m1", 1)) < log.index(("m1", 2)) < log.index(("m1", 3))
+    assert all(len({lane for lane, _ in call}) == len(call) for call in calls)
+    assert sorted(op for call in calls for op in call) == [("m1", 1), ("m1", 3), ("m2", 1), ("m2", 2)]
+    scheduler.stop()

@@ -11,12 +11,13 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from peft.tuners.lora import LoraLayer
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -114,11 +115,12 @@ class AdapterPool:
 
     def parameters(self, name: str) -> list[nn.Parameter]:
         """The adapter's own parameters, in a stable order (the optimizer state depends on it)."""
-        self._require(name)
+        self.require(name)
         marker = f".{name}."
         return [p for n, p in sorted(self.peft_model.named_parameters()) if marker in f"{n}." and "lora_" in n]
 
-    def _require(self, name: str) -> None:
+    def require(self, name: str) -> None:
+        """Raises NotFoundError unless adapter `name` is loaded."""
         if name not in self:
             raise NotFoundError(f"no adapter {name!r} is loaded")
 
@@ -132,12 +134,39 @@ class AdapterPool:
                 with self.peft_model.disable_adapter():
                     yield self.peft_model
             return
-        self._require(name)
+        self.require(name)
         self.peft_model.set_adapter(name)
         # set_adapter freezes every other adapter and may re-freeze this one's parameters; keep it trainable.
         for param in self.parameters(name):
             param.requires_grad_(True)
         yield self.peft_model
+
+    @contextlib.contextmanager
+    def routed(self, names: Sequence[str]) -> Iterator[nn.Module]:
+        """The model with batch row i going through adapter `names[i]`, every named adapter trainable.
+
+        PEFT's mixed-batch LoRA: each LoRA layer applies each adapter to its own rows only, so the gradient of a
+        row's loss reaches only its adapter. PEFT offers this for inference through `PeftModel.forward`; the
+        hooks here pass the same routing to every LoRA layer for any forward, training included.
+        """
+        for name in set(names):
+            for param in self.parameters(name):
+                param.requires_grad_(True)
+        routing = list(names)
+
+        def route(_module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+            return args, {**kwargs, "adapter_names": routing}
+
+        handles = [
+            module.register_forward_pre_hook(route, with_kwargs=True)
+            for module in self.peft_model.modules()
+            if isinstance(module, LoraLayer)
+        ]
+        try:
+            yield self.peft_model
+        finally:
+            for handle in handles:
+                handle.remove()
 
     def step(self, name: str, adam: AdamSettings) -> dict[str, float]:
         """Apply accumulated gradients with these Adam settings, then clear them."""
@@ -161,7 +190,7 @@ class AdapterPool:
 
     def save(self, name: str, folder: Path, include_optimizer: bool) -> None:
         """Write the adapter in PEFT format (and the optimizer state beside it) into `folder`."""
-        self._require(name)
+        self.require(name)
         # Only the LoRA matrices: with the unembedding trained, PEFT would otherwise add the whole (tied)
         # embedding matrix, 670 MB for Gemma.
         state = get_peft_model_state_dict(self.peft_model, adapter_name=name, save_embedding_layers=False)
@@ -196,7 +225,7 @@ class AdapterPool:
                 param.requires_grad_(False)
 
     def delete(self, name: str) -> None:
-        self._require(name)
+        self.require(name)
         self.optimizers.pop(name, None)
         if len(self.names) == 1:
             # PEFT cannot delete its last adapter; unwrap instead, restoring the plain base model.

@@ -25,7 +25,7 @@ from trainer_backend.engine.sampling import (
     SamplingResult,
     sample_batch,
 )
-from trainer_backend.errors import UserInputError
+from trainer_backend.errors import BackendError, UserInputError
 from trainer_backend.models.loading import LoadedModel
 from trainer_backend.runs import LoraSettings
 
@@ -67,25 +67,90 @@ class ModelEngine:
         forward_only: bool,
     ) -> ForwardBackwardResult:
         """Per-datum log-probs and the loss; gradients accumulate in the adapter until `optim_step`."""
-        if not datums:
-            raise UserInputError("forward_backward needs at least one datum")
+        (outcome,) = self.forward_backward_batch(
+            [ForwardBackwardCall(model_id, datums, loss_fn, loss_fn_config, forward_only)]
+        )
+        if isinstance(outcome, BackendError):
+            raise outcome
+        return outcome
+
+    def forward_backward_batch(
+        self, calls: Sequence[ForwardBackwardCall]
+    ) -> list[ForwardBackwardResult | BackendError]:
+        """Several clients' forward/backward requests in one pass over the base model.
+
+        Each row goes through its own client's adapter (PEFT's mixed-batch LoRA); each call's loss is computed on
+        its own rows, and the backward of their sum leaves in each adapter exactly the gradient its own call
+        alone would (the adapters share no parameters). A call with bad input gets its error; the others run.
+        Adapters that train the unembedding take their log-probs through their own low-rank head, so each of
+        those runs in a pass of its own.
+        """
+        outcomes: list[ForwardBackwardResult | BackendError | None] = [None] * len(calls)
+        # Calls that can share a pass: same target width, and no adapter on the unembedding (its own key).
+        groups: dict[tuple, list[int]] = {}
+        for index, call in enumerate(calls):
+            try:
+                if not call.datums:
+                    raise UserInputError("forward_backward needs at least one datum")
+                self.adapters.require(call.model_id)
+                self._check_datums(call.datums)
+            except BackendError as error:
+                outcomes[index] = error
+                continue
+            width = tuple(call.datums[0].loss_fn_inputs["target_tokens"].shape[1:])
+            own_pass = call.model_id if self._trains_unembedding(call.model_id) else None
+            groups.setdefault((width, own_pass), []).append(index)
+        for group in groups.values():
+            for index, outcome in zip(group, self._forward_backward_pass([calls[i] for i in group]), strict=True):
+                outcomes[index] = outcome
+        return outcomes
+
+    def _forward_backward_pass(
+        self, calls: Sequence[ForwardBackwardCall]
+    ) -> list[ForwardBackwardResult | UserInputError]:
+        datums = [d for call in calls for d in call.datums]
+        rows = [call.model_id for call in calls for _ in call.datums]
         tokens_B_T, mask_B_T, targets = self._batch(datums)
-        with self.adapters.active(model_id) as model, torch.set_grad_enabled(not forward_only):
+        needs_grad = any(not call.forward_only for call in calls)
+        routing = self.adapters.active(rows[0]) if len(set(rows)) == 1 else self.adapters.routed(rows)
+        with routing as model, torch.set_grad_enabled(needs_grad):
             causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
             hidden_B_T_H = causal_lm.model(input_ids=tokens_B_T, attention_mask=mask_B_T).last_hidden_state
-            weight, delta = self._unembedding(causal_lm, model_id)
+            weight, delta = self._unembedding(causal_lm, rows[0])
             logprobs_B_T = self._logprobs(hidden_B_T_H, weight, targets, self.chunk_tokens, self.softcap, delta)
-            per_datum = [logprobs_B_T[i, : len(d.model_input_tokens)] for i, d in enumerate(datums)]
-            result = compute_loss(loss_fn, per_datum, [d.loss_fn_inputs for d in datums], loss_fn_config)
-            if not forward_only:
-                result.loss.backward()
-        return ForwardBackwardResult(
-            loss_fn_outputs=[{k: v.float().cpu() for k, v in outputs.items()} for outputs in result.outputs],
-            metrics=result.metrics,
-        )
+            outcomes: list[ForwardBackwardResult | UserInputError] = []
+            losses = []
+            first_row = 0
+            for call in calls:
+                per_datum = [
+                    logprobs_B_T[first_row + i, : len(d.model_input_tokens)] for i, d in enumerate(call.datums)
+                ]
+                first_row += len(call.datums)
+                try:
+                    result = compute_loss(
+                        call.loss_fn, per_datum, [d.loss_fn_inputs for d in call.datums], call.loss_fn_config
+                    )
+                except UserInputError as error:
+                    outcomes.append(error)
+                    continue
+                if not call.forward_only:
+                    losses.append(result.loss)
+                outcomes.append(
+                    ForwardBackwardResult(
+                        loss_fn_outputs=[{k: v.float().cpu() for k, v in o.items()} for o in result.outputs],
+                        metrics=result.metrics,
+                    )
+                )
+            if losses:
+                torch.stack(losses).sum().backward()
+        return outcomes
 
-    def _batch(self, datums: Sequence[DecodedDatum]) -> tuple[Tensor, Tensor, Tensor]:
-        """Right-padded tokens, attention mask and targets (-100 on padding) on the device."""
+    def _trains_unembedding(self, model_id: str) -> bool:
+        head = self.adapters.peft_model.get_output_embeddings() if self.adapters.peft_model is not None else None
+        return head is not None and hasattr(head, "lora_A") and model_id in head.lora_A
+
+    def _check_datums(self, datums: Sequence[DecodedDatum]) -> None:
+        """Raises UserInputError naming the first datum that cannot be batched (length, ids, targets)."""
         vocab = self.loaded.vocab_size
         longest = max(len(d.model_input_tokens) for d in datums)
         if longest > self.loaded.max_context_length:
@@ -113,7 +178,14 @@ class ModelEngine:
                 width = shape
             elif shape != width:
                 raise UserInputError("all data of one request must have target_tokens of the same rank and width")
-        device = self.loaded.device
+
+    def _batch(self, datums: Sequence[DecodedDatum]) -> tuple[Tensor, Tensor, Tensor]:
+        """Right-padded tokens, attention mask and targets (-100 on padding) on the device.
+
+        The datums are checked, and their targets all have one width (one token or K tokens per position).
+        """
+        longest = max(len(d.model_input_tokens) for d in datums)
+        width = tuple(datums[0].loss_fn_inputs["target_tokens"].shape[1:])
         tokens_B_T = torch.full((len(datums), longest), self.pad_token_id, dtype=torch.long)
         mask_B_T = torch.zeros((len(datums), longest), dtype=torch.long)
         targets_B_T = torch.full((len(datums), longest, *width), IGNORED_TARGET, dtype=torch.long)
@@ -122,6 +194,7 @@ class ModelEngine:
             tokens_B_T[i, :n] = torch.tensor(datum.model_input_tokens)
             mask_B_T[i, :n] = 1
             targets_B_T[i, :n] = datum.loss_fn_inputs["target_tokens"].long()
+        device = self.loaded.device
         return tokens_B_T.to(device), mask_B_T.to(device), targets_B_T.to(device)
 
     def _unembedding(self, causal_lm: torch.nn.Module, adapter: str) -> tuple[Tensor, LowRankDelta | None]:
@@ -214,3 +287,14 @@ def _sampling_batches(calls: Sequence[SamplerCall]) -> list[list[SamplerCall]]:
             batches.append([call])
             rows, weights = call.request.num_samples, {call.weights_folder}
     return batches
+
+
+@dataclass(frozen=True)
+class ForwardBackwardCall:
+    """One client's forward or forward/backward request."""
+
+    model_id: str
+    datums: Sequence[DecodedDatum]
+    loss_fn: str
+    loss_fn_config: dict[str, float | str] | None
+    forward_only: bool
