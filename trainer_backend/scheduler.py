@@ -27,8 +27,11 @@ log = logging.getLogger(__name__)
 Work = Callable[[], tuple[bytes, ResultFormat]]
 # One operation's outcome in a batch: its result, or the error that failed it.
 Outcome = tuple[bytes, ResultFormat] | BackendError
-# Runs several operations of one batch kind in one device call; one outcome per operation, in order.
-BatchRunner = Callable[[Sequence["Operation"]], Sequence[Outcome]]
+# Runs several operations of one batch kind in one device call; one outcome per operation, in order. A long call
+# may call the pause callback between its steps: the scheduler then runs other tenants' ready operations that may
+# interleave (their results do not depend on the long call) before the call goes on.
+PauseCallback = Callable[[], None]
+BatchRunner = Callable[[Sequence["Operation"], PauseCallback], Sequence[Outcome]]
 # Operations handed to a batch runner at once; the runner may still split them by its own limits.
 MAX_BATCH_OPERATIONS = 64
 
@@ -45,6 +48,9 @@ class Operation:
     seq_id: int | None = None
     batch_kind: str | None = None
     payload: object = None
+    # May run while a long batch pauses (a training step may run inside a long generation; nothing that adds or
+    # removes adapters may).
+    interleaves: bool = False
     enqueued_at: float = field(default_factory=time.monotonic)
 
 
@@ -215,15 +221,18 @@ class Scheduler:
     def _queued(self) -> int:
         return sum(len(lane) for lane in self._lanes.values())
 
-    def _next(self) -> list[Operation]:
+    def _next(self, only_interleaving: bool = False) -> list[Operation]:
         """The ready operation of the least recently served lane, with every ready operation it can batch with.
 
-        Also expires operations stuck behind a gap. Empty when nothing is ready.
+        Also expires operations stuck behind a gap. Empty when nothing is ready. `only_interleaving` considers
+        only operations that may run while a long batch pauses.
         """
         now = time.monotonic()
         candidates = []
         for name, lane in self._lanes.items():
             operation = lane.ready()
+            if operation is not None and only_interleaving and not operation.interleaves:
+                continue
             if operation is not None:
                 lane.gap_since = None
                 candidates.append((lane.last_served, name, operation))
@@ -282,11 +291,24 @@ class Scheduler:
                 self._running = ()
                 self._running_since = None
 
-    def _execute(self, batch: list[Operation]) -> None:
+    def _pause(self) -> None:
+        """A long batch pauses: run one batch of other tenants' ready interleaving operations, if any."""
+        with self._condition:
+            batch = [] if self._stopping else self._next(only_interleaving=True)
+            if not batch:
+                return
+            paused = self._running
+            self._running = paused + tuple(op.request_id for op in batch)
+        # Inside the paused batch's busy interval, which already counts this time.
+        self._execute(batch, nested=True)
+        with self._condition:
+            self._running = paused
+
+    def _execute(self, batch: list[Operation], nested: bool = False) -> None:
         for operation in batch:
             self.ledger.mark_running(operation.request_id)
         start = time.monotonic()
-        outcomes = self._outcomes(batch)
+        outcomes = self._outcomes(batch, pause=(lambda: None) if nested else self._pause)
         end = time.monotonic()
         for operation, outcome in zip(batch, outcomes, strict=True):
             if isinstance(outcome, BackendError):
@@ -309,22 +331,24 @@ class Scheduler:
                 },
             )
         with self._condition:
-            self._busy_seconds += end - start
+            if not nested:
+                self._busy_seconds += end - start
             for operation in batch:
                 self._operations_by_kind[operation.kind] = self._operations_by_kind.get(operation.kind, 0) + 1
             if len(batch) > 1:
                 self._batches += 1
                 self._batched_operations += len(batch)
-        for listener in self._busy_listeners:
-            listener(start, end)
+        if not nested:
+            for listener in self._busy_listeners:
+                listener(start, end)
 
-    def _outcomes(self, batch: list[Operation]) -> list[Outcome]:
+    def _outcomes(self, batch: list[Operation], pause: PauseCallback) -> list[Outcome]:
         """Run one operation or one batch; whatever it raises fails its operations, never the worker."""
         first = batch[0]
         try:
             if first.batch_kind is None:
                 return [first.work()]
-            outcomes = list(self._batch_runners[first.batch_kind](batch))
+            outcomes = list(self._batch_runners[first.batch_kind](batch, pause))
             if len(outcomes) != len(batch):
                 raise RuntimeError(f"the {first.batch_kind} runner returned {len(outcomes)} outcomes for {len(batch)}")
             return outcomes

@@ -37,7 +37,7 @@ from trainer_backend.errors import BackendError, NotFoundError, OverloadedError,
 from trainer_backend.ledger import FutureRecord, FutureState, Ledger, ResultFormat
 from trainer_backend.models.loading import LoadedModel
 from trainer_backend.runs import LoraSettings, RunStore, TrainingRun
-from trainer_backend.scheduler import Operation, Outcome, Scheduler
+from trainer_backend.scheduler import Operation, Outcome, PauseCallback, Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,11 @@ RESTART_REASON = "the server restarted while this request was queued or running;
 # requests of different clients share a pass over the base model.
 SAMPLING = "sampling"
 TRAINING_PASS = "training_pass"
+# Operations that may run while a long generation pauses: they touch only their own training adapter and files,
+# never the set of loaded adapters a generation relies on.
+INTERLEAVING_KINDS = frozenset(
+    {"forward", "forward_backward", "optim_step", "save_weights", "save_weights_for_sampler"}
+)
 # Ephemeral sampler weights (save_weights_and_get_sampling_client) are deleted after this long.
 EPHEMERAL_TTL_S = 24 * 3600
 
@@ -158,9 +163,17 @@ class TrainingService:
         if created:
             try:
                 batch_kind, payload = batch if batch is not None else (None, None)
-                self.scheduler.submit(
-                    Operation(record.request_id, kind, lane, work, seq_id, batch_kind=batch_kind, payload=payload)
+                operation = Operation(
+                    record.request_id,
+                    kind,
+                    lane,
+                    work,
+                    seq_id,
+                    batch_kind=batch_kind,
+                    payload=payload,
+                    interleaves=kind in INTERLEAVING_KINDS,
                 )
+                self.scheduler.submit(operation)
             except OverloadedError:
                 # The client retries a 429 with the same body and seq_id: that retry must be queued, not answered
                 # with this refusal.
@@ -306,7 +319,7 @@ class TrainingService:
         )
         return Submitted(record, model_id=batch.model_id)
 
-    def _run_forward_backward(self, operations: Sequence[Operation]) -> list[Outcome]:
+    def _run_forward_backward(self, operations: Sequence[Operation], _pause: PauseCallback) -> list[Outcome]:
         """The scheduler's batch runner for training passes: the next request of several clients in one pass."""
         calls: list[ForwardBackwardCall] = [op.payload for op in operations]
         outcomes: list[Outcome] = []
@@ -487,11 +500,14 @@ class TrainingService:
         ids = [f"{record.request_id}-{i}" for i in range(request.num_samples)]
         return Submitted(record, sample_sequence_ids=ids)
 
-    def _run_samples(self, operations: Sequence[Operation]) -> list[Outcome]:
-        """The scheduler's batch runner for sampling: every pending request, of any weights, in one batch."""
+    def _run_samples(self, operations: Sequence[Operation], pause: PauseCallback) -> list[Outcome]:
+        """The scheduler's batch runner for sampling: every pending request, of any weights, in one batch.
+
+        The generation pauses every few tokens for other tenants' training steps.
+        """
         pending: list[_PendingSample] = [op.payload for op in operations]
         outcomes: list[Outcome] = []
-        for item, result in zip(pending, self.engine.sample_batch([p.call for p in pending]), strict=True):
+        for item, result in zip(pending, self.engine.sample_batch([p.call for p in pending], pause), strict=True):
             if isinstance(result, SamplingInputError):
                 outcomes.append(result)
                 continue

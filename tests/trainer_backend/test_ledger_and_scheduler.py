@@ -165,7 +165,7 @@ def test_full_queues_push_back(ledger: Ledger) -> None:
         return b"{}", ResultFormat.JSON
 
     scheduler.submit(_operation(ledger, "a", None, log, blocked))
-    wait_for(lambda: scheduler.stats().running is not None)
+    wait_for(lambda: scheduler.stats().running)
     scheduler.submit(_operation(ledger, "b", None, log))
     scheduler.submit(_operation(ledger, "c", None, log))
     with pytest.raises(OverloadedError, match="retry"):
@@ -182,7 +182,7 @@ def _sample_operation(ledger: Ledger, lane: str, payload: str) -> Operation:
 def test_ready_operations_of_a_batch_kind_from_all_tenants_run_in_one_call(ledger: Ledger) -> None:
     calls: list[list[str]] = []
 
-    def run_samples(operations):
+    def run_samples(operations, pause):
         calls.append([op.payload for op in operations])
         return [
             UserInputError(f"bad {op.payload}") if op.payload == "bad" else (op.payload.encode(), ResultFormat.JSON)
@@ -219,7 +219,7 @@ def test_ready_operations_of_a_batch_kind_from_all_tenants_run_in_one_call(ledge
 
 
 def test_a_batch_runner_that_breaks_fails_its_operations_and_the_worker_goes_on(ledger: Ledger) -> None:
-    def broken(operations):
+    def broken(operations, pause):
         raise RuntimeError("engine fell over")
 
     scheduler = Scheduler(ledger, batch_runners={"sample": broken})
@@ -247,7 +247,7 @@ def test_the_next_ordered_operations_of_several_clients_batch_and_later_ones_wai
     calls: list[list[tuple[str, int]]] = []
     log: list = []
 
-    def run_passes(operations):
+    def run_passes(operations, pause):
         calls.append([(op.lane, op.seq_id) for op in operations])
         log.extend((op.lane, op.seq_id) for op in operations)
         return [(b"{}", ResultFormat.JSON) for _ in operations]
@@ -278,4 +278,39 @@ def test_the_next_ordered_operations_of_several_clients_batch_and_later_ones_wai
     assert log.index(("m1", 1)) < log.index(("m1", 2)) < log.index(("m1", 3))
     assert all(len({lane for lane, _ in call}) == len(call) for call in calls)
     assert sorted(op for call in calls for op in call) == [("m1", 1), ("m1", 3), ("m2", 1), ("m2", 2)]
+    scheduler.stop()
+
+
+def test_a_long_batch_pauses_for_other_tenants_short_operations_but_not_for_others(ledger: Ledger) -> None:
+    log: list = []
+    started = threading.Event()
+    proceed = threading.Event()
+
+    def long_generation(operations, pause):
+        log.append("generation starts")
+        started.set()
+        proceed.wait(5)
+        for _ in range(3):
+            pause()
+        log.append("generation ends")
+        return [(b"{}", ResultFormat.JSON) for _ in operations]
+
+    scheduler = Scheduler(ledger, batch_runners={"sample": long_generation})
+    busy_before = scheduler.stats().busy_seconds
+    scheduler.submit(_sample_operation(ledger, "sampler", "long"))
+    started.wait(5)
+    step = _operation(ledger, "trainer", 1, log)
+    step.interleaves = True
+    later_step = _operation(ledger, "trainer", 2, log)
+    later_step.interleaves = True
+    creation = _operation(ledger, "other", 1, log)  # adds an adapter: must not run inside a generation
+    for operation in (step, later_step, creation):
+        scheduler.submit(operation)
+    proceed.set()
+    wait_for(lambda: all(ledger.get(op.request_id).finished for op in (step, later_step, creation)))
+
+    # Each pause runs one ready operation of another lane, in that lane's order; the creation waits.
+    assert log == ["generation starts", ("trainer", 1), ("trainer", 2), "generation ends", ("other", 1)]
+    stats = scheduler.stats()
+    assert stats.operations_by_kind["op"] == 3 and stats.busy_seconds > busy_before
     scheduler.stop()

@@ -74,3 +74,31 @@ def test_metrics_expose_the_busy_fraction_and_the_oldest_future(server: RunningS
     assert 'trainer_device_busy_fraction{window="60s"}' in text
     assert "trainer_oldest_future_age_seconds" in text
     assert "trainer_batched_operations_total" in text
+
+
+def test_another_clients_training_step_runs_while_a_long_generation_is_under_way(server: RunningServer) -> None:
+    key = "tml-interleaving"
+    with tinker.ServiceClient(base_url=server.url, api_key=key) as client:
+        training = client.create_lora_training_client(base_model=TINY, rank=4)
+        tokenizer = training.get_tokenizer()
+        sampler = client.create_sampling_client(base_model=TINY)
+        long_generation = sampler.sample(
+            prompt=types.ModelInput.from_ints([3, 5, 7]),
+            num_samples=1,
+            sampling_params=types.SamplingParams(max_tokens=400, temperature=1.0, stop=[]),
+        )
+        deadline = time.monotonic() + 30
+        while "sample" not in status(server, key)["device"]["running_kinds"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+        datum = types.Datum(
+            model_input=types.ModelInput.from_ints(tokenizer.encode("select 1")[:-1]),
+            loss_fn_inputs={"target_tokens": tokenizer.encode("select 1")[1:]},
+        )
+        training.forward_backward([datum], "cross_entropy").result()
+        training.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+
+        # The step finished inside the generation's pauses: the generation is still running.
+        still = [f for f in status(server, key)["in_flight"] if f["kind"] == "sample"]
+        assert still and still[0]["state"] == "running"
+        assert len(long_generation.result().sequences[0].tokens) == 400

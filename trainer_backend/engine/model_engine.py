@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -227,11 +227,14 @@ class ModelEngine:
             raise outcome
         return outcome
 
-    def sample_batch(self, calls: Sequence[SamplerCall]) -> list[SamplingResult | SamplingInputError]:
+    def sample_batch(
+        self, calls: Sequence[SamplerCall], pause: Callable[[], None] = lambda: None
+    ) -> list[SamplingResult | SamplingInputError]:
         """Serve several sampling requests, of any mix of weights, in as few generation batches as fit.
 
         A batch holds at most `MAX_SAMPLING_ROWS` rows and `SAMPLER_ADAPTERS_KEPT` distinct sampler weights, so
-        loading one batch's adapters never evicts another of the same batch.
+        loading one batch's adapters never evicts another of the same batch. `pause` is called every few decode
+        steps (see `sample_batch` in sampling.py).
         """
         outcomes: list[SamplingResult | SamplingInputError] = []
         for batch in _sampling_batches(calls):
@@ -244,7 +247,7 @@ class ModelEngine:
                 for call in batch
             ]
             model = self.adapters.peft_model or self.adapters.base_model
-            outcomes += sample_batch(model, jobs, self._decode, self.loaded.max_context_length)
+            outcomes += sample_batch(model, jobs, self._decode, self.loaded.max_context_length, pause)
         return outcomes
 
     def _decode(self, tokens: Sequence[int]) -> str:

@@ -24,6 +24,7 @@ Semantics, matched to the Tinker SDK 0.38 and the tinker-cookbook:
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -48,6 +49,9 @@ _PROMPT_LOGITS_BYTES = 256 * 2**20
 # character away from the match.
 _STOP_WINDOW_TOKENS_PER_CHAR = 4
 _STOP_WINDOW_MARGIN = 8
+# A generation calls its pause callback every this many decode steps, so that other tenants' short operations
+# (an optimizer step) wait for a few tokens, not for the whole generation.
+PAUSE_EVERY_STEPS = 8
 
 
 class SamplingInputError(UserInputError, ValueError):
@@ -131,6 +135,7 @@ def sample_batch(
     jobs: Sequence[SamplingJob],
     decode: Callable[[Sequence[int]], str],
     max_context_length: int,
+    pause: Callable[[], None] = lambda: None,
 ) -> list[SamplingResult | SamplingInputError]:
     """Sample every job's completions in one generation batch, each row through its own job's adapter.
 
@@ -146,6 +151,8 @@ def sample_batch(
         jobs: the requests, each with its adapter and stop ids.
         decode: token ids to text, used only to look for stop strings.
         max_context_length: the most tokens, prompt and completion together, the model may see.
+        pause: called every `PAUSE_EVERY_STEPS` decode steps, outside inference mode; it may run other work on
+            the model (a training step of another adapter) as long as it leaves the adapters the jobs use alone.
 
     Returns:
         One outcome per job, in order: its completions (and prompt log-probs if asked), or the
@@ -167,10 +174,10 @@ def sample_batch(
         with torch.inference_mode():
             alone = [i for i in batched if _scores_wanted(jobs[i].request)]
             for index in alone:
-                outcomes[index] = _sample_with_prompt_scores(model, jobs[index], decode)
+                outcomes[index] = _sample_with_prompt_scores(model, jobs[index], decode, pause)
             together = [i for i in batched if not _scores_wanted(jobs[i].request)]
             if together:
-                results = _generate(model, [jobs[i] for i in together], decode)
+                results = _generate(model, [jobs[i] for i in together], decode, pause)
                 for index, result in zip(together, results, strict=True):
                     outcomes[index] = result
     finally:
@@ -202,7 +209,10 @@ def _generator(request: SamplingRequest, device: torch.device) -> torch.Generato
 
 
 def _sample_with_prompt_scores(
-    model: PreTrainedModel | PeftModel, job: SamplingJob, decode: Callable[[Sequence[int]], str]
+    model: PreTrainedModel | PeftModel,
+    job: SamplingJob,
+    decode: Callable[[Sequence[int]], str],
+    pause: Callable[[], None],
 ) -> SamplingResult:
     request = job.request
     device = model.get_input_embeddings().weight.device
@@ -212,7 +222,7 @@ def _sample_with_prompt_scores(
     )
     rows = _Rows.for_jobs([job], torch.ones_like(prompt_1P), torch.tensor([len(request.prompt_tokens) - 1]))
     cache.batch_select_indices(rows.prompt_index_R)
-    sequences = _decode(model, cache, logits_1V[rows.prompt_index_R], [job], rows, decode, device)[0]
+    sequences = _decode(model, cache, logits_1V[rows.prompt_index_R], [job], rows, decode, device, pause)[0]
     return SamplingResult(
         sequences=sequences,
         prompt_logprobs=prompt_logprobs if request.prompt_logprobs else None,
@@ -221,7 +231,10 @@ def _sample_with_prompt_scores(
 
 
 def _generate(
-    model: PreTrainedModel | PeftModel, jobs: Sequence[SamplingJob], decode: Callable[[Sequence[int]], str]
+    model: PreTrainedModel | PeftModel,
+    jobs: Sequence[SamplingJob],
+    decode: Callable[[Sequence[int]], str],
+    pause: Callable[[], None],
 ) -> list[SamplingResult]:
     """Prefill the jobs' prompts as one left-padded batch, then decode all their samples together."""
     device = model.get_input_embeddings().weight.device
@@ -246,7 +259,7 @@ def _generate(
     rows = _Rows.for_jobs(jobs, mask_JP, positions_JP[:, -1])
     output.cache.batch_select_indices(rows.prompt_index_R)
     logits_RV = output.logits[:, -1][rows.prompt_index_R]
-    sequences = _decode(model, output.cache, logits_RV, jobs, rows, decode, device)
+    sequences = _decode(model, output.cache, logits_RV, jobs, rows, decode, device, pause)
     return [SamplingResult(sequences=s, prompt_logprobs=None, topk_prompt_logprobs=None) for s in sequences]
 
 
@@ -343,6 +356,7 @@ def _decode(
     rows: _Rows,
     decode: Callable[[Sequence[int]], str],
     device: torch.device,
+    pause: Callable[[], None],
 ) -> list[tuple[SampledSequence, ...]]:
     """Decode every row until it stops or reaches its job's max_tokens; the sequences of each job, in order."""
     generators = [_generator(job.request, device) for job in jobs]
@@ -354,7 +368,7 @@ def _decode(
     tokens = [[[] for _ in range(job.request.num_samples)] for job in jobs]
     logprobs = [[[] for _ in range(job.request.num_samples)] for job in jobs]
     reasons: list[list[StopReason]] = [["length"] * job.request.num_samples for job in jobs]
-    while True:
+    for step in itertools.count(1):
         next_R = torch.empty(len(rows.job), dtype=torch.long, device=device)
         next_logprobs_R = torch.empty(len(rows.job), dtype=torch.float32, device=device)
         # Each job draws its rows (in sample order) from its own generator, as it would alone.
@@ -383,6 +397,9 @@ def _decode(
             kept_R = rows.keep(kept)
             cache.batch_select_indices(kept_R)
             next_R = next_R[kept_R]
+        if step % PAUSE_EVERY_STEPS == 0:
+            with torch.inference_mode(False):
+                pause()
         rows.mask_RT = torch.cat([rows.mask_RT, rows.mask_RT.new_ones((len(kept), 1))], dim=1)
         rows.last_position_R = rows.last_position_R + 1
         logits_RV = model(
