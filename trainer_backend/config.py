@@ -29,3 +29,6 @@ class ServerConfig(BaseSettings):
     long_poll_s: float = Field(25.0, gt=0, le=40, description="how long retrieve_future waits before try_again")
     max_queued: int = Field(1024, ge=1, description="queued operations before clients are told to back off")
     gap_timeout_s: float = Field(60.0, gt=0, description="how long a request waits for a missing lower seq_id")
+    max_loaded_adapters: int = Field(
+        32, ge=1, description="training adapters kept loaded; the least recently used others wait on disk"
+    )

@@ -121,7 +121,9 @@ class TrainingService:
         expired = self.checkpoints.delete_expired()
         if expired:
             log.info("deleted %d expired checkpoints", expired)
-        self.engine = ModelEngine(loaded)
+        self.engine = ModelEngine(
+            loaded, spill_root=config.storage_root / "spill", max_loaded_adapters=config.max_loaded_adapters
+        )
         self.scheduler = Scheduler(
             self.ledger,
             max_queued=config.max_queued,

@@ -74,6 +74,7 @@ def test_metrics_expose_the_busy_fraction_and_the_oldest_future(server: RunningS
     assert 'trainer_device_busy_fraction{window="60s"}' in text
     assert "trainer_oldest_future_age_seconds" in text
     assert "trainer_batched_operations_total" in text
+    assert 'trainer_training_adapters{state="spilled"}' in text
 
 
 def test_another_clients_training_step_runs_while_a_long_generation_is_under_way(server: RunningServer) -> None:

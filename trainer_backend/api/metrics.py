@@ -45,6 +45,12 @@ class ServiceCollector(Collector):
         yield GaugeMetricFamily(
             "trainer_oldest_future_age_seconds", "Age of the oldest queued or running future", value=oldest
         )
+        adapters = GaugeMetricFamily(
+            "trainer_training_adapters", "Training adapters by where they are", labels=["state"]
+        )
+        adapters.add_metric(["loaded"], self.service.engine.residency.loaded)
+        adapters.add_metric(["spilled"], self.service.engine.residency.spilled)
+        yield adapters
         tokens = CounterMetricFamily("trainer_tokens", "Tokens processed", labels=["phase"])
         for phase, count in sorted(self.service.tokens_processed.items()):
             tokens.add_metric([phase], count)

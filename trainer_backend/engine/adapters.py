@@ -168,6 +168,10 @@ class AdapterPool:
             for handle in handles:
                 handle.remove()
 
+    def has_gradients(self, name: str) -> bool:
+        """Whether a forward_backward left gradients in the adapter that no optim_step has applied yet."""
+        return any(param.grad is not None for param in self.parameters(name))
+
     def step(self, name: str, adam: AdamSettings) -> dict[str, float]:
         """Apply accumulated gradients with these Adam settings, then clear them."""
         adam.validate()

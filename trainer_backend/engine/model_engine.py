@@ -18,6 +18,7 @@ from trainer_backend.api.proto import DecodedDatum, ForwardBackwardResult
 from trainer_backend.engine.adapters import AdamSettings, AdapterPool
 from trainer_backend.engine.logprobs import LowRankDelta, full_logits_target_logprobs, target_logprobs
 from trainer_backend.engine.losses import compute_loss
+from trainer_backend.engine.residency import AdapterResidency
 from trainer_backend.engine.sampling import (
     SamplingInputError,
     SamplingJob,
@@ -42,11 +43,20 @@ IGNORED_TARGET = -100
 class ModelEngine:
     """The base model, its adapters, and the operations the Tinker API asks of them."""
 
-    def __init__(self, loaded: LoadedModel, logits_budget: int = LOGITS_BUDGET, chunked_logprobs: bool = True) -> None:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        logits_budget: int = LOGITS_BUDGET,
+        chunked_logprobs: bool = True,
+        spill_root: Path | None = None,
+        max_loaded_adapters: int | None = None,
+    ) -> None:
+        """`max_loaded_adapters` training adapters stay loaded; the least recently used others go to `spill_root`."""
         self.loaded = loaded
         # The full-logits path exists to measure what chunking saves (benchmarks/backend_gemma.py).
         self._logprobs = target_logprobs if chunked_logprobs else full_logits_target_logprobs
         self.adapters = AdapterPool(loaded.model)
+        self.residency = AdapterResidency(self.adapters, spill_root, max_loaded_adapters)
         self.chunk_tokens = max(1, logits_budget // loaded.vocab_size)
         self._sampler_adapters: OrderedDict[str, str] = OrderedDict()
         config = loaded.model.config.get_text_config()
@@ -57,6 +67,7 @@ class ModelEngine:
 
     def create_adapter(self, model_id: str, lora: LoraSettings) -> None:
         self.adapters.create(model_id, lora)
+        self.residency.added(model_id)
 
     def forward_backward(
         self,
@@ -92,6 +103,7 @@ class ModelEngine:
             try:
                 if not call.datums:
                     raise UserInputError("forward_backward needs at least one datum")
+                self.residency.use([call.model_id])
                 self.adapters.require(call.model_id)
                 self._check_datums(call.datums)
             except BackendError as error:
@@ -101,6 +113,8 @@ class ModelEngine:
             own_pass = call.model_id if self._trains_unembedding(call.model_id) else None
             groups.setdefault((width, own_pass), []).append(index)
         for group in groups.values():
+            # The group's adapters all loaded at once (bringing one back may have spilled another of the group).
+            self.residency.use([calls[i].model_id for i in group])
             for index, outcome in zip(group, self._forward_backward_pass([calls[i] for i in group]), strict=True):
                 outcomes[index] = outcome
         return outcomes
@@ -207,16 +221,20 @@ class ModelEngine:
         return weight, None
 
     def optim_step(self, model_id: str, adam: AdamSettings) -> dict[str, float]:
+        self.residency.use([model_id])
         return self.adapters.step(model_id, adam)
 
     def save(self, model_id: str, folder: Path, include_optimizer: bool) -> None:
+        self.residency.use([model_id])
         self.adapters.save(model_id, folder, include_optimizer)
 
     def load(self, model_id: str, folder: Path, with_optimizer: bool) -> None:
         self.adapters.load(model_id, folder, with_optimizer=with_optimizer, trainable=True)
+        self.residency.added(model_id)
 
     def has_adapter(self, model_id: str) -> bool:
-        return model_id in self.adapters
+        """Whether the training adapter exists, loaded or spilled to disk."""
+        return model_id in self.residency
 
     # --- sampling -----------------------------------------------------------------------------------------
 

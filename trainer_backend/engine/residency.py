@@ -1,0 +1,86 @@
+"""How many training adapters stay loaded: past a limit, the least recently used ones wait on disk.
+
+An adapter on disk is its PEFT folder with the optimizer state beside it, written exactly as a checkpoint is, so
+bringing it back restores the same weights and Adam moments. The number of tenants is then bounded by disk, not by
+device memory. An adapter holding gradients (a forward_backward not yet followed by its optim_step) stays loaded:
+writing it out would lose them, so the limit is exceeded for a while instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections import OrderedDict
+from collections.abc import Collection
+from pathlib import Path
+
+from trainer_backend.engine.adapters import AdapterPool
+
+log = logging.getLogger(__name__)
+
+
+class AdapterResidency:
+    """Training adapters loaded in `adapters` (at most `limit`, least recently used out first) or spilled."""
+
+    def __init__(self, adapters: AdapterPool, spill_root: Path | None, limit: int | None) -> None:
+        if limit is not None and spill_root is None:
+            raise ValueError("a limit on loaded adapters needs a spill folder")
+        self.adapters = adapters
+        self.spill_root = spill_root
+        self.limit = limit
+        self._loaded: OrderedDict[str, None] = OrderedDict()
+        self._spilled: dict[str, Path] = {}
+        if spill_root is not None:
+            # Adapters spilled by an earlier process are gone with its runs; resume goes through checkpoints.
+            shutil.rmtree(spill_root, ignore_errors=True)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._loaded or name in self._spilled
+
+    @property
+    def spilled(self) -> int:
+        return len(self._spilled)
+
+    @property
+    def loaded(self) -> int:
+        return len(self._loaded)
+
+    def added(self, name: str) -> None:
+        """`name` was just created or loaded into the pool (any spilled copy is stale)."""
+        stale = self._spilled.pop(name, None)
+        if stale is not None:
+            shutil.rmtree(stale, ignore_errors=True)
+        self._loaded[name] = None
+        self._loaded.move_to_end(name)
+        self._spill_over_limit(keep={name})
+
+    def use(self, names: Collection[str]) -> None:
+        """Make sure these adapters are loaded (bringing spilled ones back) and count them as just used."""
+        for name in names:
+            folder = self._spilled.pop(name, None)
+            if folder is not None:
+                self.adapters.load(name, folder, with_optimizer=True, trainable=True)
+                shutil.rmtree(folder, ignore_errors=True)
+                self._loaded[name] = None
+            if name in self._loaded:
+                self._loaded.move_to_end(name)
+        self._spill_over_limit(keep=set(names))
+
+    def _spill_over_limit(self, keep: set[str]) -> None:
+        if self.limit is None:
+            return
+        for name in list(self._loaded):
+            if len(self._loaded) <= self.limit:
+                return
+            if name in keep or self.adapters.has_gradients(name):
+                continue
+            folder = self.spill_root / name
+            folder.mkdir(parents=True, exist_ok=True)
+            self.adapters.save(name, folder, include_optimizer=True)
+            self.adapters.delete(name)
+            del self._loaded[name]
+            self._spilled[name] = folder
+        if len(self._loaded) > self.limit:
+            log.warning(
+                "%d training adapters hold gradients; the limit of %d loaded is exceeded", len(self._loaded), self.limit
+            )
