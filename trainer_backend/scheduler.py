@@ -17,6 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from trainer_backend.errors import BackendError, ConflictError, OverloadedError, ServerError
 from trainer_backend.ledger import Ledger, ResultFormat
@@ -32,6 +33,9 @@ Outcome = tuple[bytes, ResultFormat] | BackendError
 # interleave (their results do not depend on the long call) before the call goes on.
 PauseCallback = Callable[[], None]
 BatchRunner = Callable[[Sequence["Operation"], PauseCallback], Sequence[Outcome]]
+# Which tenant's ready operation runs next: the least recently served tenant's (the server's policy), or the one that
+# arrived first (kept to measure what the policy buys: benchmarks/fairness.py).
+SchedulingPolicy = Literal["least_recently_served", "fifo"]
 # Operations handed to a batch runner at once; the runner may still split them by its own limits.
 MAX_BATCH_OPERATIONS = 64
 
@@ -129,8 +133,10 @@ class Scheduler:
         max_queued: int = 1024,
         gap_timeout_s: float = 60.0,
         batch_runners: dict[str, BatchRunner] | None = None,
+        policy: SchedulingPolicy = "least_recently_served",
     ) -> None:
         self.ledger = ledger
+        self.policy = policy
         self.max_queued = max_queued
         self.gap_timeout_s = gap_timeout_s
         self._batch_runners = dict(batch_runners or {})
@@ -242,7 +248,10 @@ class Scheduler:
                     self._expire_gap(name, lane)
         if not candidates:
             return []
-        candidates.sort(key=lambda c: c[0])
+        if self.policy == "fifo":
+            candidates.sort(key=lambda c: c[2].enqueued_at)
+        else:
+            candidates.sort(key=lambda c: c[0])
         _, name, first = candidates[0]
         lane = self._lanes[name]
         lane.pop(first)

@@ -314,3 +314,24 @@ def test_a_long_batch_pauses_for_other_tenants_short_operations_but_not_for_othe
     stats = scheduler.stats()
     assert stats.operations_by_kind["op"] == 3 and stats.busy_seconds > busy_before
     scheduler.stop()
+
+
+def test_the_fifo_policy_serves_in_arrival_order_across_tenants(ledger: Ledger) -> None:
+    scheduler = Scheduler(ledger, policy="fifo")
+    log: list = []
+    gate = threading.Event()
+
+    def blocked() -> tuple[bytes, ResultFormat]:
+        gate.wait(5)
+        return b"{}", ResultFormat.JSON
+
+    scheduler.submit(_operation(ledger, "blocker", None, log, blocked))
+    wait_for(lambda: scheduler.stats().running)
+    for seq in range(1, 4):
+        scheduler.submit(_operation(ledger, "busy", seq, log))
+    scheduler.submit(_operation(ledger, "quiet", 1, log))
+    gate.set()
+    wait_for(lambda: len(log) == 4)
+    # Unlike the default policy, the quiet tenant waits behind everything that arrived before it.
+    assert log == [("busy", 1), ("busy", 2), ("busy", 3), ("quiet", 1)]
+    scheduler.stop()

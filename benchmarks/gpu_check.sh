@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The GPU checks, as one short script for a lent GPU machine (the `device` tool runs it in the repository root):
+#   bash benchmarks/gpu_check.sh
+# Installs the project on the machine's Python, checks that CUDA is visible, runs the engine tests that can use it
+# and the backend benchmarks on cuda, writing their output under $OUT (or ./gpu-results).
+set -euo pipefail
+OUT="${OUT:-gpu-results}"
+mkdir -p "$OUT"
+python3 -m venv /tmp/gpu-venv
+. /tmp/gpu-venv/bin/activate
+pip install -q --upgrade pip
+# The CUDA torch wheel of the pinned version, then the project without letting pip swap torch.
+pip install -q "torch==2.13.0"
+pip install -q -e ".[dev]"
+python - <<'PY' | tee "$OUT/device.txt"
+import torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
+print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")
+PY
+python benchmarks/backend_gemma.py --device cuda --batch 8 --tokens 128 --repeats 3 | tee "$OUT/backend_gemma.txt"
+python benchmarks/cross_tenant_batching.py --device cuda --repeats 3 | tee "$OUT/cross_tenant_batching.txt"
+python benchmarks/duty_cycle.py --model google/gemma-3-270m --device cuda --concurrency 1 3 --steps 4 \
+  --plot "$OUT/duty_cycle_gemma_cuda.png" | tee "$OUT/duty_cycle.txt"
