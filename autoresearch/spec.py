@@ -1,0 +1,260 @@
+"""A study's spec: what to search over, with what budget, judged how, proposed by whom, stored where.
+
+`python -m autoresearch <spec.yaml>` reads one of these. Every trial is the spec's base `trial` config with the
+searched parameters and reward spec of one proposal filled in; the searched names are `TrialConfig` fields, and a
+proposal's values must lie in the spec's ranges and pass `TrialConfig`'s own validation.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from autoresearch.trials.config import TrialConfig, parse_trial_config
+from autoresearch.trials.errors import ConfigurationError
+from tasks.text2sql.rewards import COMPONENT_KINDS
+
+ComponentKind = Literal[
+    "execution_match", "result_overlap", "parses", "executes", "format", "length_penalty", "schema_linking"
+]
+# TrialConfig fields a study may search, and the kind of value each takes.
+SEARCHABLE: dict[str, type] = {
+    "learning_rate": float,
+    "warmup_learning_rate": float,
+    "lora_rank": int,
+    "batch_size": int,
+    "group_size": int,
+    "temperature": float,
+    "warmup_steps": int,
+    "kl_coef": float,
+    "loss": str,
+    "normalize_advantages": bool,
+}
+# Fields the study itself sets on every trial; a spec's base trial config may not set them.
+STUDY_OWNED = ("run_id", "steps", "base_model", "eval_split", "eval_size", "eval_seed")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FloatRange(_Strict):
+    """A real interval; `log` samples it on a log scale (both ends then > 0)."""
+
+    low: float
+    high: float
+    log: bool = False
+
+    @model_validator(mode="after")
+    def _ordered(self) -> FloatRange:
+        if not (math.isfinite(self.low) and math.isfinite(self.high)) or self.low >= self.high:
+            raise ValueError(f"needs finite low < high, got low={self.low}, high={self.high}")
+        if self.log and self.low <= 0:
+            raise ValueError(f"a log range needs low > 0, got {self.low}")
+        return self
+
+    def contains(self, value: object) -> bool:
+        return isinstance(value, int | float) and not isinstance(value, bool) and self.low <= value <= self.high
+
+
+class IntRange(_Strict):
+    """Integers from `low` to `high` inclusive, every `step`."""
+
+    low: int
+    high: int
+    step: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> IntRange:
+        if self.low >= self.high:
+            raise ValueError(f"needs low < high, got low={self.low}, high={self.high}")
+        return self
+
+    def contains(self, value: object) -> bool:
+        return (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and self.low <= value <= self.high
+            and (value - self.low) % self.step == 0
+        )
+
+
+class Choices(_Strict):
+    """One of a list of values."""
+
+    choices: tuple[int | float | str | bool, ...] = Field(min_length=1)
+
+    @field_validator("choices")
+    @classmethod
+    def _distinct(cls, choices: tuple) -> tuple:
+        if len(set(choices)) != len(choices):
+            raise ValueError(f"choices repeat a value: {list(choices)}")
+        return choices
+
+    def contains(self, value: object) -> bool:
+        return any(value == choice and type(value) is type(choice) for choice in self.choices)
+
+
+Param = Annotated[FloatRange | IntRange | Choices, Field(union_mode="left_to_right")]
+
+
+class RewardSearch(_Strict):
+    """Which reward components a proposal may add to execution match, and each one's weight range.
+
+    Execution match is in every reward at weight 1: the objective is held-out execution accuracy, so the reward a
+    proposal shapes around it can only win by training a better model.
+    """
+
+    components: dict[ComponentKind, FloatRange] = Field(default_factory=dict)
+
+    @field_validator("components")
+    @classmethod
+    def _not_execution_match(cls, components: dict) -> dict:
+        if "execution_match" in components:
+            raise ValueError("execution_match is always in the reward at weight 1; list only the components to add")
+        return components
+
+
+class SearchSpace(_Strict):
+    params: dict[str, Param] = Field(default_factory=dict)
+    reward: RewardSearch = Field(default_factory=RewardSearch)
+
+    @field_validator("params")
+    @classmethod
+    def _searchable(cls, params: dict[str, Param]) -> dict[str, Param]:
+        for name, param in params.items():
+            kind = SEARCHABLE.get(name)
+            if kind is None:
+                raise ValueError(f"{name!r} cannot be searched (searchable: {', '.join(SEARCHABLE)})")
+            if kind in (str, bool) and not isinstance(param, Choices):
+                raise ValueError(f"{name}: takes a list of choices, not a range")
+            if kind is int and isinstance(param, FloatRange):
+                raise ValueError(f"{name}: takes whole numbers; give an integer range or choices")
+            if isinstance(param, Choices) and not all(_fits(kind, c) for c in param.choices):
+                raise ValueError(f"{name}: every choice must be a {kind.__name__}, got {list(param.choices)}")
+        return params
+
+
+def _fits(kind: type, value: object) -> bool:
+    if kind is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    return type(value) is kind
+
+
+class Budget(_Strict):
+    trials: int = Field(ge=1, description="trials in the whole study")
+    concurrency: int = Field(1, ge=1, le=64, description="trials running at once on the backend")
+    steps_per_trial: int = Field(ge=1, description="RL steps of each trial")
+    trial_time_limit_s: float = Field(3600.0, gt=0, description="a trial running longer fails")
+    run_time_limit_s: float = Field(24 * 3600.0, gt=0, description="this run of the controller stops launching then")
+    candidates_per_round: int = Field(2, ge=1, le=16, description="proposals asked for per round")
+
+
+class Objective(_Strict):
+    """What a trial is judged on: held-out execution accuracy, maximised; optionally its wall time as well."""
+
+    metric: Literal["held_out_accuracy"] = "held_out_accuracy"
+    also_minimize: Literal["wall_time_s"] | None = None
+
+
+class LlmSettings(_Strict):
+    """An OpenAI-compatible chat endpoint (vLLM, Ollama, Gemini's OpenAI endpoint, OpenAI)."""
+
+    base_url: str = Field(pattern=r"^https?://")
+    model: str = Field(min_length=1)
+    api_key_env: str = Field("OPENAI_API_KEY", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    temperature: float = Field(0.7, ge=0, le=2)
+    timeout_s: float = Field(120.0, gt=0)
+    max_retries: int = Field(3, ge=0, le=10)
+
+
+class StudySpec(_Strict):
+    study: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$", description="Optuna study name")
+    task: Literal["text2sql"] = "text2sql"
+    base_model: str = "google/gemma-3-270m"
+    backend: str = Field("local", description="'local' starts one on this machine; else the backend's URL")
+    eval_split: str = "dev"
+    eval_size: int = Field(32, ge=1)
+    eval_seed: int = Field(0, ge=0)
+    trial: dict[str, object] = Field(default_factory=dict, description="base trial config (TrialConfig fields)")
+    search_space: SearchSpace = Field(default_factory=SearchSpace)
+    budget: Budget
+    objective: Objective = Field(default_factory=Objective)
+    llm: LlmSettings | None = None
+    storage: str = Field("sqlite:///runs/autoresearch/optuna.db", description="Optuna RDB storage URL")
+
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, backend: str) -> str:
+        if backend != "local" and not re.match(r"^https?://", backend):
+            raise ValueError(f"must be 'local' or an http(s) URL, got {backend!r}")
+        return backend
+
+    @model_validator(mode="after")
+    def _base_trial_is_valid(self) -> StudySpec:
+        owned = sorted(set(self.trial) & set(STUDY_OWNED))
+        if owned:
+            raise ValueError(f"trial: {', '.join(owned)} are set by the study (budget, eval_* and base_model fields)")
+        searched = sorted(set(self.trial) & set(self.search_space.params))
+        if searched:
+            raise ValueError(f"trial: {', '.join(searched)} are searched; drop them from the base trial config")
+        try:
+            self.trial_config({})
+        except ConfigurationError as error:
+            raise ValueError(str(error)) from None
+        return self
+
+    def trial_config(
+        self, params: dict[str, object], reward_spec: dict | None = None, run_id: str | None = None
+    ) -> TrialConfig:
+        """The base trial config with `params` (and a reward spec) filled in, validated as one TrialConfig.
+
+        Raises:
+            ConfigurationError: naming the field that does not validate.
+        """
+        data = {
+            **self.trial,
+            **params,
+            "base_model": self.base_model,
+            "steps": self.budget.steps_per_trial,
+            "eval_split": self.eval_split,
+            "eval_size": self.eval_size,
+            "eval_seed": self.eval_seed,
+            "run_id": run_id,
+        }
+        if reward_spec is not None:
+            data["reward_spec"] = reward_spec
+        return parse_trial_config(data, f"study {self.study} trial")
+
+
+def load_study_spec(path: Path) -> StudySpec:
+    """Read and validate a study spec.
+
+    Raises:
+        ConfigurationError: the file is missing or not YAML, or a field does not validate (each one named).
+    """
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigurationError(f"{path}: no such study spec") from None
+    except yaml.YAMLError as error:
+        raise ConfigurationError(f"{path}: not valid YAML: {error}") from None
+    if not isinstance(data, dict):
+        raise ConfigurationError(f"{path}: expected a mapping of fields, got {type(data).__name__}")
+    try:
+        return StudySpec.model_validate(data)
+    except ValidationError as error:
+        problems = []
+        for item in error.errors():
+            where = ".".join(str(part) for part in item["loc"] if not str(part).startswith("function-"))
+            message = item["msg"].removeprefix("Value error, ")
+            if item["type"] == "extra_forbidden":
+                message = "unknown field"
+            problems.append(f"{where}: {message}" if where else message)
+        hint = f" (reward component kinds: {', '.join(COMPONENT_KINDS)})" if "reward" in str(error) else ""
+        raise ConfigurationError(f"{path}: {'; '.join(problems)}{hint}") from None
