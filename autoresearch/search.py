@@ -1,0 +1,122 @@
+"""The search space as Optuna sees it, and candidates (from an LLM or Optuna's sampler) checked against it.
+
+A reward variant is searched as weights: `reward.<kind>` is the weight of one optional component added to
+execution match (0 leaves it out). Optuna stores every trial's parameters under these names, so the dashboard,
+the sampler and the LLM all see hyperparameters and reward design side by side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+
+from autoresearch.spec import Choices, FloatRange, IntRange, StudySpec
+from autoresearch.trials.config import TrialConfig
+from autoresearch.trials.errors import ConfigurationError
+
+REWARD_PREFIX = "reward."
+
+
+class CandidateError(ValueError):
+    """A proposed candidate does not fit the search space; the message says which value and why."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One trial to run: searched parameters, optional reward components' weights, and why it was proposed."""
+
+    params: dict[str, object]
+    reward_weights: dict[str, float]
+    rationale: str
+    source: Literal["llm", "sampler"]
+
+    def optuna_params(self) -> dict[str, object]:
+        return {**self.params, **{REWARD_PREFIX + kind: w for kind, w in self.reward_weights.items()}}
+
+
+def reward_spec(weights: dict[str, float]) -> dict:
+    """Execution match at weight 1, plus every optional component with a positive weight."""
+    extra = [{"kind": kind, "weight": weight} for kind, weight in sorted(weights.items()) if weight > 0]
+    return {"components": [{"kind": "execution_match", "weight": 1.0, "databases": "all"}, *extra]}
+
+
+def distributions(spec: StudySpec) -> dict[str, BaseDistribution]:
+    """Optuna distributions of every searched name: trial parameters and `reward.<kind>` weights."""
+    found: dict[str, BaseDistribution] = {}
+    for name, param in spec.search_space.params.items():
+        found[name] = _distribution(param)
+    for kind, weight_range in spec.search_space.reward.components.items():
+        found[REWARD_PREFIX + kind] = _distribution(weight_range)
+    return found
+
+
+def _distribution(param: FloatRange | IntRange | Choices) -> BaseDistribution:
+    if isinstance(param, FloatRange):
+        return FloatDistribution(param.low, param.high, log=param.log)
+    if isinstance(param, IntRange):
+        return IntDistribution(param.low, param.high, step=param.step)
+    return CategoricalDistribution(list(param.choices))
+
+
+def candidate_from_trial(
+    spec: StudySpec, trial: optuna.trial.BaseTrial, rationale: str, source: Literal["llm", "sampler"]
+) -> Candidate:
+    """The candidate an Optuna trial stands for: its enqueued values, the sampler's for the rest."""
+    values = {name: _suggest(trial, name, distribution) for name, distribution in distributions(spec).items()}
+    weights = {k.removeprefix(REWARD_PREFIX): float(v) for k, v in values.items() if k.startswith(REWARD_PREFIX)}
+    return Candidate(
+        params={k: v for k, v in values.items() if not k.startswith(REWARD_PREFIX)},
+        reward_weights=weights,
+        rationale=rationale,
+        source=source,
+    )
+
+
+def _suggest(trial: optuna.trial.BaseTrial, name: str, distribution: BaseDistribution) -> object:
+    if isinstance(distribution, FloatDistribution):
+        return trial.suggest_float(name, distribution.low, distribution.high, log=distribution.log)
+    if isinstance(distribution, IntDistribution):
+        return trial.suggest_int(name, distribution.low, distribution.high, step=distribution.step)
+    return trial.suggest_categorical(name, distribution.choices)
+
+
+def check_candidate(spec: StudySpec, params: dict[str, object], reward_weights: dict[str, float]) -> None:
+    """Raises CandidateError naming the first value outside the search space or a trial config that is invalid.
+
+    Names left out are fine: Optuna's sampler fills them in.
+    """
+    space = spec.search_space
+    for name, value in params.items():
+        param = space.params.get(name)
+        if param is None:
+            raise CandidateError(f"{name!r} is not searched (searched: {', '.join(space.params) or 'nothing'})")
+        if not param.contains(value):
+            raise CandidateError(f"{name}={value!r} is outside the search space ({_describe(param)})")
+    for kind, weight in reward_weights.items():
+        weight_range = space.reward.components.get(kind)
+        if weight_range is None:
+            allowed = ", ".join(space.reward.components) or "none"
+            raise CandidateError(f"reward component {kind!r} is not searched (components that may be added: {allowed})")
+        if not weight_range.contains(weight):
+            raise CandidateError(
+                f"reward weight {kind}={weight!r} is outside [{weight_range.low}, {weight_range.high}]"
+            )
+    try:
+        spec.trial_config(params, reward_spec(reward_weights))
+    except ConfigurationError as error:
+        raise CandidateError(str(error)) from None
+
+
+def _describe(param: FloatRange | IntRange | Choices) -> str:
+    if isinstance(param, Choices):
+        return f"one of {list(param.choices)}"
+    if isinstance(param, IntRange):
+        return f"integers {param.low}..{param.high} step {param.step}"
+    return f"[{param.low}, {param.high}]{' log scale' if param.log else ''}"
+
+
+def trial_config_of(spec: StudySpec, candidate: Candidate, run_id: str) -> TrialConfig:
+    return spec.trial_config(candidate.params, reward_spec(candidate.reward_weights), run_id)
