@@ -1,0 +1,150 @@
+"""Where trials run. The controller talks to a `TrialExecutor`; `LocalExecutor` runs each trial as a subprocess
+(`python -m autoresearch.trial`) on this machine against the shared backend. A Kubernetes Job executor implements
+the same interface.
+
+Launching is idempotent: a run id that is already running is left alone, one that finished is not run again, and
+one whose process died is started again with the same run id, which resumes it from its last checkpoint. The
+state of a trial is read from its run directory (the trial runner's own files) and a pid file beside them, so a
+controller that was killed and started again finds its trials as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Protocol
+
+import yaml
+
+from autoresearch.trials.config import TrialConfig
+from autoresearch.trials.run_dir import RunDirectory
+
+PID_FILE = "trial.pid"
+LOG_FILE = "trial.log"
+
+
+class TrialPhase(StrEnum):
+    NOT_STARTED = "not_started"
+    RUNNING = "running"
+    FINISHED = "finished"
+    # The process is gone without a result: it crashed or was killed.
+    DIED = "died"
+
+
+@dataclass(frozen=True)
+class TrialStatus:
+    phase: TrialPhase
+    # Held-out accuracy by RL step, as the trial evaluated so far.
+    evaluations: dict[int, float]
+    # The trial's result.json once it finished.
+    result: dict | None = None
+    # For a trial that died: the end of its log.
+    failure: str | None = None
+    started_at: float | None = None
+
+
+class TrialExecutor(Protocol):
+    """Runs trials somewhere and reports on them by run id."""
+
+    def launch(self, run_id: str, config: TrialConfig) -> None: ...
+
+    def status(self, run_id: str) -> TrialStatus: ...
+
+    def stop(self, run_id: str) -> None: ...
+
+
+class LocalExecutor:
+    """Trials as subprocesses of this machine, each in `<run_root>/<run_id>/`, all against `backend_url`."""
+
+    def __init__(self, backend_url: str, run_root: Path, python: str = sys.executable) -> None:
+        self.backend_url = backend_url
+        self.run_root = run_root
+        self.python = python
+        self._children: dict[str, subprocess.Popen] = {}
+
+    def launch(self, run_id: str, config: TrialConfig) -> None:
+        """Start the trial unless it runs or finished already; a trial that died resumes from its checkpoint."""
+        phase = self.status(run_id).phase
+        if phase in (TrialPhase.RUNNING, TrialPhase.FINISHED):
+            return
+        root = self.run_root / run_id
+        root.mkdir(parents=True, exist_ok=True)
+        config_path = root / "launch.yaml"
+        config_path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+        command = [self.python, "-m", "autoresearch.trial", str(config_path), "--backend-url", self.backend_url]
+        command += ["--run-dir", str(self.run_root), "--run-id", run_id, "--no-progress"]
+        with (root / LOG_FILE).open("a") as log:
+            # Its own session: a controller killed by a signal to its process group leaves the trial running, to be
+            # found again by the next controller.
+            process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
+        self._children[run_id] = process
+        (root / PID_FILE).write_text(json.dumps({"pid": process.pid, "started_at": time.time()}))
+
+    def status(self, run_id: str) -> TrialStatus:
+        root = self.run_root / run_id
+        directory = RunDirectory(root)
+        evaluations = {int(e["step"]): float(e["accuracy"]) for e in directory.evals.read()}
+        if directory.result_path.exists():
+            result = json.loads(directory.result_path.read_text())
+            return TrialStatus(TrialPhase.FINISHED, evaluations, result=result)
+        launched = _read_pid(root)
+        if launched is None:
+            return TrialStatus(TrialPhase.NOT_STARTED, evaluations)
+        pid, started_at = launched
+        if self._alive(run_id, pid):
+            return TrialStatus(TrialPhase.RUNNING, evaluations, started_at=started_at)
+        log = root / LOG_FILE
+        tail = log.read_text(errors="replace")[-2000:].strip() if log.exists() else ""
+        failure = "the trial process exited without a result" + (
+            f"; its log ends:\n{tail}" if tail else ", and wrote nothing"
+        )
+        return TrialStatus(TrialPhase.DIED, evaluations, failure=failure, started_at=started_at)
+
+    def stop(self, run_id: str) -> None:
+        """Stop a running trial (pruned or over its time limit); its checkpoints stay."""
+        launched = _read_pid(self.run_root / run_id)
+        if launched is None or not self._alive(run_id, launched[0]):
+            return
+        os.killpg(launched[0], signal.SIGTERM)
+        child = self._children.get(run_id)
+        if child is not None:
+            try:
+                child.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(launched[0], signal.SIGKILL)
+                child.wait()
+
+    def _alive(self, run_id: str, pid: int) -> bool:
+        child = self._children.get(run_id)
+        if child is not None and child.pid == pid:
+            return child.poll() is None
+        # A trial started by an earlier controller: alive if that pid still runs this trial (where /proc shows
+        # command lines; elsewhere, if the pid exists at all).
+        cmdline = Path(f"/proc/{pid}/cmdline")
+        if Path("/proc/self/cmdline").exists():
+            try:
+                return run_id in cmdline.read_bytes().decode(errors="replace").split("\0")
+            except OSError:
+                return False
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return False
+        return True
+
+
+def _read_pid(root: Path) -> tuple[int, float] | None:
+    try:
+        data = json.loads((root / PID_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return int(data["pid"]), float(data["started_at"])
