@@ -1,0 +1,159 @@
+"""The LLM side of the controller: proposals of trials to run, and a short analysis after each round.
+
+Any OpenAI-compatible endpoint through `langchain-openai`'s `ChatOpenAI`. Proposals come back as structured
+output (JSON schema); a server without JSON-schema support is asked again in JSON mode and the reply parsed here.
+What comes back is untrusted: every candidate is checked against the search space by the caller, and a reply
+that is not the expected JSON raises `ProposalError` with the reason, for the caller to record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import httpx
+import openai
+from langchain_core.messages import HumanMessage, SystemMessage
+from langchain_openai import ChatOpenAI
+from pydantic import BaseModel, Field, ValidationError
+
+from autoresearch.spec import LlmSettings, StudySpec
+
+
+class ProposalError(RuntimeError):
+    """The LLM's reply could not be used (unreachable endpoint, no key, malformed output); the message says why."""
+
+
+class ProposedCandidate(BaseModel):
+    params: dict[str, float | int | str | bool] = Field(
+        default_factory=dict, description="searched hyperparameters by name; omitted ones are sampled"
+    )
+    reward_weights: dict[str, float] = Field(
+        default_factory=dict, description="weights of optional reward components added to execution_match"
+    )
+    rationale: str = Field(min_length=1, description="why this candidate, in a sentence or two")
+
+
+class Proposal(BaseModel):
+    candidates: list[ProposedCandidate] = Field(min_length=1)
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One finished, pruned or failed trial as the LLM sees it."""
+
+    number: int
+    params: dict[str, object]
+    state: str
+    held_out_accuracy: float | None
+    curve: dict[int, float]
+    rationale: str | None
+    failure: str | None
+
+
+SYSTEM = (
+    "You design experiments for LoRA reinforcement-learning post-training of a small language model on "
+    "text-to-SQL. Each trial trains with the hyperparameters and reward you choose and is judged only on held-out "
+    "execution accuracy, never on its training reward. Propose candidates inside the search space; explain each "
+    "in one or two sentences. Learn from the history: repeat what scored well with variations, avoid what failed."
+)
+
+
+class LlmProposer:
+    """Asks an OpenAI-compatible chat model for candidates and analyses."""
+
+    def __init__(self, settings: LlmSettings, http_client: httpx.Client | None = None) -> None:
+        key = os.environ.get(settings.api_key_env)
+        if not key:
+            raise ProposalError(
+                f"no API key: set the environment variable {settings.api_key_env} for {settings.base_url}"
+            )
+        self.settings = settings
+        self.chat = ChatOpenAI(
+            base_url=settings.base_url,
+            model=settings.model,
+            api_key=key,
+            temperature=settings.temperature,
+            timeout=settings.timeout_s,
+            max_retries=settings.max_retries,
+            http_client=http_client,
+        )
+        self._json_schema = True
+
+    def propose(self, spec: StudySpec, history: list[TrialRecord], count: int) -> list[ProposedCandidate]:
+        messages = [SystemMessage(SYSTEM), HumanMessage(_proposal_prompt(spec, history, count))]
+        if self._json_schema:
+            try:
+                proposal = self.chat.with_structured_output(Proposal, method="json_schema").invoke(messages)
+                return proposal.candidates[:count]
+            except openai.BadRequestError:
+                # The server does not take a JSON schema; ask again in JSON mode from now on.
+                self._json_schema = False
+            except (openai.APIConnectionError, openai.APITimeoutError) as error:
+                raise ProposalError(f"the LLM at {self.settings.base_url} is unreachable: {error}") from None
+            except (ValidationError, ValueError) as error:
+                raise ProposalError(f"the LLM's proposal is not valid: {_first_line(error)}") from None
+        return self._propose_in_json_mode(messages, count)
+
+    def _propose_in_json_mode(self, messages: list, count: int) -> list[ProposedCandidate]:
+        schema = json.dumps(Proposal.model_json_schema())
+        messages = [*messages, HumanMessage(f"Answer with one JSON object only, matching this JSON schema: {schema}")]
+        try:
+            reply = self.chat.bind(response_format={"type": "json_object"}).invoke(messages)
+        except (openai.APIConnectionError, openai.APITimeoutError) as error:
+            raise ProposalError(f"the LLM at {self.settings.base_url} is unreachable: {error}") from None
+        except openai.APIError as error:
+            raise ProposalError(f"the LLM at {self.settings.base_url} refused the request: {error}") from None
+        try:
+            return Proposal.model_validate_json(str(reply.content)).candidates[:count]
+        except ValidationError as error:
+            raise ProposalError(f"the LLM's reply is not a valid proposal: {_first_line(error)}") from None
+
+    def analyze(self, spec: StudySpec, history: list[TrialRecord]) -> str:
+        """A few sentences on what worked and what to try next, for a note on the study."""
+        prompt = (
+            f"{_history_text(history)}\n\nIn at most five sentences: what worked, what did not, and what to try "
+            "next. Plain text."
+        )
+        try:
+            reply = self.chat.invoke([SystemMessage(SYSTEM), HumanMessage(prompt)])
+        except openai.APIError as error:
+            raise ProposalError(f"the LLM at {self.settings.base_url} failed to analyse: {error}") from None
+        return str(reply.content).strip()
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def _proposal_prompt(spec: StudySpec, history: list[TrialRecord], count: int) -> str:
+    space = spec.search_space
+    params = "\n".join(f"- {name}: {param.model_dump()}" for name, param in space.params.items()) or "- (none)"
+    rewards = (
+        "\n".join(f"- {kind}: weight in [{r.low}, {r.high}]" for kind, r in space.reward.components.items())
+        or "- (none)"
+    )
+    return (
+        f"Study {spec.study}: base model {spec.base_model}, {spec.budget.steps_per_trial} RL steps per trial, "
+        f"held-out split {spec.eval_split} ({spec.eval_size} questions).\n"
+        f"Fixed trial settings: {json.dumps(spec.trial, default=str)}\n"
+        f"Searched hyperparameters (params):\n{params}\n"
+        f"Reward: execution_match at weight 1 always; optional components (reward_weights, 0 leaves one out):\n"
+        f"{rewards}\n\n{_history_text(history)}\n\nPropose {count} candidates."
+    )
+
+
+def _history_text(history: list[TrialRecord]) -> str:
+    if not history:
+        return "No trials have run yet."
+    lines = ["Trials so far (number, state, held-out accuracy, curve by step, params, rationale, failure):"]
+    for record in history:
+        accuracy = "-" if record.held_out_accuracy is None else f"{record.held_out_accuracy:.3f}"
+        curve = ", ".join(f"{step}:{value:.2f}" for step, value in sorted(record.curve.items())) or "-"
+        lines.append(
+            f"#{record.number} {record.state} acc={accuracy} curve=[{curve}] params={json.dumps(record.params)}"
+            + (f" rationale={record.rationale!r}" if record.rationale else "")
+            + (f" failure={record.failure[:200]!r}" if record.failure else "")
+        )
+    return "\n".join(lines)

@@ -1,0 +1,77 @@
+"""A local OpenAI-compatible chat server that answers from a script: tests cannot reach a real LLM, so this stands
+in for one at the boundary (a real HTTP server on loopback, spoken to by the real `ChatOpenAI` client)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+
+@dataclass
+class ScriptedLlm:
+    """Replies in order: a str is the assistant's message content; an int is an HTTP error status."""
+
+    replies: list[str | int] = field(default_factory=list)
+    requests: list[dict] = field(default_factory=list)
+    url: str = ""
+
+    def say(self, *replies: str | int | dict) -> None:
+        self.replies += [json.dumps(r) if isinstance(r, dict) else r for r in replies]
+
+
+def _app(script: ScriptedLlm) -> FastAPI:
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def complete(request: Request) -> JSONResponse:
+        body = await request.json()
+        script.requests.append(body)
+        reply = script.replies.pop(0) if script.replies else 500
+        if isinstance(reply, int):
+            return JSONResponse(
+                {"error": {"message": f"scripted error {reply}", "type": "invalid_request_error"}}, status_code=reply
+            )
+        return JSONResponse(
+            {
+                "id": f"chatcmpl-{len(script.requests)}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body.get("model", "scripted"),
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }
+        )
+
+    return app
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextmanager
+def scripted_llm() -> Iterator[ScriptedLlm]:
+    script = ScriptedLlm()
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(_app(script), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    script.url = f"http://127.0.0.1:{port}/v1"
+    try:
+        yield script
+    finally:
+        server.should_exit = True
+        thread.join(5)

@@ -1,0 +1,90 @@
+"""Proposals from an OpenAI-compatible endpoint (a scripted local server standing in for the LLM)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from scripted_llm import ScriptedLlm, free_port, scripted_llm
+
+from autoresearch.proposer import LlmProposer, ProposalError, TrialRecord
+from autoresearch.search import CandidateError, check_candidate
+from autoresearch.spec import LlmSettings, load_study_spec
+
+SPEC = load_study_spec(Path(__file__).resolve().parents[2] / "experiments" / "text2sql_tiny.yaml")
+GOOD = {
+    "candidates": [
+        {"params": {"learning_rate": 0.002, "loss": "ppo"}, "reward_weights": {"format": 0.2}, "rationale": "PPO"},
+        {"params": {"batch_size": 2}, "rationale": "bigger batches"},
+    ]
+}
+
+
+@pytest.fixture
+def llm(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedLlm]:
+    monkeypatch.setenv("SCRIPTED_LLM_KEY", "sk-test")
+    with scripted_llm() as script:
+        yield script
+
+
+def proposer(url: str) -> LlmProposer:
+    return LlmProposer(LlmSettings(base_url=url, model="scripted", api_key_env="SCRIPTED_LLM_KEY", max_retries=0))
+
+
+def test_a_structured_proposal_is_parsed_and_the_prompt_carries_the_space_and_history(llm: ScriptedLlm) -> None:
+    llm.say(GOOD)
+    history = [TrialRecord(0, {"learning_rate": 0.01}, "COMPLETE", 0.25, {0: 0.0, 3: 0.25}, "high lr", None)]
+    candidates = proposer(llm.url).propose(SPEC, history, count=2)
+    assert [c.rationale for c in candidates] == ["PPO", "bigger batches"]
+    assert candidates[0].params == {"learning_rate": 0.002, "loss": "ppo"}
+    request = llm.requests[0]
+    assert request["response_format"]["type"] == "json_schema"
+    prompt = request["messages"][-1]["content"]
+    assert "learning_rate" in prompt and "length_penalty" in prompt and "acc=0.250" in prompt and "Propose 2" in prompt
+
+
+def test_a_server_without_json_schema_is_asked_again_in_json_mode(llm: ScriptedLlm) -> None:
+    llm.say(400, GOOD, GOOD)
+    scripted = proposer(llm.url)
+    assert len(scripted.propose(SPEC, [], count=2)) == 2
+    assert llm.requests[1]["response_format"] == {"type": "json_object"}
+    scripted.propose(SPEC, [], count=1)
+    assert llm.requests[2]["response_format"] == {"type": "json_object"}
+
+
+@pytest.mark.parametrize("reply", ["{not json", '{"candidates": []}', '{"candidates": [{"params": {}}]}'])
+def test_a_malformed_reply_is_refused_with_the_reason(llm: ScriptedLlm, reply: str) -> None:
+    llm.say(reply)
+    with pytest.raises(ProposalError, match="not valid"):
+        proposer(llm.url).propose(SPEC, [], count=2)
+
+
+def test_out_of_range_values_and_unknown_components_come_back_and_are_rejected_by_the_space(llm: ScriptedLlm) -> None:
+    llm.say(
+        {
+            "candidates": [
+                {"params": {"learning_rate": 5.0}, "rationale": "huge"},
+                {"params": {}, "reward_weights": {"style_points": 1.0}, "rationale": "style"},
+            ]
+        }
+    )
+    first, second = proposer(llm.url).propose(SPEC, [], count=2)
+    with pytest.raises(CandidateError, match=r"learning_rate=5\.0 is outside"):
+        check_candidate(SPEC, first.params, first.reward_weights)
+    with pytest.raises(CandidateError, match="'style_points' is not searched"):
+        check_candidate(SPEC, second.params, second.reward_weights)
+
+
+def test_the_analysis_is_the_models_text(llm: ScriptedLlm) -> None:
+    llm.say("Lower learning rates helped; try PPO next.")
+    assert proposer(llm.url).analyze(SPEC, []) == "Lower learning rates helped; try PPO next."
+
+
+def test_a_missing_key_or_an_unreachable_endpoint_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SCRIPTED_LLM_KEY", raising=False)
+    with pytest.raises(ProposalError, match="set the environment variable SCRIPTED_LLM_KEY"):
+        proposer("http://127.0.0.1:9/v1")
+    monkeypatch.setenv("SCRIPTED_LLM_KEY", "sk-test")
+    with pytest.raises(ProposalError, match="unreachable"):
+        proposer(f"http://127.0.0.1:{free_port()}/v1").propose(SPEC, [], count=1)
