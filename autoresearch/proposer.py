@@ -92,6 +92,8 @@ class LlmProposer:
                 self._json_schema = False
             except (openai.APIConnectionError, openai.APITimeoutError) as error:
                 raise ProposalError(f"the LLM at {self.settings.base_url} is unreachable: {error}") from None
+            except openai.APIError as error:
+                raise ProposalError(f"the LLM at {self.settings.base_url} refused the request: {error}") from None
             except (ValidationError, ValueError) as error:
                 raise ProposalError(f"the LLM's proposal is not valid: {_first_line(error)}") from None
         return self._propose_in_json_mode(messages, count)

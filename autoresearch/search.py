@@ -66,6 +66,11 @@ def candidate_from_trial(
 ) -> Candidate:
     """The candidate an Optuna trial stands for: its enqueued values, the sampler's for the rest."""
     values = {name: _suggest(trial, name, distribution) for name, distribution in distributions(spec).items()}
+    return candidate_from_params(values, rationale, source)
+
+
+def candidate_from_params(values: dict[str, object], rationale: str, source: Literal["llm", "sampler"]) -> Candidate:
+    """The candidate of Optuna parameters: trial parameters, and `reward.<kind>` weights."""
     weights = {k.removeprefix(REWARD_PREFIX): float(v) for k, v in values.items() if k.startswith(REWARD_PREFIX)}
     return Candidate(
         params={k: v for k, v in values.items() if not k.startswith(REWARD_PREFIX)},

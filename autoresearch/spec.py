@@ -162,6 +162,25 @@ class Objective(_Strict):
     also_minimize: Literal["wall_time_s"] | None = None
 
 
+class Pruning(_Strict):
+    """When a trial is stopped early on its intermediate held-out scores (single-objective studies only).
+
+    `median`: below the median of earlier trials at the same step, once `startup_trials` trials finished.
+    `threshold`: below `lower`. Steps before `warmup_steps` never prune.
+    """
+
+    kind: Literal["median", "threshold", "none"] = "median"
+    startup_trials: int = Field(2, ge=0)
+    warmup_steps: int = Field(1, ge=0)
+    lower: float | None = None
+
+    @model_validator(mode="after")
+    def _threshold_needs_lower(self) -> Pruning:
+        if (self.kind == "threshold") != (self.lower is not None):
+            raise ValueError("lower is required with kind 'threshold' and only with it")
+        return self
+
+
 class LlmSettings(_Strict):
     """An OpenAI-compatible chat endpoint (vLLM, Ollama, Gemini's OpenAI endpoint, OpenAI)."""
 
@@ -185,6 +204,7 @@ class StudySpec(_Strict):
     search_space: SearchSpace = Field(default_factory=SearchSpace)
     budget: Budget
     objective: Objective = Field(default_factory=Objective)
+    pruning: Pruning = Field(default_factory=Pruning)
     llm: LlmSettings | None = None
     storage: str = Field("sqlite:///runs/autoresearch/optuna.db", description="Optuna RDB storage URL")
 

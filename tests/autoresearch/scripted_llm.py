@@ -18,11 +18,17 @@ from fastapi.responses import JSONResponse
 
 @dataclass
 class ScriptedLlm:
-    """Replies in order: a str is the assistant's message content; an int is an HTTP error status."""
+    """Replies in order: a str is the assistant's message content; an int is an HTTP error status.
+
+    Once the script is used up, requests for structured output (a proposal) get `default_proposal` and others
+    (an analysis) `default_analysis`; without defaults they get HTTP 500.
+    """
 
     replies: list[str | int] = field(default_factory=list)
     requests: list[dict] = field(default_factory=list)
     url: str = ""
+    default_proposal: str | None = None
+    default_analysis: str | None = None
 
     def say(self, *replies: str | int | dict) -> None:
         self.replies += [json.dumps(r) if isinstance(r, dict) else r for r in replies]
@@ -35,7 +41,8 @@ def _app(script: ScriptedLlm) -> FastAPI:
     async def complete(request: Request) -> JSONResponse:
         body = await request.json()
         script.requests.append(body)
-        reply = script.replies.pop(0) if script.replies else 500
+        default = script.default_proposal if "response_format" in body else script.default_analysis
+        reply = script.replies.pop(0) if script.replies else (default if default is not None else 500)
         if isinstance(reply, int):
             return JSONResponse(
                 {"error": {"message": f"scripted error {reply}", "type": "invalid_request_error"}}, status_code=reply

@@ -1,0 +1,64 @@
+"""`python -m autoresearch <spec.yaml>`: run a study — an LLM (or Optuna's sampler) proposes, trials run
+concurrently on the shared backend, results come back, and it iterates until the budget is spent."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+from typing import Annotated
+
+import optuna
+import typer
+from rich.console import Console
+
+from autoresearch.controller import Controller
+from autoresearch.executor import LocalExecutor
+from autoresearch.proposer import LlmProposer, ProposalError
+from autoresearch.spec import load_study_spec
+from autoresearch.study import open_study
+from autoresearch.trials.backend import backend_for
+from autoresearch.trials.errors import TrialError
+from autoresearch.view import StudyView, write_summary
+
+app = typer.Typer(add_completion=False, help=__doc__)
+
+
+@app.command()
+def autoresearch(
+    spec_path: Annotated[Path, typer.Argument(help="study spec (YAML), e.g. experiments/text2sql.yaml")],
+    run_root: Annotated[Path, typer.Option(help="studies live in <run-root>/<study>/")] = Path("runs/autoresearch"),
+    progress: Annotated[bool, typer.Option(help="live table of trials (else log lines)")] = True,
+    poll_s: Annotated[float, typer.Option(help="seconds between looks at the running trials")] = 2.0,
+) -> None:
+    """Run (or resume) the study a spec describes, then print its summary and save its plots."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("tinker").setLevel(logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    console = Console()
+    try:
+        spec = load_study_spec(spec_path)
+        proposer = LlmProposer(spec.llm) if spec.llm is not None else None
+    except (TrialError, ProposalError) as error:
+        console.print(f"[red]{error}[/red]")
+        raise typer.Exit(2) from None
+    if proposer is None:
+        console.print("no LLM configured in the spec: Optuna's TPE sampler proposes every trial alone")
+    study = open_study(spec)
+    folder = run_root / spec.study
+    backend_url = None if spec.backend == "local" else spec.backend
+    try:
+        with backend_for(spec.base_model, backend_url, folder / "backend") as url, StudyView(progress, console) as view:
+            executor = LocalExecutor(url, folder / "trials")
+            controller = Controller(spec, study, executor, proposer, on_tick=view.update, poll_s=poll_s)
+            controller.run(folder / "controller.sqlite3")
+    except TrialError as error:
+        console.print(f"[red]{error}[/red]")
+        raise typer.Exit(1) from None
+    summary = write_summary(study, folder / "summary", console)
+    console.print(f"summary and plots: {summary.parent}; dashboard: optuna-dashboard {spec.storage}")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,235 @@
+"""The controller: a LangGraph state machine, propose → launch → monitor → analyze → (propose again or end).
+
+The Optuna study and the trials' run directories hold everything that matters; the graph's own state is only
+the round counter and how far the analysis got. Every node is safe to run again after a crash: proposals wait in
+Optuna's queue until a launch takes them, a launch records the run id on the trial before starting it and the
+executor does not start a run twice, and monitoring reconciles each RUNNING trial with what its run directory
+says (finished, running, or dead). The graph is compiled with a SQLite checkpointer keyed by the study, so a
+controller killed mid-run, or the next run of a scheduled job, goes on from the node it stopped in.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypedDict
+
+import optuna
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph import END, START, StateGraph
+from optuna.trial import TrialState
+from optuna_dashboard import save_note
+
+from autoresearch.executor import TrialExecutor, TrialPhase
+from autoresearch.proposer import LlmProposer, ProposalError
+from autoresearch.search import (
+    CandidateError,
+    candidate_from_params,
+    candidate_from_trial,
+    check_candidate,
+    distributions,
+    trial_config_of,
+)
+from autoresearch.spec import StudySpec
+from autoresearch.study import ENDED, history, run_id_of
+from autoresearch.trials.config import TrialConfig
+from autoresearch.trials.errors import ConfigurationError
+
+log = logging.getLogger(__name__)
+
+SAMPLER_RATIONALE = "sampled by Optuna's TPE sampler"
+# A trial whose process died is started again (it resumes from its last checkpoint) this many times, then fails.
+RELAUNCHES = 1
+
+
+class ControllerState(TypedDict):
+    round: int
+    # Ended trials the last analysis covered.
+    analysed: int
+
+
+class Controller:
+    """Runs one study's budget of trials on an executor, with an LLM proposer or Optuna's sampler alone."""
+
+    def __init__(
+        self,
+        spec: StudySpec,
+        study: optuna.Study,
+        executor: TrialExecutor,
+        proposer: LlmProposer | None,
+        on_tick: Callable[[optuna.Study], None] = lambda _: None,
+        poll_s: float = 2.0,
+    ) -> None:
+        self.spec = spec
+        self.study = study
+        self.executor = executor
+        self.proposer = proposer
+        self.on_tick = on_tick
+        self.poll_s = poll_s
+        self.started = time.monotonic()
+        self.distributions = distributions(spec)
+
+    # --- the graph --------------------------------------------------------------------------------------------
+
+    def run(self, checkpoint_path: Path) -> None:
+        """Run the study to its budget (or this run's time limit), resuming a run this checkpoint was left in."""
+        checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
+        with sqlite3.connect(str(checkpoint_path), check_same_thread=False) as connection:
+            graph = self._graph().compile(checkpointer=SqliteSaver(connection))
+            config = {"configurable": {"thread_id": self.spec.study}, "recursion_limit": 100_000}
+            pending = graph.get_state(config).next
+            graph.invoke(None if pending else ControllerState(round=0, analysed=0), config)
+
+    def _graph(self) -> StateGraph:
+        graph = StateGraph(ControllerState)
+        graph.add_node("propose", self.propose)
+        graph.add_node("launch", self.launch)
+        graph.add_node("monitor", self.monitor)
+        graph.add_node("analyze", self.analyze)
+        graph.add_edge(START, "propose")
+        graph.add_edge("propose", "launch")
+        graph.add_edge("launch", "monitor")
+        graph.add_edge("monitor", "analyze")
+        graph.add_conditional_edges("analyze", self.decide, {"propose": "propose", "end": END})
+        return graph
+
+    # --- nodes ------------------------------------------------------------------------------------------------
+
+    def propose(self, state: ControllerState) -> dict:
+        """Ask the LLM for candidates when launch slots are free and none wait; valid ones join Optuna's queue."""
+        waiting = self._trials(TrialState.WAITING)
+        if self.proposer is None or waiting or self._free_slots() == 0:
+            return {"round": state["round"] + 1}
+        count = min(self.spec.budget.candidates_per_round, self._free_slots())
+        try:
+            proposed = self.proposer.propose(self.spec, history(self.study), count)
+        except ProposalError as error:
+            self._record_rejection(f"round {state['round']}: {error}; Optuna's sampler proposes instead")
+            return {"round": state["round"] + 1}
+        for candidate in proposed:
+            try:
+                check_candidate(self.spec, candidate.params, candidate.reward_weights)
+            except CandidateError as error:
+                self._record_rejection(f"round {state['round']}: {candidate.rationale!r} rejected: {error}")
+                continue
+            params = {**candidate.params, **{f"reward.{k}": v for k, v in candidate.reward_weights.items()}}
+            self.study.enqueue_trial(params, user_attrs={"rationale": candidate.rationale, "source": "llm"})
+        return {"round": state["round"] + 1}
+
+    def launch(self, state: ControllerState) -> dict:
+        """Start trials (queued proposals first, then the sampler's) until the concurrency or the budget is used."""
+        while self._free_slots() > 0 and not self._out_of_time():
+            trial = self.study.ask(self.distributions)
+            source = trial.user_attrs.get("source", "sampler")
+            rationale = trial.user_attrs.get("rationale", SAMPLER_RATIONALE)
+            candidate = candidate_from_trial(self.spec, trial, rationale, source)
+            run_id = run_id_of(self.spec, trial)
+            trial.set_user_attr("run_id", run_id)
+            trial.set_user_attr("source", source)
+            trial.set_user_attr("rationale", rationale)
+            try:
+                config = trial_config_of(self.spec, candidate, run_id)
+            except ConfigurationError as error:
+                trial.set_user_attr("failure", str(error))
+                self.study.tell(trial, state=TrialState.FAIL)
+                continue
+            trial.set_user_attr("reward_spec", config.reward_spec.to_json())
+            trial.set_user_attr("trial_config", config.model_dump_json())
+            self.executor.launch(run_id, config)
+        return {}
+
+    def monitor(self, state: ControllerState) -> dict:
+        """Follow the running trials until one ends (or none runs): report, prune, time out, reconcile."""
+        ended_before = len(self._trials(*ENDED))
+        while True:
+            running = self._trials(TrialState.RUNNING)
+            for trial in running:
+                self._reconcile(trial)
+            self.on_tick(self.study)
+            if not self._trials(TrialState.RUNNING) or len(self._trials(*ENDED)) > ended_before:
+                return {}
+            time.sleep(self.poll_s)
+
+    def analyze(self, state: ControllerState) -> dict:
+        """After trials ended, the LLM's short analysis becomes a note on the study (the dashboard shows it)."""
+        ended = len(self._trials(*ENDED))
+        if self.proposer is None or ended <= state["analysed"]:
+            return {"analysed": ended}
+        try:
+            text = self.proposer.analyze(self.spec, history(self.study))
+        except ProposalError as error:
+            log.warning("no analysis this round: %s", error)
+            return {"analysed": ended}
+        self.study.set_user_attr(f"analysis-{state['round']:03d}", text)
+        notes = [v for k, v in sorted(self.study.user_attrs.items()) if k.startswith("analysis-")]
+        save_note(self.study, "\n\n".join(f"**Round {i + 1}.** {note}" for i, note in enumerate(notes)))
+        return {"analysed": ended}
+
+    def decide(self, state: ControllerState) -> str:
+        ended = len(self._trials(*ENDED))
+        if ended >= self.spec.budget.trials:
+            return "end"
+        if self._out_of_time() and not self._trials(TrialState.RUNNING):
+            return "end"
+        return "propose"
+
+    # --- helpers ----------------------------------------------------------------------------------------------
+
+    def _trials(self, *states: TrialState) -> list[optuna.trial.FrozenTrial]:
+        return self.study.get_trials(deepcopy=False, states=states)
+
+    def _free_slots(self) -> int:
+        started = len(self._trials(TrialState.RUNNING, *ENDED))
+        running = len(self._trials(TrialState.RUNNING))
+        return max(0, min(self.spec.budget.concurrency - running, self.spec.budget.trials - started))
+
+    def _out_of_time(self) -> bool:
+        return time.monotonic() - self.started > self.spec.budget.run_time_limit_s
+
+    def _record_rejection(self, reason: str) -> None:
+        log.warning("%s", reason)
+        rejected = list(self.study.user_attrs.get("rejected_proposals", []))
+        self.study.set_user_attr("rejected_proposals", [*rejected, reason])
+
+    def _config_of(self, frozen: optuna.trial.FrozenTrial) -> TrialConfig:
+        """The trial config of a started trial, from the parameters Optuna stored when it was asked."""
+        rationale = frozen.user_attrs.get("rationale", SAMPLER_RATIONALE)
+        candidate = candidate_from_params(frozen.params, rationale, frozen.user_attrs.get("source", "sampler"))
+        return trial_config_of(self.spec, candidate, run_id_of(self.spec, frozen))
+
+    def _reconcile(self, frozen: optuna.trial.FrozenTrial) -> None:
+        """Bring one RUNNING trial in line with its run: launch, report, prune, finish or fail it."""
+        run_id = run_id_of(self.spec, frozen)
+        status = self.executor.status(run_id)
+        trial = optuna.trial.Trial(self.study, frozen._trial_id)
+        for step, accuracy in sorted(status.evaluations.items()):
+            if step not in frozen.intermediate_values:
+                trial.report(accuracy, step)
+        if status.phase is TrialPhase.FINISHED:
+            result = status.result or {}
+            trial.set_user_attr("sampler_path", result.get("sampler_path"))
+            values = [result["held_out_accuracy"]]
+            if self.spec.objective.also_minimize:
+                values.append(result["wall_time_s"])
+            self.study.tell(frozen.number, values)
+        elif status.phase is TrialPhase.NOT_STARTED:
+            # Asked, then the controller stopped before the launch: launch it now.
+            self.executor.launch(run_id, self._config_of(frozen))
+        elif status.phase is TrialPhase.DIED:
+            relaunches = int(frozen.user_attrs.get("relaunches", 0))
+            if relaunches < RELAUNCHES:
+                trial.set_user_attr("relaunches", relaunches + 1)
+                self.executor.launch(run_id, self._config_of(frozen))
+            else:
+                trial.set_user_attr("failure", status.failure)
+                self.study.tell(frozen.number, state=TrialState.FAIL)
+        elif status.started_at is not None and time.time() - status.started_at > self.spec.budget.trial_time_limit_s:
+            self.executor.stop(run_id)
+            trial.set_user_attr("failure", f"exceeded the trial time limit of {self.spec.budget.trial_time_limit_s} s")
+            self.study.tell(frozen.number, state=TrialState.FAIL)
+        elif self.spec.objective.also_minimize is None and trial.should_prune():
+            self.executor.stop(run_id)
+            self.study.tell(frozen.number, state=TrialState.PRUNED)

@@ -1,0 +1,84 @@
+"""The Optuna study of a spec: opened from its RDB storage, and read back as the history the LLM sees.
+
+Each trial carries user attributes that the dashboard shows: `run_id`, `rationale`, `source` (llm or sampler),
+`reward_spec`, `trial_config` and, for a failed trial, `failure`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autoresearch.proposer import TrialRecord
+from autoresearch.spec import Pruning, StudySpec
+
+ENDED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+
+
+def open_study(spec: StudySpec) -> optuna.Study:
+    """The spec's study, created on first use; an existing one is loaded as it is."""
+    if spec.storage.startswith("sqlite:///"):
+        Path(spec.storage.removeprefix("sqlite:///")).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    directions = ["maximize"] + (["minimize"] if spec.objective.also_minimize else [])
+    return optuna.create_study(
+        study_name=spec.study,
+        storage=optuna.storages.RDBStorage(spec.storage),
+        directions=directions,
+        load_if_exists=True,
+        sampler=optuna.samplers.TPESampler(seed=0),
+        pruner=pruner_of(spec.pruning),
+    )
+
+
+def pruner_of(pruning: Pruning) -> optuna.pruners.BasePruner:
+    if pruning.kind == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=pruning.startup_trials, n_warmup_steps=pruning.warmup_steps)
+    if pruning.kind == "threshold":
+        return optuna.pruners.ThresholdPruner(lower=pruning.lower, n_warmup_steps=pruning.warmup_steps)
+    return optuna.pruners.NopPruner()
+
+
+def run_id_of(spec: StudySpec, trial: FrozenTrial | optuna.Trial) -> str:
+    return f"{spec.study}-{trial.number:04d}"
+
+
+def history(study: optuna.Study) -> list[TrialRecord]:
+    """Every trial that started, as the LLM sees it."""
+    records = []
+    for trial in study.get_trials(deepcopy=False):
+        if trial.state is TrialState.WAITING:
+            continue
+        value = trial.values[0] if trial.values else None
+        records.append(
+            TrialRecord(
+                number=trial.number,
+                params=dict(trial.params),
+                state=trial.state.name,
+                held_out_accuracy=value,
+                curve=dict(trial.intermediate_values),
+                rationale=trial.user_attrs.get("rationale"),
+                failure=trial.user_attrs.get("failure"),
+            )
+        )
+    return records
+
+
+def summary_rows(study: optuna.Study, top: int = 5) -> list[dict]:
+    """The best completed trials, best first: number, score, parameters, reward spec, run id."""
+    complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.values]
+    complete.sort(key=lambda t: t.values[0], reverse=True)
+    return [
+        {
+            "number": t.number,
+            "held_out_accuracy": t.values[0],
+            "params": {k: v for k, v in t.params.items() if not k.startswith("reward.")},
+            "reward_spec": json.loads(t.user_attrs.get("reward_spec", "{}")),
+            "run_id": t.user_attrs.get("run_id"),
+            "sampler_path": t.user_attrs.get("sampler_path"),
+            "source": t.user_attrs.get("source"),
+        }
+        for t in complete[:top]
+    ]

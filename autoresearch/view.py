@@ -1,0 +1,121 @@
+"""What a person watching the controller sees: a live table of the study's trials, and the summary at the end."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from types import TracebackType
+
+import optuna
+from optuna.trial import TrialState
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from autoresearch.study import summary_rows
+
+log = logging.getLogger(__name__)
+
+
+def trials_table(study: optuna.Study) -> Table:
+    table = Table(title=f"study {study.study_name}")
+    for column in ("#", "state", "source", "latest held-out", "score", "parameters"):
+        table.add_column(column)
+    for trial in study.get_trials(deepcopy=False):
+        if trial.state is TrialState.WAITING:
+            continue
+        latest = trial.intermediate_values[max(trial.intermediate_values)] if trial.intermediate_values else None
+        params = ", ".join(f"{k}={_short(v)}" for k, v in trial.params.items())
+        table.add_row(
+            str(trial.number),
+            trial.state.name.lower(),
+            trial.user_attrs.get("source", "-"),
+            "-" if latest is None else f"{latest:.3f}",
+            "-" if not trial.values else f"{trial.values[0]:.3f}",
+            params,
+        )
+    return table
+
+
+def _short(value: object) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+class StudyView:
+    """The live table, refreshed on every controller tick; log lines instead when there is no terminal."""
+
+    def __init__(self, enabled: bool, console: Console | None = None) -> None:
+        self.console = console or Console()
+        self.enabled = enabled
+        self._live = Live(console=self.console, refresh_per_second=1) if enabled else None
+        self._last_states: dict[int, str] = {}
+
+    def __enter__(self) -> StudyView:
+        if self._live is not None:
+            self._live.__enter__()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        if self._live is not None:
+            self._live.__exit__(kind, error, traceback)
+
+    def update(self, study: optuna.Study) -> None:
+        if self._live is not None:
+            self._live.update(trials_table(study))
+            return
+        for trial in study.get_trials(deepcopy=False):
+            if self._last_states.get(trial.number) != trial.state.name:
+                self._last_states[trial.number] = trial.state.name
+                log.info("trial %d %s %s", trial.number, trial.state.name.lower(), dict(trial.params))
+
+
+def write_summary(study: optuna.Study, folder: Path, console: Console) -> Path:
+    """Print the best trials, save Optuna's plots and a summary.json into `folder`; returns the summary's path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = summary_rows(study)
+    table = Table(title=f"best trials of {study.study_name}")
+    for column in ("#", "held-out accuracy", "source", "parameters", "reward components"):
+        table.add_column(column)
+    for row in rows:
+        components = ", ".join(
+            f"{c['kind']}×{c.get('weight', 1.0):.2g}" for c in row["reward_spec"].get("components", [])
+        )
+        params = ", ".join(f"{k}={_short(v)}" for k, v in row["params"].items())
+        table.add_row(str(row["number"]), f"{row['held_out_accuracy']:.3f}", str(row["source"]), params, components)
+    console.print(table)
+    states = {state.name.lower(): 0 for state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)}
+    for trial in study.get_trials(deepcopy=False):
+        if trial.state.name.lower() in states:
+            states[trial.state.name.lower()] += 1
+    console.print("trials: " + ", ".join(f"{count} {state}" for state, count in states.items()))
+    if rows:
+        console.print(f"best adapter: {rows[0]['sampler_path']} (run {rows[0]['run_id']})")
+    _save_plots(study, folder)
+    summary = folder / "summary.json"
+    summary.write_text(json.dumps({"trials": states, "best": rows}, indent=2, default=str))
+    return summary
+
+
+def _save_plots(study: optuna.Study, folder: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from optuna.visualization import matplotlib as optuna_plots
+
+    plots = {
+        "history.png": optuna_plots.plot_optimization_history,
+        "intermediate_values.png": optuna_plots.plot_intermediate_values,
+        "param_importances.png": optuna_plots.plot_param_importances,
+    }
+    for name, plot in plots.items():
+        try:
+            axes = plot(study)
+        except (ValueError, RuntimeError) as error:  # too few complete trials for this plot
+            log.info("no %s: %s", name, error)
+            continue
+        axes.figure.savefig(folder / name, dpi=110, bbox_inches="tight")
+        plt.close(axes.figure)

@@ -1,0 +1,133 @@
+"""The controller end to end on the tiny model: a scripted LLM proposes, trials run on a real backend, Optuna keeps
+the study; and a controller killed mid-run finishes the budget when started again, losing and repeating nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+from optuna_dashboard import get_note
+from scripted_llm import scripted_llm
+
+from autoresearch.controller import Controller
+from autoresearch.executor import LocalExecutor
+from autoresearch.proposer import LlmProposer
+from autoresearch.spec import StudySpec
+from autoresearch.study import open_study
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tiny_spec(tmp_path: Path, backend_url: str, **changes: object) -> StudySpec:
+    data = yaml.safe_load((ROOT / "experiments" / "text2sql_tiny.yaml").read_text())
+    data.update(backend=backend_url, storage=f"sqlite:///{tmp_path / 'optuna.db'}", **changes)
+    return StudySpec.model_validate(data)
+
+
+PROPOSAL = {
+    "candidates": [
+        {
+            "params": {"learning_rate": 0.003, "loss": "ppo"},
+            "reward_weights": {"format": 0.3},
+            "rationale": "PPO + fmt",
+        },
+        {"params": {}, "reward_weights": {"style_points": 1.0}, "rationale": "reward style"},
+    ]
+}
+
+
+def test_a_study_runs_its_budget_with_llm_proposals_rejections_pruning_and_notes(
+    backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SCRIPTED_LLM_KEY", "sk-test")
+    with scripted_llm() as llm:
+        llm.say(PROPOSAL)
+        llm.default_proposal = json.dumps({"candidates": [{"params": {"batch_size": 2}, "rationale": "batch 2"}]})
+        llm.default_analysis = "PPO with a format bonus did no better; the tiny model cannot write SQL."
+        spec = tiny_spec(
+            tmp_path,
+            backend_url,
+            llm={"base_url": llm.url, "model": "scripted", "api_key_env": "SCRIPTED_LLM_KEY", "max_retries": 0},
+            pruning={"kind": "threshold", "lower": 0.5, "warmup_steps": 1},
+        )
+        study = open_study(spec)
+        executor = LocalExecutor(backend_url, tmp_path / "trials")
+        Controller(spec, study, executor, LlmProposer(spec.llm), poll_s=0.2).run(tmp_path / "controller.sqlite3")
+
+    trials = study.get_trials(deepcopy=False)
+    assert len(trials) == spec.budget.trials
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+    assert any(t.state is TrialState.PRUNED for t in trials)
+    first = trials[0]
+    assert first.user_attrs["source"] == "llm" and first.user_attrs["rationale"] == "PPO + fmt"
+    assert first.params["loss"] == "ppo" and first.params["reward.format"] == 0.3
+    assert json.loads(first.user_attrs["reward_spec"])["components"][1] == {"kind": "format", "weight": 0.3}
+    assert all(t.user_attrs["rationale"] for t in trials)
+    rejected = study.user_attrs["rejected_proposals"]
+    assert any("'style_points' is not searched" in reason for reason in rejected)
+    assert "PPO with a format bonus did no better" in get_note(study)
+
+
+def count_ended(storage: str, study_name: str) -> int:
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:  # the controller has not created the study yet
+        return 0
+    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)))
+
+
+def test_a_killed_controller_started_again_finishes_the_budget_without_repeating_or_losing_trials(
+    backend_url: str, tmp_path: Path
+) -> None:
+    spec = tiny_spec(
+        tmp_path,
+        backend_url,
+        pruning={"kind": "none"},
+        budget={"trials": 4, "concurrency": 2, "steps_per_trial": 3, "trial_time_limit_s": 300},
+    )
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    command = [
+        sys.executable,
+        "-m",
+        "autoresearch",
+        str(spec_path),
+        "--run-root",
+        str(tmp_path / "runs"),
+        "--no-progress",
+        "--poll-s",
+        "0.2",
+    ]
+    env = {**os.environ, "TINKER_TELEMETRY": "0"}
+    first = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    deadline = time.monotonic() + 240
+    while count_ended(spec.storage, spec.study) < 1:
+        assert first.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    os.killpg(first.pid, signal.SIGKILL)  # the controller only: trials run in their own sessions
+    first.wait()
+    assert count_ended(spec.storage, spec.study) < spec.budget.trials
+
+    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+
+    study = optuna.load_study(study_name=spec.study, storage=spec.storage)
+    trials = study.get_trials(deepcopy=False)
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * spec.budget.trials
+    run_ids = [t.user_attrs["run_id"] for t in trials]
+    assert run_ids == [f"{spec.study}-{i:04d}" for i in range(spec.budget.trials)]
+    trial_dirs = sorted(p.name for p in (tmp_path / "runs" / spec.study / "trials").iterdir())
+    assert trial_dirs == run_ids
+    assert all((tmp_path / "runs" / spec.study / "trials" / r / "result.json").exists() for r in run_ids)
+    assert (tmp_path / "runs" / spec.study / "summary" / "summary.json").exists()
