@@ -30,6 +30,10 @@ def serve_command(
     port: Annotated[int | None, typer.Option(help="port to bind")] = None,
     storage_root: Annotated[Path | None, typer.Option(help="checkpoints, ledger and runs live here")] = None,
     api_key: Annotated[list[str] | None, typer.Option(help="an accepted API key (repeat for several)")] = None,
+    max_queued: Annotated[int | None, typer.Option(help="queued requests before clients get 429")] = None,
+    max_loaded_adapters: Annotated[
+        int | None, typer.Option(help="training adapters kept loaded; the least recently used others wait on disk")
+    ] = None,
     log_format: Annotated[str, typer.Option(help="text, or json for log collectors")] = "text",
 ) -> None:
     """Serve one base model to many LoRA training clients over the Tinker API."""
@@ -40,6 +44,8 @@ def serve_command(
         "port": port,
         "storage_root": storage_root,
         "api_keys": api_key or None,
+        "max_queued": max_queued,
+        "max_loaded_adapters": max_loaded_adapters,
     }
     config = ServerConfig(**{k: v for k, v in given.items() if v is not None})
     configure_logging(log_format)

@@ -356,6 +356,7 @@ def test_the_command_line_explains_serve() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "--api-key" in result.stdout and "--storage-root" in result.stdout
+    assert "--max-loaded-adapters" in result.stdout and "--max-queued" in result.stdout
 
 
 def test_serving_without_keys_is_refused_off_loopback() -> None:
