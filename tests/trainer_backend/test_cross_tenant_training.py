@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer_backend.api.proto import DecodedDatum
+from trainer_backend.api.proto import DecodedDatum, ForwardBackwardResult
 from trainer_backend.engine.adapters import AdamSettings
-from trainer_backend.engine.model_engine import ForwardBackwardCall, ModelEngine
+from trainer_backend.engine.model_engine import ForwardBackwardCall, ModelEngine, SamplerCall
+from trainer_backend.engine.sampling import PAUSE_EVERY_STEPS, SamplingRequest
 from trainer_backend.errors import NotFoundError, UserInputError
 from trainer_backend.models.loading import load_base_model
 from trainer_backend.models.registry import resolve_base_model
@@ -124,3 +125,25 @@ def test_a_bad_call_in_a_pass_gets_its_error_and_the_others_their_results(engine
     torch.testing.assert_close(first.loss_fn_outputs[0]["logprobs"], alone.loss_fn_outputs[0]["logprobs"])
     assert isinstance(second, UserInputError) and "'logprobs'" in str(second)
     assert isinstance(third, NotFoundError) and "'nobody'" in str(third)
+
+
+def test_a_training_pass_run_in_a_generations_pause_gets_the_same_gradients(engine: ModelEngine) -> None:
+    call = calls()[0]
+    clear_gradients(engine)
+    engine.forward_backward_batch([call])
+    expected = gradients(engine, "alice")
+    clear_gradients(engine)
+
+    ran: list[ForwardBackwardResult] = []
+
+    def pause() -> None:
+        if not ran:
+            (result,) = engine.forward_backward_batch([call])
+            ran.append(result)
+
+    request = SamplingRequest(prompt_tokens=(5, 9, 14), max_tokens=3 * PAUSE_EVERY_STEPS, temperature=0)
+    (outcome,) = engine.sample_batch([SamplerCall(None, request, stop_at_eos=False)], pause)
+    assert len(outcome.sequences[0].tokens) == 3 * PAUSE_EVERY_STEPS and len(ran) == 1
+    for got, want in zip(gradients(engine, "alice"), expected, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    clear_gradients(engine)
