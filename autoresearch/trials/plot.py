@@ -1,4 +1,4 @@
-"""The run's figure: training reward and held-out accuracy over RL steps."""
+"""The run's figure: the warm-up's loss, then training reward and held-out accuracy over RL steps."""
 
 from __future__ import annotations
 
@@ -10,10 +10,26 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 
-def plot_run(metrics: Sequence[dict], evals: Sequence[dict], path: Path, title: str) -> None:
-    """Reward mean (± std) per step above held-out accuracy per evaluation, written as a PNG."""
-    figure = Figure(figsize=(7, 6))
-    reward_axes, eval_axes = figure.subplots(2, 1, sharex=True)
+def plot_run(
+    metrics: Sequence[dict], evals: Sequence[dict], path: Path, title: str, warmup: Sequence[dict] = ()
+) -> None:
+    """Reward mean (± std) per step above held-out accuracy per evaluation, written as a PNG.
+
+    With warm-up records, a panel on the left shows the warm-up's cross-entropy per step first.
+    """
+    if warmup:
+        figure = Figure(figsize=(11, 6))
+        grid = figure.add_gridspec(2, 2, width_ratios=(1, 2))
+        warmup_axes = figure.add_subplot(grid[:, 0])
+        reward_axes = figure.add_subplot(grid[0, 1])
+        eval_axes = figure.add_subplot(grid[1, 1], sharex=reward_axes)
+        warmup_axes.plot([w["step"] for w in warmup], [w["nll_per_token"] for w in warmup], color="tab:purple")
+        warmup_axes.set_xlabel("warm-up step (cross-entropy on gold SQL)")
+        warmup_axes.set_ylabel("NLL per gold token")
+        warmup_axes.grid(alpha=0.3)
+    else:
+        figure = Figure(figsize=(7, 6))
+        reward_axes, eval_axes = figure.subplots(2, 1, sharex=True)
     steps = [m["step"] for m in metrics]
     means = [m["reward_mean"] for m in metrics]
     stds = [m["reward_std"] for m in metrics]

@@ -333,7 +333,8 @@ class _Trial:
         sampler_path = training.save_weights_for_sampler(f"final-{state.step:06d}").result().path
         metrics = directory.metrics.read()
         evals = directory.evals.read()
-        plot_run(metrics, evals, directory.plot_path, f"{state.run_id}: {self.config.loss}, {self.config.base_model}")
+        title = f"{state.run_id}: {self.config.loss}, {self.config.base_model}"
+        plot_run(metrics, evals, directory.plot_path, title, directory.warmup.read())
         result = TrialResult(
             run_id=state.run_id,
             run_dir=directory.root,
