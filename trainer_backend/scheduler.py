@@ -4,9 +4,10 @@ Requests arrive on the HTTP loop and become `Operation`s. For a training client,
 before operation n (the SDK numbers them and relies on it; chunks of one batch may even arrive out of order). A
 gap that stays open longer than `gap_timeout_s` fails the waiting operations with a message, instead of leaving
 their futures hanging. Across tenants the worker serves the least recently served one first, so a tenant with
-a deep queue cannot starve the others. Operations of a kind that has a batch runner (sampling) run together:
-the worker takes every ready one of that kind, from all tenants, into one device call. Busy time is measured
-around each device call.
+a deep queue cannot starve the others. Operations of a kind that has a batch runner (sampling, training passes) run
+together: the worker takes every ready one of that kind, from all tenants (for a training client only its next in
+order), into one device call. A long call may pause between its steps to let other tenants' short operations run.
+Busy time is measured around each device call.
 """
 
 from __future__ import annotations
