@@ -87,7 +87,8 @@ class LocalExecutor:
                 command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
             )
         self._children[run_id] = process
-        (root / PID_FILE).write_text(json.dumps({"pid": process.pid, "started_at": time.time()}))
+        launched = {"pid": process.pid, "started_at": time.time(), "start_ticks": _start_ticks(process.pid)}
+        (root / PID_FILE).write_text(json.dumps(launched))
 
     def status(self, run_id: str) -> TrialStatus:
         root = self.run_root / run_id
@@ -99,8 +100,8 @@ class LocalExecutor:
         launched = _read_pid(root)
         if launched is None:
             return TrialStatus(TrialPhase.NOT_STARTED, evaluations)
-        pid, started_at = launched
-        if self._alive(run_id, pid):
+        pid, started_at, start_ticks = launched
+        if self._alive(run_id, pid, start_ticks):
             return TrialStatus(TrialPhase.RUNNING, evaluations, started_at=started_at)
         log = root / LOG_FILE
         tail = log.read_text(errors="replace")[-2000:].strip() if log.exists() else ""
@@ -112,7 +113,7 @@ class LocalExecutor:
     def stop(self, run_id: str) -> None:
         """Stop a running trial (pruned or over its time limit); its checkpoints stay."""
         launched = _read_pid(self.run_root / run_id)
-        if launched is None or not self._alive(run_id, launched[0]):
+        if launched is None or not self._alive(run_id, launched[0], launched[2]):
             return
         os.killpg(launched[0], signal.SIGTERM)
         child = self._children.get(run_id)
@@ -123,18 +124,14 @@ class LocalExecutor:
                 os.killpg(launched[0], signal.SIGKILL)
                 child.wait()
 
-    def _alive(self, run_id: str, pid: int) -> bool:
+    def _alive(self, run_id: str, pid: int, start_ticks: int | None) -> bool:
         child = self._children.get(run_id)
         if child is not None and child.pid == pid:
             return child.poll() is None
-        # A trial started by an earlier controller: alive if that pid still runs this trial (where /proc shows
-        # command lines; elsewhere, if the pid exists at all).
-        cmdline = Path(f"/proc/{pid}/cmdline")
-        if Path("/proc/self/cmdline").exists():
-            try:
-                return run_id in cmdline.read_bytes().decode(errors="replace").split("\0")
-            except OSError:
-                return False
+        # A trial started by an earlier controller: alive if a process with that pid runs and started when the trial
+        # did (Linux's /proc; the start time also tells a reused pid apart). Elsewhere: if the pid exists at all.
+        if start_ticks is not None:
+            return _start_ticks(pid) == start_ticks
         try:
             os.kill(pid, 0)
         except OSError:
@@ -142,9 +139,21 @@ class LocalExecutor:
         return True
 
 
-def _read_pid(root: Path) -> tuple[int, float] | None:
+def _start_ticks(pid: int) -> int | None:
+    """When a live (not zombie) process started, in clock ticks since boot; None without /proc or process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Fields after the command name, which is in parentheses and may contain anything: state is the first of
+    # them, the start time the twentieth.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def _read_pid(root: Path) -> tuple[int, float, int | None] | None:
     try:
         data = json.loads((root / PID_FILE).read_text())
     except (OSError, ValueError):
         return None
-    return int(data["pid"]), float(data["started_at"])
+    return int(data["pid"]), float(data["started_at"]), data.get("start_ticks")
