@@ -4,6 +4,7 @@ concurrently on the shared backend, results come back, and it iterates until the
 from __future__ import annotations
 
 import logging
+import signal
 import warnings
 from pathlib import Path
 from typing import Annotated
@@ -32,6 +33,9 @@ def autoresearch(
     poll_s: Annotated[float, typer.Option(help="seconds between looks at the running trials")] = 2.0,
 ) -> None:
     """Run (or resume) the study a spec describes, then print its summary and save its plots."""
+    # A scheduler's stop (SIGTERM) unwinds like Ctrl-C, so the local backend is shut down; the trials, in their own
+    # sessions, are left to be found again by the next run.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("tinker").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -58,6 +62,10 @@ def autoresearch(
         raise typer.Exit(1) from None
     summary = write_summary(study, folder / "summary", console)
     console.print(f"summary and plots: {summary.parent}; dashboard: optuna-dashboard {spec.storage}")
+
+
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 if __name__ == "__main__":

@@ -131,3 +131,38 @@ def test_a_killed_controller_started_again_finishes_the_budget_without_repeating
     assert trial_dirs == run_ids
     assert all((tmp_path / "runs" / spec.study / "trials" / r / "result.json").exists() for r in run_ids)
     assert (tmp_path / "runs" / spec.study / "summary" / "summary.json").exists()
+
+
+def processes_mentioning(text: str) -> list[int]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if text in cmdline.read_bytes().decode(errors="replace"):
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads command lines from /proc")
+def test_a_controller_stopped_with_sigterm_shuts_its_local_backend_down(tmp_path: Path) -> None:
+    spec = tiny_spec(tmp_path, "local", pruning={"kind": "none"})
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    runs = tmp_path / "runs"
+    command = [sys.executable, "-m", "autoresearch", str(spec_path), "--run-root", str(runs), "--no-progress"]
+    controller = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    backend_storage = str(runs / spec.study / "backend")
+    deadline = time.monotonic() + 180
+    while not (runs / spec.study / "trials").exists() or not processes_mentioning(backend_storage):
+        assert controller.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    controller.send_signal(signal.SIGTERM)
+    assert controller.wait(60) == 128 + signal.SIGTERM
+    deadline = time.monotonic() + 30
+    while processes_mentioning(backend_storage):
+        assert time.monotonic() < deadline, "the local backend outlived its controller"
+        time.sleep(0.2)
+    # The trials the controller had launched run in their own sessions; stop them with the test.
+    for pid in processes_mentioning(str(runs / spec.study / "trials")):
+        os.kill(pid, signal.SIGKILL)
