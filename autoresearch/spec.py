@@ -12,12 +12,10 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from autoresearch.trials.config import TrialConfig, parse_trial_config
+from autoresearch.trials.config import TrialConfig, describe_validation_error, parse_trial_config, read_yaml
 from autoresearch.trials.errors import ConfigurationError
-from tasks.text2sql.rewards import COMPONENT_KINDS
 
 ComponentKind = Literal[
     "execution_match", "result_overlap", "parses", "executes", "format", "length_penalty", "schema_linking"
@@ -258,23 +256,10 @@ def load_study_spec(path: Path) -> StudySpec:
     Raises:
         ConfigurationError: the file is missing or not YAML, or a field does not validate (each one named).
     """
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigurationError(f"{path}: no such study spec") from None
-    except yaml.YAMLError as error:
-        raise ConfigurationError(f"{path}: not valid YAML: {error}") from None
+    data = read_yaml(path, "study spec")
     if not isinstance(data, dict):
         raise ConfigurationError(f"{path}: expected a mapping of fields, got {type(data).__name__}")
     try:
         return StudySpec.model_validate(data)
     except ValidationError as error:
-        problems = []
-        for item in error.errors():
-            where = ".".join(str(part) for part in item["loc"] if not str(part).startswith("function-"))
-            message = item["msg"].removeprefix("Value error, ")
-            if item["type"] == "extra_forbidden":
-                message = "unknown field"
-            problems.append(f"{where}: {message}" if where else message)
-        hint = f" (reward component kinds: {', '.join(COMPONENT_KINDS)})" if "reward" in str(error) else ""
-        raise ConfigurationError(f"{path}: {'; '.join(problems)}{hint}") from None
+        raise ConfigurationError(f"{path}: {describe_validation_error(error, StudySpec)}") from None

@@ -108,24 +108,36 @@ class TrialConfig(BaseModel):
         return self
 
 
-def _describe(error: ValidationError) -> str:
+def describe_validation_error(error: ValidationError, model: type[BaseModel]) -> str:
+    """Each bad field of `model` and what it allows, in one line; unknown top-level fields list the real ones."""
     items = error.errors()
-    locations = [".".join(str(part) for part in item["loc"]) for item in items]
+    # Validator wrappers (function-after[…]) name no field.
+    locations = [".".join(str(p) for p in item["loc"] if not str(p).startswith("function-")) for item in items]
     problems = []
     for item, where in zip(items, locations, strict=True):
         # A bad component also fails the tuple's length check, which would only confuse.
         if item["type"] == "too_short" and any(other.startswith(f"{where}.") for other in locations):
             continue
         if item["type"] == "extra_forbidden" and "." not in where:
-            problems.append(f"{where}: unknown field (fields: {', '.join(TrialConfig.model_fields)})")
+            problems.append(f"{where}: unknown field (fields: {', '.join(model.model_fields)})")
         elif item["type"] == "extra_forbidden":
             problems.append(f"{where}: unknown field")
         else:
             message = item["msg"].removeprefix("Value error, ")
             problems.append(f"{where}: {message}" if where else message)
-    if any(where.startswith("reward_spec") for where in locations):
+    if any("reward" in where for where in locations):
         problems.append(f"reward component kinds: {', '.join(COMPONENT_KINDS)}")
     return "; ".join(problems)
+
+
+def read_yaml(path: Path, what: str) -> object:
+    """The parsed YAML of `path`; raises ConfigurationError naming the file when it is missing or not YAML."""
+    try:
+        return yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigurationError(f"{path}: no such {what}") from None
+    except yaml.YAMLError as error:
+        raise ConfigurationError(f"{path}: not valid YAML: {error}") from None
 
 
 def parse_trial_config(data: object, source: str = "trial config") -> TrialConfig:
@@ -139,7 +151,7 @@ def parse_trial_config(data: object, source: str = "trial config") -> TrialConfi
     try:
         return TrialConfig.model_validate(data)
     except ValidationError as error:
-        raise ConfigurationError(f"{source}: {_describe(error)}") from None
+        raise ConfigurationError(f"{source}: {describe_validation_error(error, TrialConfig)}") from None
 
 
 def load_trial_config(path: Path) -> TrialConfig:
@@ -148,10 +160,4 @@ def load_trial_config(path: Path) -> TrialConfig:
     Raises:
         ConfigurationError: the file is missing, is not YAML, or a field does not validate.
     """
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigurationError(f"{path}: no such trial config") from None
-    except yaml.YAMLError as error:
-        raise ConfigurationError(f"{path}: not valid YAML: {error}") from None
-    return parse_trial_config(data, str(path))
+    return parse_trial_config(read_yaml(path, "trial config"), str(path))
