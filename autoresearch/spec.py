@@ -16,10 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from autoresearch.trials.config import TrialConfig, describe_validation_error, parse_trial_config, read_yaml
 from autoresearch.trials.errors import ConfigurationError
+from tasks.text2sql.rewards import ComponentKind
 
-ComponentKind = Literal[
-    "execution_match", "result_overlap", "parses", "executes", "format", "length_penalty", "schema_linking"
-]
 # TrialConfig fields a study may search, and the kind of value each takes.
 SEARCHABLE: dict[str, type] = {
     "learning_rate": float,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -103,15 +103,10 @@ RewardComponent = Annotated[
     ExecutionMatch | ResultOverlap | Parses | Executes | Format | LengthPenalty | SchemaLinking,
     Field(discriminator="kind"),
 ]
-COMPONENT_KINDS = (
-    "execution_match",
-    "result_overlap",
-    "parses",
-    "executes",
-    "format",
-    "length_penalty",
-    "schema_linking",
-)
+ComponentKind = Literal[
+    "execution_match", "result_overlap", "parses", "executes", "format", "length_penalty", "schema_linking"
+]
+COMPONENT_KINDS: tuple[str, ...] = get_args(ComponentKind)
 
 
 class RewardSpec(BaseModel):
