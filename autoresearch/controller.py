@@ -28,14 +28,12 @@ from autoresearch.proposer import LlmProposer, ProposalError
 from autoresearch.search import (
     CandidateError,
     candidate_from_params,
-    candidate_from_trial,
     check_candidate,
     distributions,
     trial_config_of,
 )
 from autoresearch.spec import StudySpec
 from autoresearch.study import ENDED, history, run_id_of
-from autoresearch.trials.config import TrialConfig
 from autoresearch.trials.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
@@ -122,24 +120,28 @@ class Controller:
     def launch(self, state: ControllerState) -> dict:
         """Start trials (queued proposals first, then the sampler's) until the concurrency or the budget is used."""
         while self._free_slots() > 0 and not self._out_of_time():
-            trial = self.study.ask(self.distributions)
-            source = trial.user_attrs.get("source", "sampler")
-            rationale = trial.user_attrs.get("rationale", SAMPLER_RATIONALE)
-            candidate = candidate_from_trial(self.spec, trial, rationale, source)
-            run_id = run_id_of(self.spec, trial)
-            trial.set_user_attr("run_id", run_id)
-            trial.set_user_attr("source", source)
-            trial.set_user_attr("rationale", rationale)
-            try:
-                config = trial_config_of(self.spec, candidate, run_id)
-            except ConfigurationError as error:
-                trial.set_user_attr("failure", str(error))
-                self.study.tell(trial, state=TrialState.FAIL)
-                continue
-            trial.set_user_attr("reward_spec", config.reward_spec.to_json())
-            trial.set_user_attr("trial_config", config.model_dump_json())
-            self.executor.launch(run_id, config)
+            self._start(self.study.ask(self.distributions))
         return {}
+
+    def _start(self, trial: optuna.Trial) -> None:
+        """Record on an asked trial what it runs (the dashboard shows it), and launch it; a trial config that does
+        not validate fails the trial with the reason. Safe to repeat: the executor starts a run id once."""
+        source = trial.user_attrs.get("source", "sampler")
+        rationale = trial.user_attrs.get("rationale", SAMPLER_RATIONALE)
+        candidate = candidate_from_params(trial.params, rationale, source)
+        run_id = run_id_of(self.spec, trial)
+        trial.set_user_attr("run_id", run_id)
+        trial.set_user_attr("source", source)
+        trial.set_user_attr("rationale", rationale)
+        try:
+            config = trial_config_of(self.spec, candidate, run_id)
+        except ConfigurationError as error:
+            trial.set_user_attr("failure", str(error))
+            self.study.tell(trial, state=TrialState.FAIL)
+            return
+        trial.set_user_attr("reward_spec", config.reward_spec.to_json())
+        trial.set_user_attr("trial_config", config.model_dump_json())
+        self.executor.launch(run_id, config)
 
     def monitor(self, state: ControllerState) -> dict:
         """Follow the running trials until one ends (or none runs): report, prune, time out, reconcile."""
@@ -194,12 +196,6 @@ class Controller:
         rejected = list(self.study.user_attrs.get("rejected_proposals", []))
         self.study.set_user_attr("rejected_proposals", [*rejected, reason])
 
-    def _config_of(self, frozen: optuna.trial.FrozenTrial) -> TrialConfig:
-        """The trial config of a started trial, from the parameters Optuna stored when it was asked."""
-        rationale = frozen.user_attrs.get("rationale", SAMPLER_RATIONALE)
-        candidate = candidate_from_params(frozen.params, rationale, frozen.user_attrs.get("source", "sampler"))
-        return trial_config_of(self.spec, candidate, run_id_of(self.spec, frozen))
-
     def _reconcile(self, frozen: optuna.trial.FrozenTrial) -> None:
         """Bring one RUNNING trial in line with its run: launch, report, prune, finish or fail it."""
         run_id = run_id_of(self.spec, frozen)
@@ -216,13 +212,13 @@ class Controller:
                 values.append(result["wall_time_s"])
             self.study.tell(frozen.number, values)
         elif status.phase is TrialPhase.NOT_STARTED:
-            # Asked, then the controller stopped before the launch: launch it now.
-            self.executor.launch(run_id, self._config_of(frozen))
+            # Asked, then the controller stopped before the launch: record and launch it now.
+            self._start(trial)
         elif status.phase is TrialPhase.DIED:
             relaunches = int(frozen.user_attrs.get("relaunches", 0))
             if relaunches < RELAUNCHES:
                 trial.set_user_attr("relaunches", relaunches + 1)
-                self.executor.launch(run_id, self._config_of(frozen))
+                self._start(trial)
             else:
                 trial.set_user_attr("failure", status.failure)
                 self.study.tell(frozen.number, state=TrialState.FAIL)

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
 from autoresearch.spec import Choices, FloatRange, IntRange, StudySpec
@@ -61,14 +60,6 @@ def _distribution(param: FloatRange | IntRange | Choices) -> BaseDistribution:
     return CategoricalDistribution(list(param.choices))
 
 
-def candidate_from_trial(
-    spec: StudySpec, trial: optuna.trial.BaseTrial, rationale: str, source: Literal["llm", "sampler"]
-) -> Candidate:
-    """The candidate an Optuna trial stands for: its enqueued values, the sampler's for the rest."""
-    values = {name: _suggest(trial, name, distribution) for name, distribution in distributions(spec).items()}
-    return candidate_from_params(values, rationale, source)
-
-
 def candidate_from_params(values: dict[str, object], rationale: str, source: Literal["llm", "sampler"]) -> Candidate:
     """The candidate of Optuna parameters: trial parameters, and `reward.<kind>` weights."""
     weights = {k.removeprefix(REWARD_PREFIX): float(v) for k, v in values.items() if k.startswith(REWARD_PREFIX)}
@@ -78,14 +69,6 @@ def candidate_from_params(values: dict[str, object], rationale: str, source: Lit
         rationale=rationale,
         source=source,
     )
-
-
-def _suggest(trial: optuna.trial.BaseTrial, name: str, distribution: BaseDistribution) -> object:
-    if isinstance(distribution, FloatDistribution):
-        return trial.suggest_float(name, distribution.low, distribution.high, log=distribution.log)
-    if isinstance(distribution, IntDistribution):
-        return trial.suggest_int(name, distribution.low, distribution.high, step=distribution.step)
-    return trial.suggest_categorical(name, distribution.choices)
 
 
 def check_candidate(spec: StudySpec, params: dict[str, object], reward_weights: dict[str, float]) -> None:

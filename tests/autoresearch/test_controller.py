@@ -21,6 +21,7 @@ from scripted_llm import scripted_llm
 from autoresearch.controller import Controller
 from autoresearch.executor import LocalExecutor
 from autoresearch.proposer import LlmProposer
+from autoresearch.search import distributions
 from autoresearch.spec import StudySpec
 from autoresearch.study import open_study
 
@@ -166,3 +167,19 @@ def test_a_controller_stopped_with_sigterm_shuts_its_local_backend_down(tmp_path
     # The trials the controller had launched run in their own sessions; stop them with the test.
     for pid in processes_mentioning(str(runs / spec.study / "trials")):
         os.kill(pid, signal.SIGKILL)
+
+
+def test_a_trial_asked_but_never_launched_before_a_crash_is_recorded_and_run_by_the_next_controller(
+    backend_url: str, tmp_path: Path
+) -> None:
+    spec = tiny_spec(tmp_path, backend_url, pruning={"kind": "none"}, budget={"trials": 1, "steps_per_trial": 2})
+    study = open_study(spec)
+    orphan = study.ask(distributions(spec))  # what a controller killed right after `ask` leaves behind
+    assert orphan.user_attrs == {}
+    Controller(spec, study, LocalExecutor(backend_url, tmp_path / "trials"), None, poll_s=0.2).run(
+        tmp_path / "controller.sqlite3"
+    )
+    (trial,) = study.get_trials(deepcopy=False)
+    assert trial.state is TrialState.COMPLETE
+    assert trial.user_attrs["run_id"] == f"{spec.study}-0000" and trial.user_attrs["source"] == "sampler"
+    assert json.loads(trial.user_attrs["trial_config"])["run_id"] == f"{spec.study}-0000"

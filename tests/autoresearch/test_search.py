@@ -9,7 +9,7 @@ import pytest
 
 from autoresearch.search import (
     CandidateError,
-    candidate_from_trial,
+    candidate_from_params,
     check_candidate,
     distributions,
     reward_spec,
@@ -53,8 +53,8 @@ def test_an_enqueued_candidate_comes_back_from_optuna_with_the_rest_sampled() ->
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=0))
     check_candidate(SPEC, {"learning_rate": 2e-3, "loss": "ppo"}, {"format": 0.25})
     study.enqueue_trial({"learning_rate": 2e-3, "loss": "ppo", "reward.format": 0.25})
-    trial = study.ask()
-    candidate = candidate_from_trial(SPEC, trial, "try PPO with a format bonus", "llm")
+    trial = study.ask(distributions(SPEC))
+    candidate = candidate_from_params(trial.params, "try PPO with a format bonus", "llm")
     assert candidate.params["learning_rate"] == 2e-3 and candidate.params["loss"] == "ppo"
     assert candidate.params["batch_size"] in (1, 2) and candidate.reward_weights["format"] == 0.25
     assert 0.0 <= candidate.reward_weights["length_penalty"] <= 0.2
