@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import signal
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -13,10 +15,11 @@ import optuna
 import typer
 from rich.console import Console
 
+from autoresearch.checkpointing import open_checkpointer
 from autoresearch.controller import Controller
-from autoresearch.executor import LocalExecutor
+from autoresearch.executors import LocalExecutor, TrialExecutor
 from autoresearch.proposer import LlmProposer, ProposalError
-from autoresearch.spec import load_study_spec
+from autoresearch.spec import StudySpec, load_study_spec
 from autoresearch.study import open_study
 from autoresearch.trials.backend import backend_for
 from autoresearch.trials.errors import TrialError
@@ -49,19 +52,43 @@ def autoresearch(
         raise typer.Exit(2) from None
     if proposer is None:
         console.print("no LLM configured in the spec: Optuna's TPE sampler proposes every trial alone")
-    study = open_study(spec)
-    folder = run_root / spec.study
-    backend_url = None if spec.backend == "local" else spec.backend
+    folder = run_root.resolve() / spec.study
     try:
-        with backend_for(spec.base_model, backend_url, folder / "backend") as url, StudyView(progress, console) as view:
-            executor = LocalExecutor(url, folder / "trials")
-            controller = Controller(spec, study, executor, proposer, on_tick=view.update, poll_s=poll_s)
-            controller.run(folder / "controller.sqlite3")
+        study = open_study(spec)
+        with (
+            _backends(spec, folder) as backend_urls,
+            open_checkpointer(spec.storage_url(), folder) as checkpointer,
+            StudyView(progress, console) as view,
+        ):
+            executor = _executor(spec, folder, run_root.resolve())
+            controller = Controller(spec, study, executor, proposer, backend_urls, on_tick=view.update, poll_s=poll_s)
+            controller.run(checkpointer)
     except TrialError as error:
         console.print(f"[red]{error}[/red]")
         raise typer.Exit(1) from None
     summary = write_summary(study, folder / "summary", console)
     console.print(f"summary and plots: {summary.parent}; dashboard: optuna-dashboard {spec.storage}")
+
+
+@contextmanager
+def _backends(spec: StudySpec, folder: Path) -> Iterator[tuple[str, ...]]:
+    """The spec's backend URLs, or the URL of a local backend started for this run and stopped after it."""
+    if spec.backend_urls:
+        yield spec.backend_urls
+        return
+    with backend_for(spec.base_model, None, folder / "backend") as url:
+        yield (url,)
+
+
+def _executor(spec: StudySpec, folder: Path, run_root: Path) -> TrialExecutor:
+    if spec.executor.kind == "local":
+        return LocalExecutor(folder / "trials")
+    # Imported here: the Kubernetes client is only needed by a controller that runs in a cluster.
+    from autoresearch.executors.kubernetes import KubernetesExecutor
+
+    return KubernetesExecutor(
+        spec.executor, spec.study, folder / "trials", run_root, deadline_s=spec.budget.trial_time_limit_s
+    )
 
 
 def _exit_on_sigterm(signum: int, _frame: object) -> None:

@@ -1,29 +1,31 @@
-"""The controller: a LangGraph state machine, propose → launch → monitor → analyze → (propose again or end).
+"""The controller: a LangGraph state machine, baseline → propose → launch → monitor → analyze → (propose or end).
 
 The Optuna study and the trials' run directories hold everything that matters; the graph's own state is only
 the round counter and how far the analysis got. Every node is safe to run again after a crash: proposals wait in
 Optuna's queue until a launch takes them, a launch records the run id on the trial before starting it and the
 executor does not start a run twice, and monitoring reconciles each RUNNING trial with what its run directory
-says (finished, running, or dead). The graph is compiled with a SQLite checkpointer keyed by the study, so a
-controller killed mid-run, or the next run of a scheduled job, goes on from the node it stopped in.
+says (finished, running, or dead). The graph is compiled with a checkpointer keyed by the study (SQLite beside
+the study, or the study's PostgreSQL in a cluster), so a controller killed mid-run, or the next run of a
+scheduled job, goes on from the node it stopped in. Trials are spread over the backends given, each trial staying
+on the backend that holds its checkpoints.
 """
 
 from __future__ import annotations
 
 import logging
-import sqlite3
 import time
-from collections.abc import Callable
-from pathlib import Path
+from collections import Counter
+from collections.abc import Callable, Sequence
 from typing import TypedDict
 
 import optuna
-from langgraph.checkpoint.sqlite import SqliteSaver
+import tinker
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 from optuna.trial import TrialState
 from optuna_dashboard import save_note
 
-from autoresearch.executor import TrialExecutor, TrialPhase
+from autoresearch.executors import ExecutorError, TrialExecutor, TrialPhase
 from autoresearch.proposer import LlmProposer, ProposalError
 from autoresearch.search import (
     CandidateError,
@@ -33,12 +35,15 @@ from autoresearch.search import (
     trial_config_of,
 )
 from autoresearch.spec import StudySpec
-from autoresearch.study import ENDED, history, run_id_of
-from autoresearch.trials.errors import ConfigurationError
+from autoresearch.study import BASELINE, ENDED, history, run_id_of
+from autoresearch.trials.errors import ConfigurationError, TrialError
+from autoresearch.trials.evaluation import evaluate_checkpoint
+from tasks.text2sql.errors import Text2SqlError
 
 log = logging.getLogger(__name__)
 
 SAMPLER_RATIONALE = "sampled by Optuna's TPE sampler"
+
 # A trial whose process died is started again (it resumes from its last checkpoint) this many times, then fails.
 RELAUNCHES = 1
 
@@ -58,6 +63,7 @@ class Controller:
         study: optuna.Study,
         executor: TrialExecutor,
         proposer: LlmProposer | None,
+        backend_urls: Sequence[str],
         on_tick: Callable[[optuna.Study], None] = lambda _: None,
         poll_s: float = 2.0,
     ) -> None:
@@ -65,6 +71,9 @@ class Controller:
         self.study = study
         self.executor = executor
         self.proposer = proposer
+        if not backend_urls:
+            raise ValueError("the controller needs at least one backend URL")
+        self.backend_urls = tuple(backend_urls)
         self.on_tick = on_tick
         self.poll_s = poll_s
         self.started = time.monotonic()
@@ -72,22 +81,22 @@ class Controller:
 
     # --- the graph --------------------------------------------------------------------------------------------
 
-    def run(self, checkpoint_path: Path) -> None:
-        """Run the study to its budget (or this run's time limit), resuming a run this checkpoint was left in."""
-        checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
-        with sqlite3.connect(str(checkpoint_path), check_same_thread=False) as connection:
-            graph = self._graph().compile(checkpointer=SqliteSaver(connection))
-            config = {"configurable": {"thread_id": self.spec.study}, "recursion_limit": 100_000}
-            pending = graph.get_state(config).next
-            graph.invoke(None if pending else ControllerState(round=0, analysed=0), config)
+    def run(self, checkpointer: BaseCheckpointSaver) -> None:
+        """Run the study to its budget (or this run's time limit), resuming a run this checkpointer was left in."""
+        graph = self._graph().compile(checkpointer=checkpointer)
+        config = {"configurable": {"thread_id": self.spec.study}, "recursion_limit": 100_000}
+        pending = graph.get_state(config).next
+        graph.invoke(None if pending else ControllerState(round=0, analysed=0), config)
 
     def _graph(self) -> StateGraph:
         graph = StateGraph(ControllerState)
+        graph.add_node("baseline", self.baseline)
         graph.add_node("propose", self.propose)
         graph.add_node("launch", self.launch)
         graph.add_node("monitor", self.monitor)
         graph.add_node("analyze", self.analyze)
-        graph.add_edge(START, "propose")
+        graph.add_edge(START, "baseline")
+        graph.add_edge("baseline", "propose")
         graph.add_edge("propose", "launch")
         graph.add_edge("launch", "monitor")
         graph.add_edge("monitor", "analyze")
@@ -95,6 +104,18 @@ class Controller:
         return graph
 
     # --- nodes ------------------------------------------------------------------------------------------------
+
+    def baseline(self, state: ControllerState) -> dict:
+        """Score the base model once, the number every trial has to beat; a study goes on without it if it fails."""
+        if BASELINE in self.study.user_attrs:
+            return {}
+        try:
+            report = evaluate_checkpoint(self.spec.trial_config({}), self.backend_urls[0])
+        except (TrialError, Text2SqlError, tinker.TinkerError) as error:
+            log.warning("no baseline for this study: %s", error)
+            return {}
+        self.study.set_user_attr(BASELINE, report.accuracy)
+        return {}
 
     def propose(self, state: ControllerState) -> dict:
         """Ask the LLM for candidates when launch slots are free and none wait; valid ones join Optuna's queue."""
@@ -124,8 +145,9 @@ class Controller:
         return {}
 
     def _start(self, trial: optuna.Trial) -> None:
-        """Record on an asked trial what it runs (the dashboard shows it), and launch it; a trial config that does
-        not validate fails the trial with the reason. Safe to repeat: the executor starts a run id once."""
+        """Record on an asked trial what it runs (the dashboard shows it), and launch it on its backend; a trial
+        config that does not validate, or a launch the executor cannot make, fails the trial with the reason. Safe
+        to repeat: the executor starts a run id once, and a trial keeps the backend it was given first."""
         source = trial.user_attrs.get("source", "sampler")
         rationale = trial.user_attrs.get("rationale", SAMPLER_RATIONALE)
         candidate = candidate_from_params(trial.params, rationale, source)
@@ -136,12 +158,20 @@ class Controller:
         try:
             config = trial_config_of(self.spec, candidate, run_id)
         except ConfigurationError as error:
-            trial.set_user_attr("failure", str(error))
-            self.study.tell(trial, state=TrialState.FAIL)
+            self._fail(trial, str(error))
             return
         trial.set_user_attr("reward_spec", config.reward_spec.to_json())
         trial.set_user_attr("trial_config", config.model_dump_json())
-        self.executor.launch(run_id, config)
+        backend_url = trial.user_attrs.get("backend_url") or self._least_busy_backend()
+        trial.set_user_attr("backend_url", backend_url)
+        try:
+            self.executor.launch(run_id, config, backend_url)
+        except ExecutorError as error:
+            self._fail(trial, f"could not launch: {error}")
+
+    def _least_busy_backend(self) -> str:
+        running = Counter(t.user_attrs.get("backend_url") for t in self._trials(TrialState.RUNNING))
+        return min(self.backend_urls, key=lambda url: running[url])
 
     def monitor(self, state: ControllerState) -> dict:
         """Follow the running trials until one ends (or none runs): report, prune, time out, reconcile."""
@@ -191,6 +221,11 @@ class Controller:
     def _out_of_time(self) -> bool:
         return time.monotonic() - self.started > self.spec.budget.run_time_limit_s
 
+    def _fail(self, trial: optuna.Trial | optuna.trial.FrozenTrial, reason: str) -> None:
+        log.warning("trial %d failed: %s", trial.number, reason)
+        optuna.trial.Trial(self.study, trial._trial_id).set_user_attr("failure", reason)
+        self.study.tell(trial.number, state=TrialState.FAIL)
+
     def _record_rejection(self, reason: str) -> None:
         log.warning("%s", reason)
         rejected = list(self.study.user_attrs.get("rejected_proposals", []))
@@ -199,7 +234,11 @@ class Controller:
     def _reconcile(self, frozen: optuna.trial.FrozenTrial) -> None:
         """Bring one RUNNING trial in line with its run: launch, report, prune, finish or fail it."""
         run_id = run_id_of(self.spec, frozen)
-        status = self.executor.status(run_id)
+        try:
+            status = self.executor.status(run_id)
+        except ExecutorError as error:
+            self._fail(frozen, f"lost track of the trial: {error}")
+            return
         trial = optuna.trial.Trial(self.study, frozen._trial_id)
         for step, accuracy in sorted(status.evaluations.items()):
             if step not in frozen.intermediate_values:
@@ -220,12 +259,18 @@ class Controller:
                 trial.set_user_attr("relaunches", relaunches + 1)
                 self._start(trial)
             else:
-                trial.set_user_attr("failure", status.failure)
-                self.study.tell(frozen.number, state=TrialState.FAIL)
+                self._fail(frozen, status.failure or "the trial died")
+        elif status.phase is TrialPhase.FAILED:
+            self._fail(frozen, status.failure or "the trial failed")
         elif status.started_at is not None and time.time() - status.started_at > self.spec.budget.trial_time_limit_s:
-            self.executor.stop(run_id)
-            trial.set_user_attr("failure", f"exceeded the trial time limit of {self.spec.budget.trial_time_limit_s} s")
-            self.study.tell(frozen.number, state=TrialState.FAIL)
+            self._stop(run_id)
+            self._fail(frozen, f"exceeded the trial time limit of {self.spec.budget.trial_time_limit_s} s")
         elif self.spec.objective.also_minimize is None and trial.should_prune():
-            self.executor.stop(run_id)
+            self._stop(run_id)
             self.study.tell(frozen.number, state=TrialState.PRUNED)
+
+    def _stop(self, run_id: str) -> None:
+        try:
+            self.executor.stop(run_id)
+        except ExecutorError as error:
+            log.warning("could not stop %s: %s", run_id, error)

@@ -8,6 +8,7 @@ proposal's values must lie in the spec's ranges and pass `TrialConfig`'s own val
 from __future__ import annotations
 
 import math
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Literal
@@ -188,11 +189,40 @@ class LlmSettings(_Strict):
     max_retries: int = Field(3, ge=0, le=10)
 
 
+class LocalExecutorSettings(_Strict):
+    """Trials as subprocesses of the machine the controller runs on."""
+
+    kind: Literal["local"] = "local"
+
+
+class KubernetesExecutorSettings(_Strict):
+    """Trials as Kubernetes Jobs in the controller's namespace (k8s/ deploys the pieces these names refer to)."""
+
+    kind: Literal["kubernetes"]
+    image: str = Field(min_length=1, description="the project's container image")
+    namespace: str | None = Field(None, description="default: the namespace the controller runs in")
+    runs_claim: str = Field(
+        min_length=1, description="PersistentVolumeClaim with the run directories, mounted at the controller's run root"
+    )
+    api_key_secret: str | None = Field(None, description="Secret whose key `api-key` becomes TINKER_API_KEY")
+    service_account: str | None = None
+    cpu: str = "2"
+    memory: str = "8Gi"
+    backoff_limit: int = Field(0, ge=0, description="pod restarts before the Job fails")
+    ttl_seconds_after_finished: int = Field(86400, ge=0, description="finished Jobs are deleted after this")
+
+
+ExecutorSettings = Annotated[LocalExecutorSettings | KubernetesExecutorSettings, Field(discriminator="kind")]
+_ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
 class StudySpec(_Strict):
     study: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$", description="Optuna study name")
     task: Literal["text2sql"] = "text2sql"
     base_model: str = "google/gemma-3-270m"
-    backend: str = Field("local", description="'local' starts one on this machine; else the backend's URL")
+    backend: str | tuple[str, ...] = Field(
+        "local", description="'local' starts one on this machine; else the backend's URL, or a list of them"
+    )
     eval_split: str = "dev"
     eval_size: int = Field(32, ge=1)
     eval_seed: int = Field(0, ge=0)
@@ -202,14 +232,50 @@ class StudySpec(_Strict):
     objective: Objective = Field(default_factory=Objective)
     pruning: Pruning = Field(default_factory=Pruning)
     llm: LlmSettings | None = None
-    storage: str = Field("sqlite:///runs/autoresearch/optuna.db", description="Optuna RDB storage URL")
+    storage: str = Field(
+        "sqlite:///runs/autoresearch/optuna.db",
+        description="Optuna RDB storage URL; ${VAR} is read from the environment (a password in a cluster)",
+    )
+    executor: ExecutorSettings = Field(default_factory=LocalExecutorSettings)
 
     @field_validator("backend")
     @classmethod
-    def _backend(cls, backend: str) -> str:
-        if backend != "local" and not re.match(r"^https?://", backend):
-            raise ValueError(f"must be 'local' or an http(s) URL, got {backend!r}")
+    def _backend(cls, backend: str | tuple[str, ...]) -> str | tuple[str, ...]:
+        urls = (backend,) if isinstance(backend, str) else backend
+        if not urls:
+            raise ValueError("needs at least one backend URL")
+        if urls == ("local",):
+            return backend
+        for url in urls:
+            if not re.match(r"^https?://", url):
+                raise ValueError(f"must be 'local', an http(s) URL or a list of them, got {url!r}")
+        if len(set(urls)) != len(urls):
+            raise ValueError(f"lists a backend twice: {list(urls)}")
         return backend
+
+    @property
+    def backend_urls(self) -> tuple[str, ...]:
+        """The backends trials are spread over; empty for 'local' (the controller starts one)."""
+        if self.backend == "local":
+            return ()
+        return (self.backend,) if isinstance(self.backend, str) else self.backend
+
+    def storage_url(self) -> str:
+        """The storage URL with `${VAR}` references filled in from the environment.
+
+        Raises:
+            ConfigurationError: a referenced variable is not set.
+        """
+        missing = [name for name in _ENV_REFERENCE.findall(self.storage) if name not in os.environ]
+        if missing:
+            raise ConfigurationError(f"storage refers to {', '.join(missing)}, which the environment does not set")
+        return _ENV_REFERENCE.sub(lambda match: os.environ[match.group(1)], self.storage)
+
+    @model_validator(mode="after")
+    def _cluster_trials_need_a_backend_url(self) -> StudySpec:
+        if self.executor.kind == "kubernetes" and self.backend == "local":
+            raise ValueError("Kubernetes trials need the URL of a backend (or a list of them), not 'local'")
+        return self
 
     @model_validator(mode="after")
     def _base_trial_is_valid(self) -> StudySpec:
@@ -258,6 +324,11 @@ def load_study_spec(path: Path) -> StudySpec:
     if not isinstance(data, dict):
         raise ConfigurationError(f"{path}: expected a mapping of fields, got {type(data).__name__}")
     try:
-        return StudySpec.model_validate(data)
+        spec = StudySpec.model_validate(data)
     except ValidationError as error:
         raise ConfigurationError(f"{path}: {describe_validation_error(error, StudySpec)}") from None
+    try:
+        spec.storage_url()
+    except ConfigurationError as error:
+        raise ConfigurationError(f"{path}: {error}") from None
+    return spec

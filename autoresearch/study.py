@@ -1,7 +1,8 @@
 """The Optuna study of a spec: opened from its RDB storage, and read back as the history the LLM sees.
 
 Each trial carries user attributes that the dashboard shows: `run_id`, `rationale`, `source` (llm or sampler),
-`reward_spec`, `trial_config` and, for a failed trial, `failure`.
+`reward_spec`, `trial_config`, `backend_url` and, for a failed trial, `failure`. The study carries the base model's
+held-out accuracy (`baseline_accuracy`), the LLM's analyses and the proposals it rejected.
 """
 
 from __future__ import annotations
@@ -10,22 +11,34 @@ import json
 from pathlib import Path
 
 import optuna
+import sqlalchemy
 from optuna.trial import FrozenTrial, TrialState
 
 from autoresearch.proposer import TrialRecord
 from autoresearch.spec import Pruning, StudySpec
+from autoresearch.trials.errors import ConfigurationError
 
 ENDED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+BASELINE = "baseline_accuracy"
 
 
 def open_study(spec: StudySpec) -> optuna.Study:
-    """The spec's study, created on first use; an existing one is loaded as it is."""
-    if spec.storage.startswith("sqlite:///"):
-        Path(spec.storage.removeprefix("sqlite:///")).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    """The spec's study, created on first use; an existing one is loaded as it is.
+
+    Raises:
+        ConfigurationError: the storage URL refers to an unset variable, or its database cannot be reached.
+    """
+    url = spec.storage_url()
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).expanduser().parent.mkdir(parents=True, exist_ok=True)
     directions = ["maximize"] + (["minimize"] if spec.objective.also_minimize else [])
+    try:
+        storage = optuna.storages.RDBStorage(url)
+    except sqlalchemy.exc.OperationalError as error:
+        raise ConfigurationError(f"cannot reach the study's storage {spec.storage}: {error.orig}") from None
     return optuna.create_study(
         study_name=spec.study,
-        storage=optuna.storages.RDBStorage(spec.storage),
+        storage=storage,
         directions=directions,
         load_if_exists=True,
         sampler=optuna.samplers.TPESampler(seed=0),

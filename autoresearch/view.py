@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from autoresearch.study import summary_rows
+from autoresearch.study import BASELINE, summary_rows
 
 log = logging.getLogger(__name__)
 
@@ -91,11 +91,14 @@ def write_summary(study: optuna.Study, folder: Path, console: Console) -> Path:
         if trial.state.name.lower() in states:
             states[trial.state.name.lower()] += 1
     console.print("trials: " + ", ".join(f"{count} {state}" for state, count in states.items()))
+    baseline = study.user_attrs.get(BASELINE)
+    if baseline is not None:
+        console.print(f"baseline: the base model scores {baseline:.3f} on the same held-out questions")
     if rows:
         console.print(f"best adapter: {rows[0]['sampler_path']} (run {rows[0]['run_id']})")
     _save_plots(study, folder)
     summary = folder / "summary.json"
-    summary.write_text(json.dumps({"trials": states, "best": rows}, indent=2, default=str))
+    summary.write_text(json.dumps({"trials": states, "baseline": baseline, "best": rows}, indent=2, default=str))
     return summary
 
 

@@ -18,8 +18,9 @@ from optuna.trial import TrialState
 from optuna_dashboard import get_note
 from scripted_llm import scripted_llm
 
+from autoresearch.checkpointing import open_checkpointer
 from autoresearch.controller import Controller
-from autoresearch.executor import LocalExecutor
+from autoresearch.executors import LocalExecutor
 from autoresearch.proposer import LlmProposer
 from autoresearch.search import distributions
 from autoresearch.spec import StudySpec
@@ -61,8 +62,10 @@ def test_a_study_runs_its_budget_with_llm_proposals_rejections_pruning_and_notes
             pruning={"kind": "threshold", "lower": 0.5, "warmup_steps": 1},
         )
         study = open_study(spec)
-        executor = LocalExecutor(backend_url, tmp_path / "trials")
-        Controller(spec, study, executor, LlmProposer(spec.llm), poll_s=0.2).run(tmp_path / "controller.sqlite3")
+        executor = LocalExecutor(tmp_path / "trials")
+        controller = Controller(spec, study, executor, LlmProposer(spec.llm), [backend_url], poll_s=0.2)
+        with open_checkpointer(spec.storage_url(), tmp_path) as checkpointer:
+            controller.run(checkpointer)
 
     trials = study.get_trials(deepcopy=False)
     assert len(trials) == spec.budget.trials
@@ -131,7 +134,9 @@ def test_a_killed_controller_started_again_finishes_the_budget_without_repeating
     trial_dirs = sorted(p.name for p in (tmp_path / "runs" / spec.study / "trials").iterdir())
     assert trial_dirs == run_ids
     assert all((tmp_path / "runs" / spec.study / "trials" / r / "result.json").exists() for r in run_ids)
-    assert (tmp_path / "runs" / spec.study / "summary" / "summary.json").exists()
+    summary = json.loads((tmp_path / "runs" / spec.study / "summary" / "summary.json").read_text())
+    # The base model was scored once, on the trials' held-out questions, before the first trial.
+    assert summary["baseline"] == study.user_attrs["baseline_accuracy"] and 0.0 <= summary["baseline"] <= 1.0
 
 
 def processes_mentioning(text: str) -> list[int]:
@@ -176,9 +181,9 @@ def test_a_trial_asked_but_never_launched_before_a_crash_is_recorded_and_run_by_
     study = open_study(spec)
     orphan = study.ask(distributions(spec))  # what a controller killed right after `ask` leaves behind
     assert orphan.user_attrs == {}
-    Controller(spec, study, LocalExecutor(backend_url, tmp_path / "trials"), None, poll_s=0.2).run(
-        tmp_path / "controller.sqlite3"
-    )
+    controller = Controller(spec, study, LocalExecutor(tmp_path / "trials"), None, [backend_url], poll_s=0.2)
+    with open_checkpointer(spec.storage_url(), tmp_path) as checkpointer:
+        controller.run(checkpointer)
     (trial,) = study.get_trials(deepcopy=False)
     assert trial.state is TrialState.COMPLETE
     assert trial.user_attrs["run_id"] == f"{spec.study}-0000" and trial.user_attrs["source"] == "sampler"

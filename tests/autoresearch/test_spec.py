@@ -62,7 +62,17 @@ def write(tmp_path: Path, **changes: object) -> Path:
         ({"trial__batch_size": 2}, "batch_size are searched"),
         ({"trial__lora_rank": 0}, "lora_rank"),
         ({"trial__colour": "red"}, "colour: unknown field"),
-        ({"backend": "gpu-box:8000"}, "backend: must be 'local' or an http"),
+        ({"backend": "gpu-box:8000"}, "backend: must be 'local', an http"),
+        ({"backend": ["http://a:8000", "b:8000"]}, "got 'b:8000'"),
+        ({"backend": ["http://a:8000", "http://a:8000"]}, "lists a backend twice"),
+        ({"backend": []}, "needs at least one backend URL"),
+        ({"executor": {"kind": "slurm"}}, "executor: Input tag 'slurm'"),
+        ({"executor": {"kind": "kubernetes", "image": "x", "runs_claim": "runs"}}, "need the URL of a backend"),
+        (
+            {"backend": "http://b:8000", "executor": {"kind": "kubernetes", "image": "x"}},
+            "executor.kubernetes.runs_claim",
+        ),
+        ({"storage": "postgresql+psycopg://u:${UNSET_PASSWORD_FOR_TEST}@db/optuna"}, "UNSET_PASSWORD_FOR_TEST"),
         ({"budget__concurrency": 0}, "budget.concurrency"),
         ({"budget": None}, "budget: Field required"),
         ({"llm": {"base_url": "localhost:1234", "model": "m"}}, "llm.base_url"),
@@ -72,6 +82,27 @@ def write(tmp_path: Path, **changes: object) -> Path:
 def test_a_bad_spec_is_refused_naming_the_field(tmp_path: Path, changes: dict, message: str) -> None:
     with pytest.raises(ConfigurationError, match=message.replace("(", r"\(")):
         load_study_spec(write(tmp_path, **changes))
+
+
+def test_backends_and_storage_variables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_DB_PASSWORD", "s3cret")
+    spec = load_study_spec(
+        write(
+            tmp_path,
+            backend=["http://trainer-backend-0.trainer-backend:8000", "http://trainer-backend-1.trainer-backend:8000"],
+            storage="postgresql+psycopg://optuna:${TEST_DB_PASSWORD}@postgres:5432/optuna",
+            executor={"kind": "kubernetes", "image": "rl-posttrain:dev", "runs_claim": "runs"},
+        )
+    )
+    assert spec.backend_urls == (
+        "http://trainer-backend-0.trainer-backend:8000",
+        "http://trainer-backend-1.trainer-backend:8000",
+    )
+    assert spec.storage_url() == "postgresql+psycopg://optuna:s3cret@postgres:5432/optuna"
+    assert "s3cret" not in spec.storage  # what gets printed keeps the reference
+    assert spec.executor.kind == "kubernetes" and spec.executor.backoff_limit == 0
+    assert load_study_spec(write(tmp_path, backend="local")).backend_urls == ()
+    assert load_study_spec(write(tmp_path, backend="http://gpu:8000")).backend_urls == ("http://gpu:8000",)
 
 
 def test_a_missing_or_malformed_file_is_named(tmp_path: Path) -> None:

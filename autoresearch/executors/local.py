@@ -1,11 +1,8 @@
-"""Where trials run. The controller talks to a `TrialExecutor`; `LocalExecutor` runs each trial as a subprocess
-(`python -m autoresearch.trial`) on this machine against the shared backend. A Kubernetes Job executor implements
-the same interface.
+"""Trials as subprocesses of this machine (`python -m autoresearch.trial`), each in `<run_root>/<run_id>/`.
 
-Launching is idempotent: a run id that is already running is left alone, one that finished is not run again, and
-one whose process died is started again with the same run id, which resumes it from its last checkpoint. The
-state of a trial is read from its run directory (the trial runner's own files) and a pid file beside them, so a
-controller that was killed and started again finds its trials as they are.
+The state of a trial is read from its run directory and a pid file beside it, so a controller that was killed and
+started again finds its trials as they are; a trial whose process died is started again with the same run id, which
+resumes it from its last checkpoint.
 """
 
 from __future__ import annotations
@@ -16,70 +13,31 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
-from typing import Protocol
 
-import yaml
-
+from autoresearch.executors.base import TrialPhase, TrialStatus, read_progress, trial_command, write_launch_config
 from autoresearch.trials.config import TrialConfig
-from autoresearch.trials.run_dir import RunDirectory
 
 PID_FILE = "trial.pid"
 LOG_FILE = "trial.log"
 
 
-class TrialPhase(StrEnum):
-    NOT_STARTED = "not_started"
-    RUNNING = "running"
-    FINISHED = "finished"
-    # The process is gone without a result: it crashed or was killed.
-    DIED = "died"
-
-
-@dataclass(frozen=True)
-class TrialStatus:
-    phase: TrialPhase
-    # Held-out accuracy by RL step, as the trial evaluated so far.
-    evaluations: dict[int, float]
-    # The trial's result.json once it finished.
-    result: dict | None = None
-    # For a trial that died: the end of its log.
-    failure: str | None = None
-    started_at: float | None = None
-
-
-class TrialExecutor(Protocol):
-    """Runs trials somewhere and reports on them by run id."""
-
-    def launch(self, run_id: str, config: TrialConfig) -> None: ...
-
-    def status(self, run_id: str) -> TrialStatus: ...
-
-    def stop(self, run_id: str) -> None: ...
-
-
 class LocalExecutor:
-    """Trials as subprocesses of this machine, each in `<run_root>/<run_id>/`, all against `backend_url`."""
+    """Trials as subprocesses of this machine, each in `<run_root>/<run_id>/`."""
 
-    def __init__(self, backend_url: str, run_root: Path, python: str = sys.executable) -> None:
-        self.backend_url = backend_url
+    def __init__(self, run_root: Path, python: str = sys.executable) -> None:
         self.run_root = run_root
         self.python = python
         self._children: dict[str, subprocess.Popen] = {}
 
-    def launch(self, run_id: str, config: TrialConfig) -> None:
+    def launch(self, run_id: str, config: TrialConfig, backend_url: str) -> None:
         """Start the trial unless it runs or finished already; a trial that died resumes from its checkpoint."""
         phase = self.status(run_id).phase
         if phase in (TrialPhase.RUNNING, TrialPhase.FINISHED):
             return
         root = self.run_root / run_id
-        root.mkdir(parents=True, exist_ok=True)
-        config_path = root / "launch.yaml"
-        config_path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
-        command = [self.python, "-m", "autoresearch.trial", str(config_path), "--backend-url", self.backend_url]
-        command += ["--run-dir", str(self.run_root), "--run-id", run_id, "--no-progress"]
+        config_path = write_launch_config(root, config)
+        command = trial_command(self.python, config_path, backend_url, self.run_root, run_id)
         with (root / LOG_FILE).open("a") as log:
             # Its own session: a controller killed by a signal to its process group leaves the trial running, to be
             # found again by the next controller.
@@ -92,11 +50,10 @@ class LocalExecutor:
 
     def status(self, run_id: str) -> TrialStatus:
         root = self.run_root / run_id
-        directory = RunDirectory(root)
-        evaluations = {int(e["step"]): float(e["accuracy"]) for e in directory.evals.read()}
-        if directory.result_path.exists():
-            result = json.loads(directory.result_path.read_text())
-            return TrialStatus(TrialPhase.FINISHED, evaluations, result=result)
+        progress = read_progress(root)
+        evaluations = progress.evaluations
+        if progress.result is not None:
+            return TrialStatus(TrialPhase.FINISHED, evaluations, result=progress.result)
         launched = _read_pid(root)
         if launched is None:
             return TrialStatus(TrialPhase.NOT_STARTED, evaluations)

@@ -1,0 +1,89 @@
+"""What the controller needs from wherever trials run: launch a run id, tell how it is doing, stop it.
+
+A trial's progress is read from its run directory (the trial runner's own files: evaluations, result), which the
+controller sees on its own disk or, in a cluster, on a volume it shares with the trial pods.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Protocol
+
+import yaml
+
+from autoresearch.trials.config import TrialConfig
+from autoresearch.trials.errors import TrialError
+from autoresearch.trials.run_dir import RunDirectory
+
+LAUNCH_CONFIG = "launch.yaml"
+
+
+class TrialPhase(StrEnum):
+    NOT_STARTED = "not_started"
+    RUNNING = "running"
+    FINISHED = "finished"
+    # Gone without a result, for a reason a relaunch may get past (killed, deleted): a relaunch resumes it.
+    DIED = "died"
+    # Ended without a result for a reason a relaunch would not fix (a deadline, a failure past its retries).
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class TrialStatus:
+    phase: TrialPhase
+    # Held-out accuracy by RL step, as the trial evaluated so far.
+    evaluations: dict[int, float]
+    # The trial's result.json once it finished.
+    result: dict | None = None
+    # Why a trial died or failed.
+    failure: str | None = None
+    started_at: float | None = None
+
+
+class ExecutorError(TrialError):
+    """The executor could not do what was asked (its API did not answer, or refused)."""
+
+
+class TrialExecutor(Protocol):
+    """Runs trials somewhere and reports on them by run id. `launch` is idempotent: a run id that runs or finished
+    is left alone, and one that died is started again, which resumes it from its last checkpoint."""
+
+    def launch(self, run_id: str, config: TrialConfig, backend_url: str) -> None: ...
+
+    def status(self, run_id: str) -> TrialStatus: ...
+
+    def stop(self, run_id: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a trial's run directory says so far."""
+
+    evaluations: dict[int, float]
+    result: dict | None
+
+
+def read_progress(root: Path) -> Progress:
+    directory = RunDirectory(root)
+    evaluations = {int(e["step"]): float(e["accuracy"]) for e in directory.evals.read()}
+    result = json.loads(directory.result_path.read_text()) if directory.result_path.exists() else None
+    return Progress(evaluations, result)
+
+
+def write_launch_config(root: Path, config: TrialConfig) -> Path:
+    """The config a trial is launched with, beside its run files, for `python -m autoresearch.trial` to read."""
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / LAUNCH_CONFIG
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    return path
+
+
+def trial_command(python: str, config_path: Path, backend_url: str, run_root: Path, run_id: str) -> list[str]:
+    """The command line of one trial, the same wherever it runs."""
+    return [
+        python, "-m", "autoresearch.trial", str(config_path), "--backend-url", backend_url,
+        "--run-dir", str(run_root), "--run-id", run_id, "--no-progress",
+    ]  # fmt: skip

@@ -1,0 +1,222 @@
+"""Trials as Kubernetes Jobs, against a local stand-in of the `batch/v1` Jobs API (kube_stand_in.py): no cluster
+can be reached from here, so the API server is the boundary; the client, the executor, the controller, the trial
+processes (the stand-in's "pods") and the backend they train on are all real.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from kube_stand_in import JobsApi, jobs_api
+from optuna.trial import TrialState
+from scripted_llm import free_port
+
+from autoresearch.checkpointing import open_checkpointer
+from autoresearch.controller import Controller
+from autoresearch.executors import ExecutorError, TrialPhase, TrialStatus
+from autoresearch.executors.kubernetes import KubernetesExecutor, job_name, label_value
+from autoresearch.spec import KubernetesExecutorSettings, StudySpec
+from autoresearch.study import open_study
+from autoresearch.trials.config import TrialConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+NAMESPACE = "rl-posttrain"
+SECRETS = {"rl-posttrain": {"api-key": "tml-from-the-secret"}}
+SETTINGS = KubernetesExecutorSettings(
+    kind="kubernetes",
+    image="rl-posttrain:test",
+    namespace=NAMESPACE,
+    runs_claim="runs",
+    api_key_secret="rl-posttrain",
+    service_account="autoresearch-trial",
+    backoff_limit=0,
+)
+
+
+def executor_for(api: JobsApi, tmp_path: Path, deadline_s: float = 600, **changes: object) -> KubernetesExecutor:
+    settings = SETTINGS.model_copy(update=changes)
+    return KubernetesExecutor(
+        settings, "study", tmp_path / "trials", tmp_path, deadline_s, api=api.client(), first_backoff_s=0.05
+    )
+
+
+def wait_for(executor: KubernetesExecutor, run_id: str, phases: set[TrialPhase], timeout: float = 240) -> TrialStatus:
+    deadline = time.monotonic() + timeout
+    while True:
+        status = executor.status(run_id)
+        if status.phase in phases:
+            return status
+        assert time.monotonic() < deadline, f"{run_id} still {status.phase}"
+        time.sleep(0.1)
+
+
+def test_a_trial_job_runs_to_its_result_and_is_made_once(
+    backend_url: str, tiny_config: TrialConfig, tmp_path: Path
+) -> None:
+    with jobs_api(tmp_path, SECRETS) as api:
+        executor = executor_for(api, tmp_path, deadline_s=599.5)
+        assert executor.status("t-0").phase is TrialPhase.NOT_STARTED
+        executor.launch("t-0", tiny_config, backend_url)
+        executor.launch("t-0", tiny_config, backend_url)  # a second controller's launch: already running
+        done = wait_for(executor, "t-0", {TrialPhase.FINISHED, TrialPhase.FAILED})
+        assert done.phase is TrialPhase.FINISHED, done.failure
+        executor.launch("t-0", tiny_config, backend_url)  # finished: not run again
+
+    assert done.result["run_id"] == "t-0" and set(done.evaluations) == {0, 2, 3}
+    (job,) = api.created
+    assert job["metadata"]["name"] == "trial-t-0"
+    labels = job["metadata"]["labels"]
+    assert labels["rl-posttrain/study"] == "study" and labels["rl-posttrain/run-id"] == "t-0"
+    spec = job["spec"]
+    assert spec["backoffLimit"] == 0 and spec["activeDeadlineSeconds"] == 600
+    assert spec["ttlSecondsAfterFinished"] == SETTINGS.ttl_seconds_after_finished
+    pod = spec["template"]["spec"]
+    assert pod["restartPolicy"] == "Never" and pod["serviceAccountName"] == "autoresearch-trial"
+    assert pod["volumes"] == [{"name": "runs", "persistentVolumeClaim": {"claimName": "runs"}}]
+    (container,) = pod["containers"]
+    assert container["image"] == "rl-posttrain:test"
+    assert container["volumeMounts"] == [{"name": "runs", "mountPath": str(tmp_path)}]
+    assert container["command"][:3] == ["python", "-m", "autoresearch.trial"]
+    assert container["command"][container["command"].index("--backend-url") + 1] == backend_url
+    assert {"name": "TINKER_API_KEY", "valueFrom": {"secretKeyRef": {"name": "rl-posttrain", "key": "api-key"}}} in (
+        container["env"]
+    )
+    assert container["resources"]["requests"] == {"cpu": SETTINGS.cpu, "memory": SETTINGS.memory}
+
+
+def test_a_failed_pod_fails_the_job_past_its_backoff_limit_and_is_retried_within_it(
+    backend_url: str, tiny_config: TrialConfig, tmp_path: Path
+) -> None:
+    with jobs_api(tmp_path, SECRETS) as api:
+        strict = executor_for(api, tmp_path, backoff_limit=0)
+        strict.launch("no-retry", tiny_config, backend_url)
+        wait_for(strict, "no-retry", {TrialPhase.RUNNING})
+        api.kill_pod(NAMESPACE, "trial-no-retry")
+        failed = wait_for(strict, "no-retry", {TrialPhase.FAILED, TrialPhase.FINISHED})
+        assert failed.phase is TrialPhase.FAILED
+        assert "failed (BackoffLimitExceeded)" in failed.failure
+        assert f"kubectl logs -n {NAMESPACE} job/trial-no-retry" in failed.failure
+
+        forgiving = executor_for(api, tmp_path, backoff_limit=1)
+        forgiving.launch("one-retry", tiny_config, backend_url)
+        wait_for(forgiving, "one-retry", {TrialPhase.RUNNING})
+        api.kill_pod(NAMESPACE, "trial-one-retry")
+        # The Job starts a second pod, which resumes the trial from its run directory and checkpoint.
+        done = wait_for(forgiving, "one-retry", {TrialPhase.FAILED, TrialPhase.FINISHED})
+        assert done.phase is TrialPhase.FINISHED, done.failure
+
+
+def test_a_job_over_its_deadline_fails_with_that_reason(tiny_config: TrialConfig, tmp_path: Path) -> None:
+    # Pointed at a port nobody listens on, the trial keeps retrying its backend until the deadline kills it.
+    with jobs_api(tmp_path, SECRETS) as api:
+        executor = executor_for(api, tmp_path, deadline_s=1.5)
+        executor.launch("slow", tiny_config, f"http://127.0.0.1:{free_port()}")
+        assert api.created[0]["spec"]["activeDeadlineSeconds"] == math.ceil(1.5)
+        failed = wait_for(executor, "slow", {TrialPhase.FAILED, TrialPhase.FINISHED}, timeout=60)
+    assert failed.phase is TrialPhase.FAILED
+    assert "exceeded the trial time limit (the Job's activeDeadlineSeconds)" in failed.failure
+
+
+def test_a_job_deleted_from_under_the_controller_is_reported_dead_and_a_relaunch_resumes_it(
+    backend_url: str, tiny_config: TrialConfig, tmp_path: Path
+) -> None:
+    with jobs_api(tmp_path, SECRETS) as api:
+        executor = executor_for(api, tmp_path)
+        executor.launch("gone", tiny_config, backend_url)
+        wait_for(executor, "gone", {TrialPhase.RUNNING})
+        api.delete_from_under(NAMESPACE, "trial-gone")
+        died = executor.status("gone")
+        assert died.phase is TrialPhase.DIED and "was deleted before the trial wrote a result" in died.failure
+        executor.launch("gone", tiny_config, backend_url)
+        done = wait_for(executor, "gone", {TrialPhase.FAILED, TrialPhase.FINISHED})
+    assert done.phase is TrialPhase.FINISHED, done.failure
+    assert len(api.created) == 2
+
+
+def test_a_briefly_unavailable_api_is_retried(backend_url: str, tiny_config: TrialConfig, tmp_path: Path) -> None:
+    with jobs_api(tmp_path, SECRETS) as api:
+        executor = executor_for(api, tmp_path)
+        api.unavailable_for = 3  # the first three tries to read the Job get 503; the fourth gets through
+        executor.launch("t", tiny_config, backend_url)
+        assert executor.status("t").phase in (TrialPhase.RUNNING, TrialPhase.FINISHED)
+        executor.stop("t")
+    assert len(api.created) == 1
+
+
+def test_an_unreachable_api_fails_the_call_clearly_and_the_trial_with_the_reason(
+    backend_url: str, tiny_config: TrialConfig, tmp_path: Path
+) -> None:
+    with jobs_api(tmp_path, SECRETS) as api:
+        api.unavailable_for = 1000
+        executor = executor_for(api, tmp_path)
+        executor.attempts = 3
+        with pytest.raises(ExecutorError, match=r"Kubernetes API at http://127\.0\.0\.1:\d+ failed 3 tries: 503"):
+            executor.launch("t", tiny_config, backend_url)
+
+        spec = cluster_spec(tmp_path, [backend_url], budget={"trials": 1, "steps_per_trial": 1})
+        study = open_study(spec)
+        run_controller(spec, study, executor, tmp_path)
+    (trial,) = study.get_trials(deepcopy=False)
+    assert trial.state is TrialState.FAIL
+    failure = trial.user_attrs["failure"]
+    assert re.search(r"could not launch: could not read Job trial-\S+: the Kubernetes API at \S+ failed 3", failure)
+
+
+def cluster_spec(tmp_path: Path, backends: list[str], **changes: object) -> StudySpec:
+    data = yaml.safe_load((ROOT / "experiments" / "text2sql_tiny.yaml").read_text())
+    data.update(
+        backend=backends,
+        storage=f"sqlite:///{tmp_path / 'optuna.db'}",
+        executor=SETTINGS.model_dump(mode="json"),
+        pruning={"kind": "none"},
+        **changes,
+    )
+    return StudySpec.model_validate(data)
+
+
+def run_controller(spec: StudySpec, study: optuna.Study, executor: KubernetesExecutor, tmp_path: Path) -> None:
+    controller = Controller(spec, study, executor, None, spec.backend_urls, poll_s=0.2)
+    with open_checkpointer(spec.storage_url(), tmp_path) as checkpointer:
+        controller.run(checkpointer)
+
+
+def test_a_study_runs_its_trials_as_jobs_spread_over_the_backends(backend_url: str, tmp_path: Path) -> None:
+    # Two endpoints of one server: the controller cannot tell, and each trial must stay with the one it was given.
+    backends = [backend_url, backend_url.replace("127.0.0.1", "localhost")]
+    spec = cluster_spec(
+        tmp_path, backends, budget={"trials": 3, "concurrency": 2, "steps_per_trial": 2, "trial_time_limit_s": 300}
+    )
+    with jobs_api(tmp_path, SECRETS) as api:
+        executor = KubernetesExecutor(
+            spec.executor, spec.study, tmp_path / "trials", tmp_path, spec.budget.trial_time_limit_s, api=api.client()
+        )
+        study = open_study(spec)
+        run_controller(spec, study, executor, tmp_path)
+
+    trials = study.get_trials(deepcopy=False)
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 3
+    assert [job["metadata"]["name"] for job in api.created] == [job_name(t.user_attrs["run_id"]) for t in trials]
+    # The first two start together, one on each backend; the third goes where fewer trials run.
+    assert {trials[0].user_attrs["backend_url"], trials[1].user_attrs["backend_url"]} == set(backends)
+    for trial, job in zip(trials, api.created, strict=True):
+        command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+        assert command[command.index("--backend-url") + 1] == trial.user_attrs["backend_url"]
+        assert job["metadata"]["labels"]["rl-posttrain/study"] == spec.study
+
+
+def test_job_names_and_labels_are_valid_and_distinct_for_any_study_name() -> None:
+    long_study = "A.Study_name-" + "x" * 70
+    names = {job_name(f"{long_study}-{i:04d}") for i in range(3)}
+    assert len(names) == 3
+    assert all(re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", name) for name in names)
+    assert job_name("text2sql-gemma-0003") == "trial-text2sql-gemma-0003"
+    assert label_value("text2sql-gemma") == "text2sql-gemma"
+    long_label = label_value(long_study)
+    assert len(long_label) <= 63 and re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", long_label)
+    assert long_label != label_value(long_study + "y")
