@@ -24,11 +24,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from kubernetes import client
-from scripted_llm import free_port
+from loopback import serving
 
 
 def _now() -> str:
@@ -202,13 +201,6 @@ def _app(api: JobsApi) -> FastAPI:
 def jobs_api(root: Path, secrets: dict[str, dict[str, str]] | None = None) -> Iterator[JobsApi]:
     """The stand-in on a loopback port, its Job controller ticking every 50 ms; pods left running are killed after."""
     api = JobsApi(root, secrets or {})
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(_app(api), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    api.url = f"http://127.0.0.1:{port}"
     stop = threading.Event()
 
     def tick() -> None:
@@ -216,13 +208,13 @@ def jobs_api(root: Path, secrets: dict[str, dict[str, str]] | None = None) -> It
             api.step()
 
     ticker = threading.Thread(target=tick, daemon=True)
-    ticker.start()
-    try:
-        yield api
-    finally:
-        stop.set()
-        ticker.join(5)
-        server.should_exit = True
-        thread.join(5)
-        for job in api.jobs.values():
-            _kill(job.pod)
+    with serving(_app(api)) as url:
+        api.url = url
+        ticker.start()
+        try:
+            yield api
+        finally:
+            stop.set()
+            ticker.join(5)
+            for job in api.jobs.values():
+                _kill(job.pod)

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from scripted_llm import free_port
+from loopback import free_port
 
 
 def postgres_bin() -> Path | None:

@@ -4,16 +4,14 @@ in for one at the boundary (a real HTTP server on loopback, spoken to by the rea
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from loopback import serving
 
 
 @dataclass
@@ -61,24 +59,9 @@ def _app(script: ScriptedLlm) -> FastAPI:
     return app
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @contextmanager
 def scripted_llm() -> Iterator[ScriptedLlm]:
     script = ScriptedLlm()
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(_app(script), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    script.url = f"http://127.0.0.1:{port}/v1"
-    try:
+    with serving(_app(script)) as url:
+        script.url = f"{url}/v1"
         yield script
-    finally:
-        server.should_exit = True
-        thread.join(5)

@@ -3,21 +3,12 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
-from autoresearch.executors.local import PID_FILE, LocalExecutor, TrialPhase, TrialStatus
+from waiting import wait_for_phase
+
+from autoresearch.executors.local import PID_FILE, LocalExecutor, TrialPhase
 from autoresearch.trials.config import TrialConfig
-
-
-def wait_for_phase(executor: LocalExecutor, run_id: str, phases: set[TrialPhase], timeout: float = 240) -> TrialStatus:
-    deadline = time.monotonic() + timeout
-    while True:
-        status = executor.status(run_id)
-        if status.phase in phases:
-            return status
-        assert time.monotonic() < deadline, f"{run_id} still {status.phase}"
-        time.sleep(0.2)
 
 
 def test_a_trial_runs_to_its_result_and_launching_again_does_nothing(

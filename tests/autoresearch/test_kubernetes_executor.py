@@ -7,19 +7,19 @@ from __future__ import annotations
 
 import math
 import re
-import time
 from pathlib import Path
 
 import optuna
 import pytest
 import yaml
 from kube_stand_in import JobsApi, jobs_api
+from loopback import free_port
 from optuna.trial import TrialState
-from scripted_llm import free_port
+from waiting import wait_for_phase
 
 from autoresearch.checkpointing import open_checkpointer
 from autoresearch.controller import Controller
-from autoresearch.executors import ExecutorError, TrialPhase, TrialStatus
+from autoresearch.executors import ExecutorError, TrialPhase
 from autoresearch.executors.kubernetes import KubernetesExecutor, job_name, label_value
 from autoresearch.spec import KubernetesExecutorSettings, StudySpec
 from autoresearch.study import open_study
@@ -46,16 +46,6 @@ def executor_for(api: JobsApi, tmp_path: Path, deadline_s: float = 600, **change
     )
 
 
-def wait_for(executor: KubernetesExecutor, run_id: str, phases: set[TrialPhase], timeout: float = 240) -> TrialStatus:
-    deadline = time.monotonic() + timeout
-    while True:
-        status = executor.status(run_id)
-        if status.phase in phases:
-            return status
-        assert time.monotonic() < deadline, f"{run_id} still {status.phase}"
-        time.sleep(0.1)
-
-
 def test_a_trial_job_runs_to_its_result_and_is_made_once(
     backend_url: str, tiny_config: TrialConfig, tmp_path: Path
 ) -> None:
@@ -64,7 +54,7 @@ def test_a_trial_job_runs_to_its_result_and_is_made_once(
         assert executor.status("t-0").phase is TrialPhase.NOT_STARTED
         executor.launch("t-0", tiny_config, backend_url)
         executor.launch("t-0", tiny_config, backend_url)  # a second controller's launch: already running
-        done = wait_for(executor, "t-0", {TrialPhase.FINISHED, TrialPhase.FAILED})
+        done = wait_for_phase(executor, "t-0", {TrialPhase.FINISHED, TrialPhase.FAILED})
         assert done.phase is TrialPhase.FINISHED, done.failure
         executor.launch("t-0", tiny_config, backend_url)  # finished: not run again
 
@@ -96,19 +86,19 @@ def test_a_failed_pod_fails_the_job_past_its_backoff_limit_and_is_retried_within
     with jobs_api(tmp_path, SECRETS) as api:
         strict = executor_for(api, tmp_path, backoff_limit=0)
         strict.launch("no-retry", tiny_config, backend_url)
-        wait_for(strict, "no-retry", {TrialPhase.RUNNING})
+        wait_for_phase(strict, "no-retry", {TrialPhase.RUNNING})
         api.kill_pod(NAMESPACE, "trial-no-retry")
-        failed = wait_for(strict, "no-retry", {TrialPhase.FAILED, TrialPhase.FINISHED})
+        failed = wait_for_phase(strict, "no-retry", {TrialPhase.FAILED, TrialPhase.FINISHED})
         assert failed.phase is TrialPhase.FAILED
         assert "failed (BackoffLimitExceeded)" in failed.failure
         assert f"kubectl logs -n {NAMESPACE} job/trial-no-retry" in failed.failure
 
         forgiving = executor_for(api, tmp_path, backoff_limit=1)
         forgiving.launch("one-retry", tiny_config, backend_url)
-        wait_for(forgiving, "one-retry", {TrialPhase.RUNNING})
+        wait_for_phase(forgiving, "one-retry", {TrialPhase.RUNNING})
         api.kill_pod(NAMESPACE, "trial-one-retry")
         # The Job starts a second pod, which resumes the trial from its run directory and checkpoint.
-        done = wait_for(forgiving, "one-retry", {TrialPhase.FAILED, TrialPhase.FINISHED})
+        done = wait_for_phase(forgiving, "one-retry", {TrialPhase.FAILED, TrialPhase.FINISHED})
         assert done.phase is TrialPhase.FINISHED, done.failure
 
 
@@ -118,7 +108,7 @@ def test_a_job_over_its_deadline_fails_with_that_reason(tiny_config: TrialConfig
         executor = executor_for(api, tmp_path, deadline_s=1.5)
         executor.launch("slow", tiny_config, f"http://127.0.0.1:{free_port()}")
         assert api.created[0]["spec"]["activeDeadlineSeconds"] == math.ceil(1.5)
-        failed = wait_for(executor, "slow", {TrialPhase.FAILED, TrialPhase.FINISHED}, timeout=60)
+        failed = wait_for_phase(executor, "slow", {TrialPhase.FAILED, TrialPhase.FINISHED}, timeout=60)
     assert failed.phase is TrialPhase.FAILED
     assert "exceeded the trial time limit (the Job's activeDeadlineSeconds)" in failed.failure
 
@@ -129,12 +119,12 @@ def test_a_job_deleted_from_under_the_controller_is_reported_dead_and_a_relaunch
     with jobs_api(tmp_path, SECRETS) as api:
         executor = executor_for(api, tmp_path)
         executor.launch("gone", tiny_config, backend_url)
-        wait_for(executor, "gone", {TrialPhase.RUNNING})
+        wait_for_phase(executor, "gone", {TrialPhase.RUNNING})
         api.delete_from_under(NAMESPACE, "trial-gone")
         died = executor.status("gone")
         assert died.phase is TrialPhase.DIED and "was deleted before the trial wrote a result" in died.failure
         executor.launch("gone", tiny_config, backend_url)
-        done = wait_for(executor, "gone", {TrialPhase.FAILED, TrialPhase.FINISHED})
+        done = wait_for_phase(executor, "gone", {TrialPhase.FAILED, TrialPhase.FINISHED})
     assert done.phase is TrialPhase.FINISHED, done.failure
     assert len(api.created) == 2
 

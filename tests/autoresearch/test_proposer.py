@@ -6,7 +6,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from scripted_llm import ScriptedLlm, free_port, scripted_llm
+from loopback import free_port
+from scripted_llm import ScriptedLlm, scripted_llm
 
 from autoresearch.proposer import LlmProposer, ProposalError, TrialRecord
 from autoresearch.search import CandidateError, check_candidate

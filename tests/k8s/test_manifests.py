@@ -20,7 +20,7 @@ import yaml
 from kubernetes.client import ApiClient, BatchV1Api
 
 from autoresearch.executors.kubernetes import KubernetesExecutor, job_name
-from autoresearch.spec import load_study_spec
+from autoresearch.spec import StudySpec, load_study_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
@@ -505,15 +505,19 @@ def test_an_overlay_spec_changes_only_its_image_backends_and_trial_sizes(overlay
     assert changed <= OVERLAY_SPEC_CHANGES[overlay]
 
 
+def mounted_spec(docs: list[dict], folder: Path, monkeypatch: pytest.MonkeyPatch) -> StudySpec:
+    """The study spec the controller reads, loaded as it loads it (the password from its environment)."""
+    monkeypatch.setenv("POSTGRES_PASSWORD", "not-a-real-password")
+    configmap, key = spec_configmap(docs)
+    (folder / key).write_text(configmap["data"][key])
+    return load_study_spec(folder / key)
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_the_mounted_spec_loads_as_a_study_spec_of_kubernetes_trials(
     rendered: dict, target: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("POSTGRES_PASSWORD", "not-a-real-password")
-    configmap, key = spec_configmap(rendered[target])
-    path = tmp_path / key
-    path.write_text(configmap["data"][key])
-    spec = load_study_spec(path)
+    spec = mounted_spec(rendered[target], tmp_path, monkeypatch)
     statefulset, _ = backend(rendered[target])
     assert spec.executor.kind == "kubernetes" and len(spec.backend_urls) == statefulset["spec"]["replicas"]
     assert spec.storage_url() == "postgresql+psycopg://optuna:not-a-real-password@postgres:5432/optuna"
@@ -524,10 +528,7 @@ def test_the_mounted_spec_loads_as_a_study_spec_of_kubernetes_trials(
 def test_the_job_the_executor_makes_from_the_mounted_spec_is_valid_and_fits_the_cluster(
     rendered: dict, target: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("POSTGRES_PASSWORD", "not-a-real-password")
-    configmap, key = spec_configmap(rendered[target])
-    (tmp_path / key).write_text(configmap["data"][key])
-    spec = load_study_spec(tmp_path / key)
+    spec = mounted_spec(rendered[target], tmp_path, monkeypatch)
     pod, container = controller(rendered[target])
     run_root = Path(flag(container["command"], "--run-root"))
     executor = KubernetesExecutor(
