@@ -43,7 +43,6 @@ from tasks.text2sql.errors import Text2SqlError
 log = logging.getLogger(__name__)
 
 SAMPLER_RATIONALE = "sampled by Optuna's TPE sampler"
-
 # A trial whose process died is started again (it resumes from its last checkpoint) this many times, then fails.
 RELAUNCHES = 1
 

@@ -19,7 +19,9 @@ log = logging.getLogger(__name__)
 
 
 def trials_table(study: optuna.Study) -> Table:
-    table = Table(title=f"study {study.study_name}")
+    baseline = study.user_attrs.get(BASELINE)
+    caption = "" if baseline is None else f" (base model: {baseline:.3f})"
+    table = Table(title=f"study {study.study_name}{caption}")
     for column in ("#", "state", "source", "latest held-out", "score", "parameters"):
         table.add_column(column)
     for trial in study.get_trials(deepcopy=False):
