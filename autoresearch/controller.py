@@ -123,7 +123,7 @@ class Controller:
             return {"round": state["round"] + 1}
         count = min(self.spec.budget.candidates_per_round, self._free_slots())
         try:
-            proposed = self.proposer.propose(self.spec, history(self.study), count)
+            proposed = self.proposer.propose(self.spec, history(self.study), count, self.study.user_attrs.get(BASELINE))
         except ProposalError as error:
             self._record_rejection(f"round {state['round']}: {error}; Optuna's sampler proposes instead")
             return {"round": state["round"] + 1}
@@ -190,7 +190,7 @@ class Controller:
         if self.proposer is None or ended <= state["analysed"]:
             return {"analysed": ended}
         try:
-            text = self.proposer.analyze(self.spec, history(self.study))
+            text = self.proposer.analyze(self.spec, history(self.study), self.study.user_attrs.get(BASELINE))
         except ProposalError as error:
             log.warning("no analysis this round: %s", error)
             return {"analysed": ended}

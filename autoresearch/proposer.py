@@ -81,8 +81,11 @@ class LlmProposer:
         )
         self._json_schema = True
 
-    def propose(self, spec: StudySpec, history: list[TrialRecord], count: int) -> list[ProposedCandidate]:
-        messages = [SystemMessage(SYSTEM), HumanMessage(_proposal_prompt(spec, history, count))]
+    def propose(
+        self, spec: StudySpec, history: list[TrialRecord], count: int, baseline: float | None = None
+    ) -> list[ProposedCandidate]:
+        """`count` candidates at most, given the trials so far and the base model's held-out score (`baseline`)."""
+        messages = [SystemMessage(SYSTEM), HumanMessage(_proposal_prompt(spec, history, count, baseline))]
         if self._json_schema:
             try:
                 proposal = self.chat.with_structured_output(Proposal, method="json_schema").invoke(messages)
@@ -112,11 +115,11 @@ class LlmProposer:
         except ValidationError as error:
             raise ProposalError(f"the LLM's reply is not a valid proposal: {_first_line(error)}") from None
 
-    def analyze(self, spec: StudySpec, history: list[TrialRecord]) -> str:
+    def analyze(self, spec: StudySpec, history: list[TrialRecord], baseline: float | None = None) -> str:
         """A few sentences on what worked and what to try next, for a note on the study."""
         prompt = (
-            f"{_history_text(history)}\n\nIn at most five sentences: what worked, what did not, and what to try "
-            "next. Plain text."
+            f"{_history_text(history, baseline)}\n\nIn at most five sentences: what worked, what did not, and what to "
+            "try next. Plain text."
         )
         try:
             reply = self.chat.invoke([SystemMessage(SYSTEM), HumanMessage(prompt)])
@@ -129,7 +132,7 @@ def _first_line(error: Exception) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
-def _proposal_prompt(spec: StudySpec, history: list[TrialRecord], count: int) -> str:
+def _proposal_prompt(spec: StudySpec, history: list[TrialRecord], count: int, baseline: float | None) -> str:
     space = spec.search_space
     params = "\n".join(f"- {name}: {param.model_dump()}" for name, param in space.params.items()) or "- (none)"
     rewards = (
@@ -142,14 +145,15 @@ def _proposal_prompt(spec: StudySpec, history: list[TrialRecord], count: int) ->
         f"Fixed trial settings: {json.dumps(spec.trial, default=str)}\n"
         f"Searched hyperparameters (params):\n{params}\n"
         f"Reward: execution_match at weight 1 always; optional components (reward_weights, 0 leaves one out):\n"
-        f"{rewards}\n\n{_history_text(history)}\n\nPropose {count} candidates."
+        f"{rewards}\n\n{_history_text(history, baseline)}\n\nPropose {count} candidates."
     )
 
 
-def _history_text(history: list[TrialRecord]) -> str:
+def _history_text(history: list[TrialRecord], baseline: float | None) -> str:
+    lines = [] if baseline is None else [f"The untrained base model scores {baseline:.3f} on the held-out questions."]
     if not history:
-        return "No trials have run yet."
-    lines = ["Trials so far (number, state, held-out accuracy, curve by step, params, rationale, failure):"]
+        return "\n".join([*lines, "No trials have run yet."])
+    lines += ["Trials so far (number, state, held-out accuracy, curve by step, params, rationale, failure):"]
     for record in history:
         accuracy = "-" if record.held_out_accuracy is None else f"{record.held_out_accuracy:.3f}"
         curve = ", ".join(f"{step}:{value:.2f}" for step, value in sorted(record.curve.items())) or "-"

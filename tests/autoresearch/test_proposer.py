@@ -36,13 +36,14 @@ def proposer(url: str) -> LlmProposer:
 def test_a_structured_proposal_is_parsed_and_the_prompt_carries_the_space_and_history(llm: ScriptedLlm) -> None:
     llm.say(GOOD)
     history = [TrialRecord(0, {"learning_rate": 0.01}, "COMPLETE", 0.25, {0: 0.0, 3: 0.25}, "high lr", None)]
-    candidates = proposer(llm.url).propose(SPEC, history, count=2)
+    candidates = proposer(llm.url).propose(SPEC, history, count=2, baseline=0.0625)
     assert [c.rationale for c in candidates] == ["PPO", "bigger batches"]
     assert candidates[0].params == {"learning_rate": 0.002, "loss": "ppo"}
     request = llm.requests[0]
     assert request["response_format"]["type"] == "json_schema"
     prompt = request["messages"][-1]["content"]
     assert "learning_rate" in prompt and "length_penalty" in prompt and "acc=0.250" in prompt and "Propose 2" in prompt
+    assert "base model scores 0.062" in prompt
 
 
 def test_a_server_without_json_schema_is_asked_again_in_json_mode(llm: ScriptedLlm) -> None:
