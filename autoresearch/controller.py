@@ -1,4 +1,4 @@
-"""The controller: a LangGraph state machine, baseline → propose → launch → monitor → analyze → (propose or end).
+"""The controller: a LangGraph state machine, propose → launch → baseline → monitor → analyze → (propose or end).
 
 The Optuna study and the trials' run directories hold everything that matters; the graph's own state is only
 the round counter and how far the analysis got. Every node is safe to run again after a crash: proposals wait in
@@ -94,10 +94,10 @@ class Controller:
         graph.add_node("launch", self.launch)
         graph.add_node("monitor", self.monitor)
         graph.add_node("analyze", self.analyze)
-        graph.add_edge(START, "baseline")
-        graph.add_edge("baseline", "propose")
+        graph.add_edge(START, "propose")
         graph.add_edge("propose", "launch")
-        graph.add_edge("launch", "monitor")
+        graph.add_edge("launch", "baseline")
+        graph.add_edge("baseline", "monitor")
         graph.add_edge("monitor", "analyze")
         graph.add_conditional_edges("analyze", self.decide, {"propose": "propose", "end": END})
         return graph
@@ -105,7 +105,8 @@ class Controller:
     # --- nodes ------------------------------------------------------------------------------------------------
 
     def baseline(self, state: ControllerState) -> dict:
-        """Score the base model once, the number every trial has to beat; a study goes on without it if it fails."""
+        """Score the base model once, the number every trial has to beat, while the first trials start (so it does
+        not hold them up); a study goes on without it if it fails."""
         if BASELINE in self.study.user_attrs:
             return {}
         try:

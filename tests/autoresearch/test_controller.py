@@ -159,8 +159,9 @@ def test_a_controller_stopped_with_sigterm_shuts_its_local_backend_down(tmp_path
     command = [sys.executable, "-m", "autoresearch", str(spec_path), "--run-root", str(runs), "--no-progress"]
     controller = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     backend_storage = str(runs / spec.study / "backend")
-    deadline = time.monotonic() + 180
-    while not (runs / spec.study / "trials").exists() or not processes_mentioning(backend_storage):
+    deadline = time.monotonic() + 300
+    # The checkpoint file is opened once the local backend answers: the controller is then in its loop.
+    while not (runs / spec.study / "controller.sqlite3").exists() or not processes_mentioning(backend_storage):
         assert controller.poll() is None and time.monotonic() < deadline
         time.sleep(0.2)
     controller.send_signal(signal.SIGTERM)
