@@ -23,7 +23,7 @@ def trials_table(study: optuna.Study) -> Table:
     caption = "" if baseline is None else f" (base model: {baseline:.3f})"
     table = Table(title=f"study {study.study_name}{caption}")
     for column in ("#", "state", "source", "latest held-out", "score", "parameters"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for trial in study.get_trials(deepcopy=False):
         if trial.state is TrialState.WAITING:
             continue
@@ -80,7 +80,7 @@ def write_summary(study: optuna.Study, folder: Path, console: Console) -> Path:
     rows = summary_rows(study)
     table = Table(title=f"best trials of {study.study_name}")
     for column in ("#", "held-out accuracy", "source", "parameters", "reward components"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for row in rows:
         components = ", ".join(
             f"{c['kind']}×{c.get('weight', 1.0):.2g}" for c in row["reward_spec"].get("components", [])
