@@ -104,15 +104,21 @@ class KubernetesExecutor:
                 failure = f"its Job {self.namespace}/{name} was deleted before the trial wrote a result"
                 return TrialStatus(TrialPhase.DIED, evaluations, failure=failure)
             return TrialStatus(TrialPhase.NOT_STARTED, evaluations)
-        started = job.status.start_time or job.metadata.creation_timestamp
+        # A Job just created may have no status yet.
+        job_status = job.status or client.V1JobStatus()
+        started = job_status.start_time or job.metadata.creation_timestamp
         started_at = started.timestamp() if started is not None else None
-        for condition in job.status.conditions or []:
+        for condition in job_status.conditions or []:
             if condition.status != "True":
                 continue
             if condition.type == "Failed":
                 failure = _failure_of(condition, self.namespace, name)
                 return TrialStatus(TrialPhase.FAILED, evaluations, failure=failure, started_at=started_at)
             if condition.type == "Complete":
+                # The trial may have written its result and exited between the first look and the Job's read.
+                result = read_progress(self.run_root / run_id).result
+                if result is not None:
+                    return TrialStatus(TrialPhase.FINISHED, evaluations, result=result)
                 failure = (
                     f"Job {self.namespace}/{name} completed, but {self.run_root / run_id} holds no result: is the "
                     f"volume {self.settings.runs_claim} mounted at {self.mount_path} in the controller as well?"

@@ -60,6 +60,10 @@ class LocalExecutor:
         pid, started_at, start_ticks = launched
         if self._alive(run_id, pid, start_ticks):
             return TrialStatus(TrialPhase.RUNNING, evaluations, started_at=started_at)
+        # It may have written its result and exited between the first look and this one.
+        result = read_progress(root).result
+        if result is not None:
+            return TrialStatus(TrialPhase.FINISHED, evaluations, result=result)
         log = root / LOG_FILE
         tail = log.read_text(errors="replace")[-2000:].strip() if log.exists() else ""
         failure = "the trial process exited without a result" + (
