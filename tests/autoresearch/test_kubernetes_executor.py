@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from pathlib import Path
 
 import optuna
@@ -210,3 +211,41 @@ def test_job_names_and_labels_are_valid_and_distinct_for_any_study_name() -> Non
     long_label = label_value(long_study)
     assert len(long_label) <= 63 and re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", long_label)
     assert long_label != label_value(long_study + "y")
+
+
+def test_jobs_that_fail_or_vanish_end_in_the_right_optuna_states(backend_url: str, tmp_path: Path) -> None:
+    spec = cluster_spec(
+        tmp_path, [backend_url], budget={"trials": 3, "concurrency": 3, "steps_per_trial": 1, "trial_time_limit_s": 300}
+    )
+    failing, vanishing = job_name(f"{spec.study}-0000"), job_name(f"{spec.study}-0001")
+    with jobs_api(tmp_path, SECRETS) as api:
+        disturbed: set[str] = set()
+        stop = threading.Event()
+
+        def disturb() -> None:
+            # What a cluster does to a study now and then: a pod killed (out of memory), a Job deleted by a person.
+            while not stop.wait(0.05) and len(disturbed) < 2:
+                if failing not in disturbed and (NAMESPACE, failing) in api.jobs:
+                    api.kill_pod(NAMESPACE, failing)
+                    disturbed.add(failing)
+                if vanishing not in disturbed and (NAMESPACE, vanishing) in api.jobs:
+                    api.delete_from_under(NAMESPACE, vanishing)
+                    disturbed.add(vanishing)
+
+        disturber = threading.Thread(target=disturb, daemon=True)
+        disturber.start()
+        executor = KubernetesExecutor(
+            spec.executor, spec.study, tmp_path / "trials", tmp_path, spec.budget.trial_time_limit_s, api=api.client()
+        )
+        study = open_study(spec)
+        try:
+            run_controller(spec, study, executor, tmp_path)
+        finally:
+            stop.set()
+            disturber.join(5)
+
+    failed, relaunched, untouched = study.get_trials(deepcopy=False)
+    assert failed.state is TrialState.FAIL and "failed (BackoffLimitExceeded)" in failed.user_attrs["failure"]
+    assert relaunched.state is TrialState.COMPLETE and relaunched.user_attrs["relaunches"] == 1
+    assert untouched.state is TrialState.COMPLETE and "relaunches" not in untouched.user_attrs
+    assert [job["metadata"]["name"] for job in api.created].count(vanishing) == 2
