@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from loopback import free_port
 
 from autoresearch.spec import load_study_spec
+from autoresearch.study import open_study
 from autoresearch.trials.errors import ConfigurationError
 
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
@@ -111,3 +113,13 @@ def test_a_missing_or_malformed_file_is_named(tmp_path: Path) -> None:
     (tmp_path / "broken.yaml").write_text("study: [unclosed")
     with pytest.raises(ConfigurationError, match="not valid YAML"):
         load_study_spec(tmp_path / "broken.yaml")
+
+
+def test_an_unreachable_storage_is_named_without_its_password(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_DB_PASSWORD", "hunter2")
+    url = f"postgresql+psycopg://optuna:${{TEST_DB_PASSWORD}}@127.0.0.1:{free_port()}/optuna"
+    spec = load_study_spec(write(tmp_path, storage=url))
+    with pytest.raises(ConfigurationError) as refused:
+        open_study(spec)
+    assert str(refused.value).startswith(f"cannot reach the study's storage {url}: ")
+    assert "hunter2" not in str(refused.value)
