@@ -237,6 +237,7 @@ class Controller:
         try:
             status = self.executor.status(run_id)
         except ExecutorError as error:
+            self._stop(run_id)  # if the executor answers again, the failed trial does not run on
             self._fail(frozen, f"lost track of the trial: {error}")
             return
         trial = optuna.trial.Trial(self.study, frozen._trial_id)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import re
 import threading
+import time
 from pathlib import Path
 
 import optuna
@@ -249,3 +250,26 @@ def test_jobs_that_fail_or_vanish_end_in_the_right_optuna_states(backend_url: st
     assert relaunched.state is TrialState.COMPLETE and relaunched.user_attrs["relaunches"] == 1
     assert untouched.state is TrialState.COMPLETE and "relaunches" not in untouched.user_attrs
     assert [job["metadata"]["name"] for job in api.created].count(vanishing) == 2
+
+
+def test_an_api_lost_while_a_trial_runs_fails_it_saying_so(backend_url: str, tmp_path: Path) -> None:
+    spec = cluster_spec(tmp_path, [backend_url], budget={"trials": 1, "steps_per_trial": 1})
+    with jobs_api(tmp_path, SECRETS) as api:
+        executor = executor_for(api, tmp_path)
+        executor.attempts = 3
+
+        def lose_the_api_once_the_job_runs() -> None:
+            while not api.created:
+                time.sleep(0.02)
+            api.unavailable_for = 10_000
+
+        lost = threading.Thread(target=lose_the_api_once_the_job_runs, daemon=True)
+        lost.start()
+        study = open_study(spec)
+        run_controller(spec, study, executor, tmp_path)
+        lost.join()
+    (trial,) = study.get_trials(deepcopy=False)
+    assert trial.state is TrialState.FAIL
+    assert re.search(
+        r"lost track of the trial: could not read Job \S+: the Kubernetes API .* failed 3", trial.user_attrs["failure"]
+    )
