@@ -52,7 +52,8 @@ def autoresearch(
         raise typer.Exit(2) from None
     if proposer is None:
         console.print("no LLM configured in the spec: Optuna's TPE sampler proposes every trial alone")
-    folder = run_root.resolve() / spec.study
+    run_root = run_root.resolve()
+    folder = run_root / spec.study
     try:
         study = open_study(spec)
         with (
@@ -60,7 +61,7 @@ def autoresearch(
             open_checkpointer(spec.storage_url(), folder) as checkpointer,
             StudyView(progress, console) as view,
         ):
-            executor = _executor(spec, folder, run_root.resolve())
+            executor = _executor(spec, folder, run_root)
             controller = Controller(spec, study, executor, proposer, backend_urls, on_tick=view.update, poll_s=poll_s)
             controller.run(checkpointer)
     except TrialError as error:

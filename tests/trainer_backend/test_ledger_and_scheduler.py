@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,18 @@ def _operation(ledger: Ledger, lane: str, seq_id: int | None, log: list, work=No
     return Operation(record.request_id, "op", lane, work or default_work, seq_id)
 
 
+def _held_until(gate: threading.Event, log: list | None = None) -> Callable[[], tuple[bytes, ResultFormat]]:
+    """Work that keeps the device busy until `gate` is set (at most 5 s), noting "blocker" in `log` when given."""
+
+    def work() -> tuple[bytes, ResultFormat]:
+        gate.wait(5)
+        if log is not None:
+            log.append("blocker")
+        return b"{}", ResultFormat.JSON
+
+    return work
+
+
 def wait_for(predicate, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -113,10 +126,7 @@ def test_tenants_take_turns_instead_of_first_come_first_served(ledger: Ledger) -
     scheduler = Scheduler(ledger)
     log: list = []
     gate = threading.Event()
-
-    def blocked() -> tuple[bytes, ResultFormat]:
-        gate.wait(5)
-        return b"{}", ResultFormat.JSON
+    blocked = _held_until(gate)
 
     scheduler.submit(_operation(ledger, "blocker", None, log, blocked))
     for seq in range(1, 6):
@@ -159,10 +169,7 @@ def test_full_queues_push_back(ledger: Ledger) -> None:
     scheduler = Scheduler(ledger, max_queued=2)
     log: list = []
     gate = threading.Event()
-
-    def blocked() -> tuple[bytes, ResultFormat]:
-        gate.wait(5)
-        return b"{}", ResultFormat.JSON
+    blocked = _held_until(gate)
 
     scheduler.submit(_operation(ledger, "a", None, log, blocked))
     wait_for(lambda: scheduler.stats().running)
@@ -192,11 +199,7 @@ def test_ready_operations_of_a_batch_kind_from_all_tenants_run_in_one_call(ledge
     scheduler = Scheduler(ledger, batch_runners={"sample": run_samples})
     log: list = []
     gate = threading.Event()
-
-    def blocked() -> tuple[bytes, ResultFormat]:
-        gate.wait(5)
-        log.append("blocker")
-        return b"{}", ResultFormat.JSON
+    blocked = _held_until(gate, log)
 
     scheduler.submit(_operation(ledger, "trainer", 1, log, blocked))
     wait_for(lambda: scheduler.stats().running)
@@ -254,10 +257,7 @@ def test_the_next_ordered_operations_of_several_clients_batch_and_later_ones_wai
 
     scheduler = Scheduler(ledger, batch_runners={"pass": run_passes})
     gate = threading.Event()
-
-    def blocked() -> tuple[bytes, ResultFormat]:
-        gate.wait(5)
-        return b"{}", ResultFormat.JSON
+    blocked = _held_until(gate)
 
     def training_pass(lane: str, seq_id: int) -> Operation:
         record, _ = ledger.submit("alice", "forward_backward", f"{lane}-{seq_id}", lane, seq_id)
@@ -320,10 +320,7 @@ def test_the_fifo_policy_serves_in_arrival_order_across_tenants(ledger: Ledger) 
     scheduler = Scheduler(ledger, policy="fifo")
     log: list = []
     gate = threading.Event()
-
-    def blocked() -> tuple[bytes, ResultFormat]:
-        gate.wait(5)
-        return b"{}", ResultFormat.JSON
+    blocked = _held_until(gate)
 
     scheduler.submit(_operation(ledger, "blocker", None, log, blocked))
     wait_for(lambda: scheduler.stats().running)
