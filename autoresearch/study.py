@@ -1,13 +1,15 @@
 """The Optuna study of a spec: opened from its RDB storage, and read back as the history the LLM sees.
 
 Each trial carries user attributes that the dashboard shows: `run_id`, `rationale`, `source` (llm or sampler),
-`reward_spec`, `trial_config`, `backend_url` and, for a failed trial, `failure`. The study carries the base model's
+`reward_spec`, `trial_config`, `backend_url`, once it ends `held_out_at_rl_start` and `rl_gain` (what RL added to
+the accuracy its warm-up left), and for a failed trial `failure`. The study carries the base model's
 held-out accuracy (`baseline_accuracy`), the LLM's analyses and the proposals it rejected.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
@@ -79,6 +81,25 @@ def history(study: optuna.Study) -> list[TrialRecord]:
     return records
 
 
+@dataclass(frozen=True)
+class RlGain:
+    """Held-out accuracy where a trial's RL started (after any warm-up), its latest or final one, and the gain."""
+
+    at_start: float | None
+    latest: float | None
+
+    @property
+    def gain(self) -> float | None:
+        return None if self.at_start is None or self.latest is None else self.latest - self.at_start
+
+
+def rl_gain_of(trial: FrozenTrial) -> RlGain:
+    """From the trial's reports: step 0 is the evaluation where RL starts; the final value, else the latest report."""
+    values = trial.intermediate_values
+    latest = trial.values[0] if trial.values else (values[max(values)] if values else None)
+    return RlGain(at_start=values.get(0), latest=latest)
+
+
 def summary_rows(study: optuna.Study, top: int = 5) -> list[dict]:
     """The best completed trials, best first: number, score, parameters, reward spec, run id."""
     complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.values]
@@ -87,6 +108,8 @@ def summary_rows(study: optuna.Study, top: int = 5) -> list[dict]:
         {
             "number": t.number,
             "held_out_accuracy": t.values[0],
+            "held_out_at_rl_start": rl_gain_of(t).at_start,
+            "rl_gain": rl_gain_of(t).gain,
             "params": {k: v for k, v in t.params.items() if not k.startswith("reward.")},
             "reward_spec": json.loads(t.user_attrs.get("reward_spec", "{}")),
             "run_id": t.user_attrs.get("run_id"),

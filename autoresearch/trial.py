@@ -53,6 +53,12 @@ def trial(
         f"run {result.run_id}: {result.steps_completed} steps, held-out accuracy {result.held_out_accuracy:.3f} "
         f"({_by_difficulty(result.held_out_by_difficulty)}){' (stopped early)' if result.stopped_early else ''}"
     )
+    rl = result.rl_comparison
+    if rl is not None:
+        typer.echo(
+            f"RL: held-out {rl.accuracy_before:.3f} -> {rl.accuracy_after:.3f} ({rl.gain:+.3f}) on {rl.questions} "
+            f"questions; {rl.gained} gained, {rl.lost} lost, McNemar exact p = {rl.p_value:.3g}"
+        )
     typer.echo(f"results in {result.run_dir}; sampler weights {result.sampler_path}")
 
 

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from autoresearch.study import BASELINE, summary_rows
+from autoresearch.study import BASELINE, rl_gain_of, summary_rows
 
 log = logging.getLogger(__name__)
 
@@ -22,22 +22,33 @@ def trials_table(study: optuna.Study) -> Table:
     baseline = study.user_attrs.get(BASELINE)
     caption = "" if baseline is None else f" (base model: {baseline:.3f})"
     table = Table(title=f"study {study.study_name}{caption}")
-    for column in ("#", "state", "source", "latest held-out", "score", "parameters"):
+    for column in ("#", "state", "source", "held-out at RL start", "latest held-out", "RL gain", "score", "parameters"):
         table.add_column(column, overflow="fold")
     for trial in study.get_trials(deepcopy=False):
         if trial.state is TrialState.WAITING:
             continue
         latest = trial.intermediate_values[max(trial.intermediate_values)] if trial.intermediate_values else None
+        gain = rl_gain_of(trial)
         params = ", ".join(f"{k}={_short(v)}" for k, v in trial.params.items())
         table.add_row(
             str(trial.number),
             trial.state.name.lower(),
             trial.user_attrs.get("source", "-"),
-            "-" if latest is None else f"{latest:.3f}",
+            _figure(gain.at_start),
+            _figure(latest),
+            _signed(gain.gain),
             "-" if not trial.values else f"{trial.values[0]:.3f}",
             params,
         )
     return table
+
+
+def _figure(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _signed(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.3f}"
 
 
 def _short(value: object) -> str:
@@ -79,14 +90,22 @@ def write_summary(study: optuna.Study, folder: Path, console: Console) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     rows = summary_rows(study)
     table = Table(title=f"best trials of {study.study_name}")
-    for column in ("#", "held-out accuracy", "source", "parameters", "reward components"):
+    for column in ("#", "held-out accuracy", "at RL start", "RL gain", "source", "parameters", "reward components"):
         table.add_column(column, overflow="fold")
     for row in rows:
         components = ", ".join(
             f"{c['kind']}×{c.get('weight', 1.0):.2g}" for c in row["reward_spec"].get("components", [])
         )
         params = ", ".join(f"{k}={_short(v)}" for k, v in row["params"].items())
-        table.add_row(str(row["number"]), f"{row['held_out_accuracy']:.3f}", str(row["source"]), params, components)
+        table.add_row(
+            str(row["number"]),
+            f"{row['held_out_accuracy']:.3f}",
+            _figure(row["held_out_at_rl_start"]),
+            _signed(row["rl_gain"]),
+            str(row["source"]),
+            params,
+            components,
+        )
     console.print(table)
     states = {state.name.lower(): 0 for state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)}
     for trial in study.get_trials(deepcopy=False):

@@ -6,8 +6,10 @@ gap that stays open longer than `gap_timeout_s` fails the waiting operations wit
 their futures hanging. Across tenants the worker serves the least recently served one first, so a tenant with
 a deep queue cannot starve the others. Operations of a kind that has a batch runner (sampling, training passes) run
 together: the worker takes every ready one of that kind, from all tenants (for a training client only its next in
-order), into one device call. A long call may pause between its steps to let other tenants' short operations run.
-Busy time is measured around each device call.
+order), into one device call. A batch kind may have a gathering window: its oldest ready operation waits until it
+is that old before the batch is formed, so that requests a client sends together (an RL step's prompts, a few
+milliseconds apart) run as one batch instead of the first alone and the rest behind it. A long call may pause
+between its steps to let other tenants' short operations run. Busy time is measured around each device call.
 """
 
 from __future__ import annotations
@@ -135,12 +137,17 @@ class Scheduler:
         gap_timeout_s: float = 60.0,
         batch_runners: dict[str, BatchRunner] | None = None,
         policy: SchedulingPolicy = "least_recently_served",
+        batch_windows_s: dict[str, float] | None = None,
     ) -> None:
+        """`batch_windows_s`: per batch kind, how old its oldest ready operation must be before its batch forms."""
         self.ledger = ledger
         self.policy = policy
         self.max_queued = max_queued
         self.gap_timeout_s = gap_timeout_s
         self._batch_runners = dict(batch_runners or {})
+        self._batch_windows_s = dict(batch_windows_s or {})
+        # When the batch the worker waits to gather may form (monotonic); None when it waits for nothing.
+        self._gathering_until: float | None = None
         self._batches = 0
         self._batched_operations = 0
         self._lanes: dict[str, _Lane] = {}
@@ -254,6 +261,11 @@ class Scheduler:
         else:
             candidates.sort(key=lambda c: c[0])
         _, name, first = candidates[0]
+        window_s = self._batch_windows_s.get(first.batch_kind, 0.0) if first.batch_kind is not None else 0.0
+        if not only_interleaving and now < first.enqueued_at + window_s:
+            self._gathering_until = first.enqueued_at + window_s
+            return []
+        self._gathering_until = None
         lane = self._lanes[name]
         lane.pop(first)
         lane.last_served = now
@@ -289,8 +301,9 @@ class Scheduler:
             with self._condition:
                 batch = [] if self._stopping else self._next()
                 while not batch and not self._stopping:
-                    # Wake up now and then to expire gaps even when nothing new arrives.
-                    self._condition.wait(timeout=1.0)
+                    # Wake up now and then to expire gaps even when nothing new arrives, and when a batch has gathered.
+                    gathering = self._gathering_until
+                    self._condition.wait(timeout=1.0 if gathering is None else max(0.0, gathering - time.monotonic()))
                     batch = [] if self._stopping else self._next()
                 if not batch:
                     return

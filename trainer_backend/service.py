@@ -45,6 +45,10 @@ RESTART_REASON = "the server restarted while this request was queued or running;
 # Batch kinds: sampling requests of any weights share a generation batch; forward and forward_backward
 # requests of different clients share a pass over the base model.
 SAMPLING = "sampling"
+# A client's concurrent sampling requests (an RL step's prompts) arrive within about 25 ms of each other (measured on
+# the Gemma trial's server log); waiting 50 ms for the oldest lets them all into one generation batch instead of the
+# first one running alone while the others queue, which cost an RL step of 8 prompts 9 s of its 36 s of sampling.
+SAMPLING_BATCH_WINDOW_S = 0.05
 TRAINING_PASS = "training_pass"
 # Operations that may run while a long generation pauses: they touch only their own training adapter and files,
 # never the set of loaded adapters a generation relies on.
@@ -129,6 +133,7 @@ class TrainingService:
             max_queued=config.max_queued,
             gap_timeout_s=config.gap_timeout_s,
             batch_runners={SAMPLING: self._run_samples, TRAINING_PASS: self._run_forward_backward},
+            batch_windows_s={SAMPLING: SAMPLING_BATCH_WINDOW_S},
         )
         self.duty_cycle = DutyCycle()
         self.scheduler.on_busy(self.duty_cycle.record)

@@ -28,7 +28,8 @@ def api_key() -> str:
     return os.environ.get("TINKER_API_KEY") or DEFAULT_API_KEY
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port no one listens on now."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
@@ -49,7 +50,7 @@ def local_backend(base_model: str, storage_root: Path, startup_timeout_s: float 
     """
     storage_root.mkdir(parents=True, exist_ok=True)
     log_path = storage_root / "server.log"
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [
         sys.executable, "-m", "trainer_backend", "serve",
@@ -58,7 +59,7 @@ def local_backend(base_model: str, storage_root: Path, startup_timeout_s: float 
     with log_path.open("ab") as log:
         server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
-        _wait_until_healthy(server, url, log_path, startup_timeout_s)
+        wait_until_healthy(server, url, log_path, startup_timeout_s)
         yield url
     finally:
         server.terminate()
@@ -69,7 +70,8 @@ def local_backend(base_model: str, storage_root: Path, startup_timeout_s: float 
             server.wait()
 
 
-def _wait_until_healthy(server: subprocess.Popen, url: str, log_path: Path, timeout_s: float) -> None:
+def wait_until_healthy(server: subprocess.Popen, url: str, log_path: Path, timeout_s: float) -> None:
+    """Return once `url`/healthz answers 200; raises BackendStartError if `server` exits or time runs out."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if server.poll() is not None:

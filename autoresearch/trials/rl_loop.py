@@ -23,6 +23,7 @@ from autoresearch.trials.data import PromptRenderer, TrainingOrder, held_out_sub
 from autoresearch.trials.datums import supervised_datum
 from autoresearch.trials.evaluation import HeldOutReport, evaluate_sampler
 from autoresearch.trials.metrics import StepMetrics, summarize_groups
+from autoresearch.trials.paired import PairedComparison, compare
 from autoresearch.trials.plot import plot_run
 from autoresearch.trials.progress import TrialProgress
 from autoresearch.trials.rollouts import derived_seed, sample_groups, score_groups
@@ -51,6 +52,9 @@ class TrialResult(BaseModel):
     held_out_by_difficulty: dict[Difficulty, float | None]
     # Held-out accuracy after each evaluated step.
     held_out_history: dict[int, float]
+    # What RL did: the evaluation where it started (after any warm-up) against the last one, question by question;
+    # None when the trial did not evaluate where RL started (eval_interval 0) or ran no RL step.
+    rl_comparison: PairedComparison | None = None
     # Reward mean of the last RL step; None when the trial ran no RL step.
     final_reward_mean: float | None
     stopped_early: bool
@@ -333,6 +337,8 @@ class _Trial:
         sampler_path = training.save_weights_for_sampler(f"final-{state.step:06d}").result().path
         metrics = directory.metrics.read()
         evals = directory.evals.read()
+        rl_start = next((HeldOutReport.model_validate(e) for e in evals if e["step"] == 0), None)
+        rl_comparison = compare(rl_start, report) if rl_start is not None and report.step > 0 else None
         title = f"{state.run_id}: {self.config.loss}, {self.config.base_model}"
         plot_run(metrics, evals, directory.plot_path, title, directory.warmup.read())
         result = TrialResult(
@@ -342,6 +348,7 @@ class _Trial:
             held_out_accuracy=report.accuracy,
             held_out_by_difficulty=report.accuracy_by_difficulty,
             held_out_history={e["step"]: e["accuracy"] for e in evals},
+            rl_comparison=rl_comparison,
             final_reward_mean=metrics[-1]["reward_mean"] if metrics else None,
             stopped_early=stopped_early,
             resumed_from_step=resumed_from_step,

@@ -137,6 +137,15 @@ def test_a_killed_controller_started_again_finishes_the_budget_without_repeating
     summary = json.loads((tmp_path / "runs" / spec.study / "summary" / "summary.json").read_text())
     # The base model was scored once, on the trials' held-out questions, before the first trial.
     assert summary["baseline"] == study.user_attrs["baseline_accuracy"] and 0.0 <= summary["baseline"] <= 1.0
+    # What RL added over its warm-up: from the evaluation where RL started (step 0) to the final score, on each
+    # trial for the dashboard and in the summary.
+    for trial in trials:
+        assert trial.user_attrs["held_out_at_rl_start"] == trial.intermediate_values[0]
+        assert trial.user_attrs["rl_gain"] == pytest.approx(trial.values[0] - trial.intermediate_values[0])
+    by_number = {t.number: t for t in trials}
+    for row in summary["best"]:
+        assert row["rl_gain"] == pytest.approx(by_number[row["number"]].user_attrs["rl_gain"])
+        assert row["held_out_at_rl_start"] == by_number[row["number"]].intermediate_values[0]
 
 
 def processes_mentioning(text: str) -> list[int]:

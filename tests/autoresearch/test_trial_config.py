@@ -19,8 +19,8 @@ def test_the_shipped_configs_validate() -> None:
     gemma = load_trial_config(EXPERIMENTS / "text2sql_gemma.yaml")
     tiny = load_trial_config(EXPERIMENTS / "text2sql_tiny.yaml")
     assert gemma.base_model == "google/gemma-3-270m" and not gemma.train_unembed
-    # The measured default: a supervised warm-up before RL, scored on the 100-question held-out subset.
-    assert gemma.warmup_steps > 0 and gemma.warmup_batch_size and gemma.eval_size == 100
+    # The measured recipe: a supervised warm-up before RL, scored on the whole dev split where RL starts and after.
+    assert gemma.warmup_steps > 0 and gemma.warmup_batch_size and gemma.eval_size == 332 and gemma.eval_interval > 0
     assert tiny.base_model == "tiny-gemma3" and tiny.steps <= 5 and tiny.max_tokens <= 32
 
 

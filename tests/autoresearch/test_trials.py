@@ -13,6 +13,7 @@ import pytest
 
 from autoresearch.trials.config import TrialConfig
 from autoresearch.trials.evaluation import HeldOutReport, evaluate_checkpoint
+from autoresearch.trials.paired import compare
 from autoresearch.trials.rl_loop import run_trial
 from autoresearch.trials.run_dir import RunDirectory
 from tasks.text2sql.dataset import Text2SqlDataset
@@ -79,6 +80,8 @@ def test_a_trial_trains_evaluates_checkpoints_and_plots(
     assert result.held_out_accuracy == reports[-1].accuracy
     starting_accuracy = directory.evals.read()[0]["accuracy"]
     assert result.held_out_history == {0: starting_accuracy, 2: reports[0].accuracy, 3: reports[1].accuracy}
+    # What RL did is the evaluation where it started against the last one, on the same questions.
+    assert result.rl_comparison == compare(HeldOutReport.model_validate(directory.evals.read()[0]), reports[-1])
 
     state = directory.load_state()
     assert state is not None and state.finished and state.step == 3

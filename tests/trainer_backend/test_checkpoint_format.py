@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import tinker
 import torch
-from conftest import TINY
+from conftest import LOGPROB_ROUNDING, TINY
 from peft import PeftModel
 from tinker import types
 from transformers import AutoModelForCausalLM
@@ -41,6 +41,6 @@ def test_a_saved_state_loads_with_peft_and_gives_the_servers_logprobs(server: Ru
     base_logprobs = logprobs_with_transformers(base, ids)
     adapted = PeftModel.from_pretrained(base, folder).eval()
 
-    assert logprobs_with_transformers(adapted, ids) == pytest.approx(served, abs=1e-4)
+    assert logprobs_with_transformers(adapted, ids) == pytest.approx(served, abs=LOGPROB_ROUNDING)
     # The adapter is not a no-op: the base model alone is far from the trained log-probs.
     assert max(abs(a - b) for a, b in zip(base_logprobs, served, strict=True)) > 1e-2

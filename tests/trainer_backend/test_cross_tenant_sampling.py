@@ -4,7 +4,7 @@ answers each would get alone."""
 from __future__ import annotations
 
 import tinker
-from conftest import TINY, datum_for
+from conftest import LOGPROB_ROUNDING, TINY, datum_for
 from tinker import types
 
 from trainer_backend.server import RunningServer
@@ -45,6 +45,6 @@ def test_queued_samples_of_several_weights_batch_and_match_their_answers_alone(
     for one, other in zip(alone, together, strict=True):
         assert [s.tokens for s in one.sequences] == [s.tokens for s in other.sequences]
         for a, b in zip(one.sequences, other.sequences, strict=True):
-            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < 1e-4
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < LOGPROB_ROUNDING
     # The weights differ, so the batch really mixed adapters: greedy answers to one prompt are not all the same.
     assert len({tuple(together[i * 6].sequences[0].tokens) for i in range(3)}) > 1

@@ -332,3 +332,44 @@ def test_the_fifo_policy_serves_in_arrival_order_across_tenants(ledger: Ledger) 
     # Unlike the default policy, the quiet tenant waits behind everything that arrived before it.
     assert log == [("busy", 1), ("busy", 2), ("busy", 3), ("quiet", 1)]
     scheduler.stop()
+
+
+def test_requests_of_a_batch_kind_sent_moments_apart_gather_into_one_batch(ledger: Ledger) -> None:
+    calls: list[list[str]] = []
+
+    def run_samples(operations, pause):
+        calls.append([op.payload for op in operations])
+        return [(op.payload.encode(), ResultFormat.JSON) for op in operations]
+
+    # A wide window against a short gap, so that a slow machine cannot make the gap outlast the window.
+    scheduler = Scheduler(ledger, batch_runners={"sample": run_samples}, batch_windows_s={"sample": 0.5})
+    samples = [_sample_operation(ledger, "s1", payload) for payload in "abc"]
+    for operation in samples:
+        scheduler.submit(operation)
+        time.sleep(0.02)
+    wait_for(lambda: all(ledger.get(op.request_id).finished for op in samples))
+    assert calls == [["a", "b", "c"]]
+    scheduler.stop()
+
+
+def test_without_a_window_the_first_request_runs_at_once(ledger: Ledger) -> None:
+    calls: list[list[str]] = []
+    first_started = threading.Event()
+    release = threading.Event()
+
+    def run_samples(operations, pause):
+        calls.append([op.payload for op in operations])
+        first_started.set()
+        release.wait(5)
+        return [(op.payload.encode(), ResultFormat.JSON) for op in operations]
+
+    scheduler = Scheduler(ledger, batch_runners={"sample": run_samples})
+    samples = [_sample_operation(ledger, "s1", payload) for payload in "abc"]
+    scheduler.submit(samples[0])
+    assert first_started.wait(5)
+    for operation in samples[1:]:
+        scheduler.submit(operation)
+    release.set()
+    wait_for(lambda: all(ledger.get(op.request_id).finished for op in samples))
+    assert calls == [["a"], ["b", "c"]]
+    scheduler.stop()

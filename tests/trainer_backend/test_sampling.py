@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import LOGPROB_ROUNDING
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
@@ -88,7 +89,7 @@ def test_greedy_follows_full_forward_argmax_past_the_sliding_window(model: Gemma
     for token, logprob in zip(sequence.tokens, sequence.logprobs, strict=True):
         logprobs_V = full_forward_logprobs(model, context)[-1]
         assert token == int(logprobs_V.argmax())
-        assert logprob == pytest.approx(float(logprobs_V[token]), abs=1e-4)
+        assert logprob == pytest.approx(float(logprobs_V[token]), abs=LOGPROB_ROUNDING)
         context.append(token)
 
 
@@ -105,7 +106,7 @@ def test_sampled_logprobs_are_those_of_the_sampling_distribution(
             # At temperature 1 the model's log_softmax is its own logits' up to a constant, so this reference
             # is the raw full-forward log-softmax when no filter is on.
             expected_V = reference_sampling_logprobs(full_TV[len(PROMPT) - 1 + step], temperature, top_k, top_p)
-            assert logprob == pytest.approx(float(expected_V[token]), abs=1e-4)
+            assert logprob == pytest.approx(float(expected_V[token]), abs=LOGPROB_ROUNDING)
 
 
 def test_rows_that_stop_early_leave_the_batch_without_disturbing_the_others(model: Gemma3ForCausalLM) -> None:
@@ -115,7 +116,7 @@ def test_rows_that_stop_early_leave_the_batch_without_disturbing_the_others(mode
     for sequence in result.sequences:
         full_TV = full_forward_logprobs(model, PROMPT + sequence.tokens)
         expected = full_TV[len(PROMPT) - 1 : -1].gather(1, torch.tensor(sequence.tokens)[:, None])[:, 0]
-        assert sequence.logprobs == pytest.approx(expected.tolist(), abs=1e-4)
+        assert sequence.logprobs == pytest.approx(expected.tolist(), abs=LOGPROB_ROUNDING)
         assert (sequence.stop_reason == "stop") == (sequence.tokens[-1] in stops)
         assert not set(sequence.tokens[:-1]) & set(stops)
 
@@ -176,12 +177,12 @@ def test_prompt_logprobs_match_a_full_forward_when_scored_in_chunks(
     assert result.prompt_logprobs[0] is None
     assert result.topk_prompt_logprobs[0] is None
     expected = [float(full_TV[position - 1, PROMPT[position]]) for position in range(1, len(PROMPT))]
-    assert result.prompt_logprobs[1:] == pytest.approx(expected, abs=1e-4)
+    assert result.prompt_logprobs[1:] == pytest.approx(expected, abs=LOGPROB_ROUNDING)
     for position in range(1, len(PROMPT)):
         values_K, ids_K = full_TV[position - 1].topk(3)
         got_ids, got_values = zip(*result.topk_prompt_logprobs[position], strict=True)
         assert list(got_ids) == ids_K.tolist()
-        assert list(got_values) == pytest.approx(values_K.tolist(), abs=1e-4)
+        assert list(got_values) == pytest.approx(values_K.tolist(), abs=LOGPROB_ROUNDING)
     # Chunked prefill leaves the cache as a single prefill would: decoding still follows the full forward.
     assert result.sequences[0].tokens[0] == int(full_TV[len(PROMPT) - 1].argmax())
     assert result.sequences[0].tokens[-1] == int(full_TV[-2].argmax())
@@ -251,7 +252,7 @@ def test_sampling_goes_through_a_lora_adapter(model: Gemma3ForCausalLM, lora_mod
     for token, logprob in zip(adapted.tokens, adapted.logprobs, strict=True):
         logprobs_V = full_forward_logprobs(lora_model, context)[-1]
         assert token == int(logprobs_V.argmax())
-        assert logprob == pytest.approx(float(logprobs_V[token]), abs=1e-4)
+        assert logprob == pytest.approx(float(logprobs_V[token]), abs=LOGPROB_ROUNDING)
         context.append(token)
     assert adapted.tokens != run(model, temperature=0, max_tokens=16).sequences[0].tokens
 
@@ -302,7 +303,9 @@ def test_a_mixed_batch_answers_each_request_as_it_would_be_answered_alone(two_ad
         for batched_sequence, alone_sequence in zip(batched.sequences, alone.sequences, strict=True):
             assert batched_sequence.tokens == alone_sequence.tokens
             assert batched_sequence.stop_reason == alone_sequence.stop_reason
-            torch.testing.assert_close(batched_sequence.logprobs, alone_sequence.logprobs, atol=1e-4, rtol=0)
+            torch.testing.assert_close(
+                batched_sequence.logprobs, alone_sequence.logprobs, atol=LOGPROB_ROUNDING, rtol=0
+            )
         assert batched.prompt_logprobs == alone.prompt_logprobs
     # The adapters really differ: the same greedy request gives other tokens through each.
     greedy = SamplingRequest(prompt_tokens=PROMPT, temperature=0, max_tokens=12)
@@ -318,3 +321,13 @@ def test_a_bad_request_in_a_batch_gets_its_error_and_the_others_their_samples(tw
     first, second, third = sample_batch(two_adapter_model, [good, bad, good], letters, CONTEXT)
     assert isinstance(second, SamplingInputError) and f"prompt_tokens[1] = {VOCAB + 3}" in str(second)
     assert isinstance(first, SamplingResult) and first == third
+
+
+def test_draws_follow_the_probabilities_and_never_take_an_impossible_token() -> None:
+    probs_BV = torch.tensor([[0.5, 0.0, 0.3, 0.2, 0.0], [0.0, 0.0, 0.0, 1.0, 0.0]]).repeat(20_000, 1)
+    drawn_B = sampling._draw_rows(probs_BV, torch.Generator().manual_seed(0))[:, 0]
+    first = torch.bincount(drawn_B[0::2], minlength=5).float() / 20_000
+    # 20,000 draws: a frequency's standard error is at most 0.0035, so 0.02 is more than five of them.
+    torch.testing.assert_close(first, probs_BV[0], atol=0.02, rtol=0)
+    assert first[1] == 0 and first[4] == 0
+    assert bool((drawn_B[1::2] == 3).all())

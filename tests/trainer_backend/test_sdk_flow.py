@@ -6,7 +6,7 @@ import math
 
 import pytest
 import tinker
-from conftest import TINY, datum_for
+from conftest import LOGPROB_ROUNDING, TINY, datum_for
 from tinker import types
 
 from trainer_backend.server import RunningServer
@@ -150,7 +150,7 @@ def test_prompt_logprobs_agree_with_the_training_forward(service_client: tinker.
     sampler = training.save_weights_and_get_sampling_client().result()
     prompt_logprobs = sampler.compute_logprobs(types.ModelInput.from_ints(tokenizer.encode(SQL))).result()
     assert prompt_logprobs[0] is None
-    assert prompt_logprobs[1:] == pytest.approx(trained, abs=1e-4)
+    assert prompt_logprobs[1:] == pytest.approx(trained, abs=LOGPROB_ROUNDING)
 
     tail = sampler.sample(
         types.ModelInput.from_ints(tokenizer.encode(SQL)),
@@ -160,7 +160,7 @@ def test_prompt_logprobs_agree_with_the_training_forward(service_client: tinker.
         prompt_logprobs_last_n=3,
     ).result()
     assert all(lp is None for lp in tail.prompt_logprobs[:-3])
-    assert tail.prompt_logprobs[-3:] == pytest.approx(trained[-3:], abs=1e-4)
+    assert tail.prompt_logprobs[-3:] == pytest.approx(trained[-3:], abs=LOGPROB_ROUNDING)
 
 
 def test_two_training_clients_stay_independent(service_client: tinker.ServiceClient) -> None:

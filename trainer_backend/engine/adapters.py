@@ -77,6 +77,31 @@ def lora_config(settings: LoraSettings) -> LoraConfig:
     )
 
 
+@contextlib.contextmanager
+def routed_rows(peft_model: PeftModel, names: Sequence[str]) -> Iterator[None]:
+    """Within the block, every forward sends batch row i through adapter `names[i]`.
+
+    PEFT's mixed-batch LoRA: each LoRA layer applies each adapter to its own rows only, so the gradient of a row's
+    loss reaches only its adapter. PEFT offers this for inference through `PeftModel.forward`; these hooks pass the
+    same routing to every LoRA layer for any forward of any submodule, training included.
+    """
+    routing = list(names)
+
+    def route(_module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        return args, {**kwargs, "adapter_names": routing}
+
+    handles = [
+        module.register_forward_pre_hook(route, with_kwargs=True)
+        for module in peft_model.modules()
+        if isinstance(module, LoraLayer)
+    ]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 class AdapterPool:
     """Named adapters on one base model; names are model ids (training) or sampler keys (read-only snapshots)."""
 
@@ -143,30 +168,12 @@ class AdapterPool:
 
     @contextlib.contextmanager
     def routed(self, names: Sequence[str]) -> Iterator[nn.Module]:
-        """The model with batch row i going through adapter `names[i]`, every named adapter trainable.
-
-        PEFT's mixed-batch LoRA: each LoRA layer applies each adapter to its own rows only, so the gradient of a
-        row's loss reaches only its adapter. PEFT offers this for inference through `PeftModel.forward`; the
-        hooks here pass the same routing to every LoRA layer for any forward, training included.
-        """
+        """The model with batch row i going through adapter `names[i]`, every named adapter trainable."""
         for name in set(names):
             for param in self.parameters(name):
                 param.requires_grad_(True)
-        routing = list(names)
-
-        def route(_module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-            return args, {**kwargs, "adapter_names": routing}
-
-        handles = [
-            module.register_forward_pre_hook(route, with_kwargs=True)
-            for module in self.peft_model.modules()
-            if isinstance(module, LoraLayer)
-        ]
-        try:
+        with routed_rows(self.peft_model, names):
             yield self.peft_model
-        finally:
-            for handle in handles:
-                handle.remove()
 
     def has_gradients(self, name: str) -> bool:
         """Whether a forward_backward left gradients in the adapter that no optim_step has applied yet."""

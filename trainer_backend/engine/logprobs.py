@@ -9,6 +9,10 @@ with respect to the hidden states is computed in the forward pass, while its log
 a log-prob with respect to its hidden state is one `[H]` vector per target, so backward needs no logits at all
 and costs two vocabulary matmuls per token in all, as the plain computation does. Otherwise each chunk runs
 under activation checkpointing and backward recomputes its logits (three matmuls).
+
+Most positions of an RL or supervised datum carry no gradient (a prompt's targets have zero advantage or zero
+weight), yet their log-probs are still returned. `gradient_rows` names the positions the loss can send a gradient
+to; the others get their log-prob from one vocabulary matmul and store nothing for backward.
 `full_logits_target_logprobs` is the plain computation, kept for tests and benchmarks.
 
 Targets are `[B, T]` (one token per position) or `[B, T, K]` (K tokens per position, as a Tinker datum's 2-D
@@ -25,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from trainer_backend.engine.unembedding import vocabulary_major_logits
 from trainer_backend.errors import UserInputError
 
 
@@ -44,6 +49,7 @@ def target_logprobs(
     chunk_tokens: int = 256,
     final_logit_softcapping: float | None = None,
     lm_head_delta: LowRankDelta | None = None,
+    gradient_rows: Tensor | None = None,
 ) -> Tensor:
     """log_softmax(hidden_states @ lm_head_weight.T)[targets], computed `chunk_tokens` positions at a time.
 
@@ -54,6 +60,9 @@ def target_logprobs(
         chunk_tokens: positions (of the flattened `B * T`) whose logits exist at once.
         final_logit_softcapping: Gemma's cap c, applied as `tanh(logits / c) * c` before the softmax.
         lm_head_delta: a LoRA adapter trained on the unembedding, applied chunk by chunk.
+        gradient_rows: `[B, T]` bool, the positions whose log-probs may receive a nonzero gradient; None: all.
+            With a frozen unembedding the others skip the gradient work, and a gradient sent to one of them
+            raises in backward (the caller's promise was wrong), so the shortcut can never change a result.
 
     Returns:
         float32 log-probabilities shaped like `targets`, differentiable with respect to `hidden_states`.
@@ -66,8 +75,12 @@ def target_logprobs(
         raise ValueError(f"chunk_tokens must be at least 1, got {chunk_tokens}")
     hidden_NH, targets_NK = _flatten(hidden_states, lm_head_weight, targets)
     if lm_head_delta is None and not lm_head_weight.requires_grad:
+        if gradient_rows is None:
+            live_N = torch.ones(hidden_NH.shape[0], dtype=torch.bool, device=hidden_NH.device)
+        else:
+            live_N = gradient_rows.reshape(-1).to(device=hidden_NH.device, dtype=torch.bool)
         logprobs_NK = _FrozenUnembeddingLogprobs.apply(
-            hidden_NH, lm_head_weight, targets_NK, final_logit_softcapping, chunk_tokens
+            hidden_NH, lm_head_weight, targets_NK, final_logit_softcapping, chunk_tokens, live_N
         )
         return logprobs_NK.reshape(targets.shape)
     pieces = [
@@ -95,10 +108,12 @@ def full_logits_target_logprobs(
     chunk_tokens: int = 256,
     final_logit_softcapping: float | None = None,
     lm_head_delta: LowRankDelta | None = None,
+    gradient_rows: Tensor | None = None,
 ) -> Tensor:
     """The same values as `target_logprobs`, through the full `[B * T, V]` logits at once.
 
-    `chunk_tokens` is accepted and ignored, so the two functions are interchangeable in benchmarks.
+    `chunk_tokens` and `gradient_rows` are accepted and ignored, so the two functions are interchangeable in
+    benchmarks.
     """
     hidden_NH, targets_NK = _flatten(hidden_states, lm_head_weight, targets)
     logprobs_NK = _logprobs(hidden_NH, lm_head_weight, targets_NK, final_logit_softcapping, lm_head_delta)
@@ -127,7 +142,8 @@ def _logprobs(
 ) -> Tensor:
     # The matmul stays in the model's dtype (an fp32 copy of Gemma's unembedding would be gigabytes); the
     # softmax runs in fp32 because bf16 log-probs are too coarse for importance ratios.
-    logits_nV = F.linear(hidden_nH, weight_VH).float()
+    # A view of the vocabulary-major product: no copy back into [n, V].
+    logits_nV = vocabulary_major_logits(hidden_nH, weight_VH).float().T
     if delta is not None:
         low_rank_nR = F.linear(hidden_nH.to(delta.a_RH.dtype), delta.a_RH)
         logits_nV = logits_nV + delta.scale * F.linear(low_rank_nR, delta.b_VR).float()
@@ -144,44 +160,69 @@ class _FrozenUnembeddingLogprobs(torch.autograd.Function):
     """Target log-probs through a frozen unembedding, with their hidden-state gradients taken chunk by chunk.
 
     For logits z = cap(h W^T) and target t, d log_softmax(z)[t] / dh = W^T ((e_t - p) * cap'), one vector per
-    target, so forward stores `[N, K, H]` gradients instead of anything of vocabulary size.
+    target, so forward stores `[N, K, H]` gradients instead of anything of vocabulary size, and only for the live
+    rows (`live_N`); the other rows cost one vocabulary matmul and store nothing.
     """
 
     @staticmethod
-    def forward(ctx, hidden_NH: Tensor, weight_VH: Tensor, targets_NK: Tensor, softcap: float | None, chunk: int):
+    def forward(
+        ctx, hidden_NH: Tensor, weight_VH: Tensor, targets_NK: Tensor, softcap: float | None, chunk: int, live_N: Tensor
+    ):
         needs_grad = ctx.needs_input_grad[0]
-        logprobs, gradients = [], []
-        for hidden_nH, targets_nK in zip(hidden_NH.split(chunk), targets_NK.split(chunk), strict=True):
-            logits_nV = F.linear(hidden_nH, weight_VH).float()
-            # d cap(u) / du = 1 - tanh(u / c)^2, kept per logit for the gradient.
-            slope_nV = None
-            if softcap is not None:
-                capped_nV = torch.tanh(logits_nV / softcap)
-                slope_nV = 1.0 - capped_nV.square() if needs_grad else None
-                logits_nV = capped_nV * softcap
-            ignored_nK = targets_nK < 0
-            safe_nK = targets_nK.clamp(min=0)
-            log_normaliser_n1 = torch.logsumexp(logits_nV, dim=-1, keepdim=True)
-            logprobs.append((logits_nV.gather(1, safe_nK) - log_normaliser_n1).masked_fill(ignored_nK, 0.0))
-            if not needs_grad:
-                continue
-            # In place: the logits are not needed again, and a second [n, V] buffer is what chunking avoids.
-            weights_nV = logits_nV.sub_(log_normaliser_n1).exp_()
-            if slope_nV is not None:
-                weights_nV.mul_(slope_nV)
-            expected_nH = F.linear(weights_nV.to(weight_VH.dtype), weight_VH.T).float()
-            picked_nKH = weight_VH[safe_nK].float()
-            if slope_nV is not None:
-                picked_nKH = picked_nKH * slope_nV.gather(1, safe_nK).unsqueeze(-1)
-            gradient_nKH = (picked_nKH - expected_nH.unsqueeze(1)).masked_fill(ignored_nK.unsqueeze(-1), 0.0)
+        logprobs_NK = hidden_NH.new_zeros(targets_NK.shape, dtype=torch.float32)
+        live_L = live_N.nonzero()[:, 0] if needs_grad else live_N.new_zeros(0, dtype=torch.long)
+        dead_D = (~live_N).nonzero()[:, 0] if needs_grad else torch.arange(len(live_N), device=live_N.device)
+        for rows_d in dead_D.split(chunk):
+            logprobs_NK[rows_d] = _logprobs(hidden_NH[rows_d], weight_VH, targets_NK[rows_d], softcap, None)
+        gradients = []
+        for rows_n in live_L.split(chunk):
+            logprobs_nK, gradient_nKH = _chunk_logprobs_and_gradients(
+                hidden_NH[rows_n], weight_VH, targets_NK[rows_n], softcap
+            )
+            logprobs_NK[rows_n] = logprobs_nK
             gradients.append(gradient_nKH)
         if needs_grad:
-            ctx.save_for_backward(torch.cat(gradients))
+            width = (targets_NK.shape[1], hidden_NH.shape[1])
+            ctx.save_for_backward(torch.cat(gradients) if gradients else hidden_NH.new_zeros((0, *width)), live_L)
+            ctx.hidden_shape = hidden_NH.shape
             ctx.hidden_dtype = hidden_NH.dtype
-        return torch.cat(logprobs)
+        return logprobs_NK
 
     @staticmethod
     def backward(ctx, upstream_NK: Tensor):
-        (gradient_NKH,) = ctx.saved_tensors
-        hidden_grad_NH = torch.einsum("nk,nkh->nh", upstream_NK.float(), gradient_NKH).to(ctx.hidden_dtype)
-        return hidden_grad_NH, None, None, None, None
+        gradient_LKH, live_L = ctx.saved_tensors
+        upstream_LK = upstream_NK[live_L].float()
+        outside_NK = upstream_NK.clone()
+        outside_NK[live_L] = 0
+        if bool(outside_NK.ne(0).any()):
+            raise RuntimeError("a gradient reached a position outside gradient_rows; the caller's mask is wrong")
+        hidden_grad_NH = upstream_NK.new_zeros(ctx.hidden_shape, dtype=ctx.hidden_dtype)
+        hidden_grad_NH[live_L] = torch.einsum("lk,lkh->lh", upstream_LK, gradient_LKH).to(ctx.hidden_dtype)
+        return hidden_grad_NH, None, None, None, None, None
+
+
+def _chunk_logprobs_and_gradients(
+    hidden_nH: Tensor, weight_VH: Tensor, targets_nK: Tensor, softcap: float | None
+) -> tuple[Tensor, Tensor]:
+    # A view of the vocabulary-major product: no copy back into [n, V].
+    logits_nV = vocabulary_major_logits(hidden_nH, weight_VH).float().T
+    # d cap(u) / du = 1 - tanh(u / c)^2, kept per logit for the gradient.
+    slope_nV = None
+    if softcap is not None:
+        capped_nV = torch.tanh(logits_nV / softcap)
+        slope_nV = 1.0 - capped_nV.square()
+        logits_nV = capped_nV * softcap
+    ignored_nK = targets_nK < 0
+    safe_nK = targets_nK.clamp(min=0)
+    log_normaliser_n1 = torch.logsumexp(logits_nV, dim=-1, keepdim=True)
+    logprobs_nK = (logits_nV.gather(1, safe_nK) - log_normaliser_n1).masked_fill(ignored_nK, 0.0)
+    # In place: the logits are not needed again, and a second [n, V] buffer is what chunking avoids.
+    weights_nV = logits_nV.sub_(log_normaliser_n1).exp_()
+    if slope_nV is not None:
+        weights_nV.mul_(slope_nV)
+    expected_nH = F.linear(weights_nV.to(weight_VH.dtype), weight_VH.T).float()
+    picked_nKH = weight_VH[safe_nK].float()
+    if slope_nV is not None:
+        picked_nKH = picked_nKH * slope_nV.gather(1, safe_nK).unsqueeze(-1)
+    gradient_nKH = (picked_nKH - expected_nH.unsqueeze(1)).masked_fill(ignored_nK.unsqueeze(-1), 0.0)
+    return logprobs_nK, gradient_nKH

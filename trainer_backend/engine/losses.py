@@ -51,6 +51,18 @@ class ConfigParam:
 # The per-token loss before `weights`: (policy logprobs, the datum's inputs cast to the logprobs' dtype,
 # resolved hyperparameters as tensors) -> a tensor shaped like the logprobs.
 PerTokenLoss = Callable[[Tensor, Mapping[str, Tensor], Mapping[str, Tensor]], Tensor]
+# Where the per-token loss can depend on the policy's log-prob, from the datum's inputs alone (bool, shaped like
+# `target_tokens`); None: anywhere.
+GradientSupport = Callable[[Mapping[str, Tensor]], Tensor | None]
+
+
+def _everywhere(inputs: Mapping[str, Tensor]) -> None:
+    return None
+
+
+def _where_advantaged(inputs: Mapping[str, Tensor]) -> Tensor:
+    # Each of these losses is the advantage times a function of the log-prob: no advantage, no gradient.
+    return inputs["advantages"] != 0
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,7 @@ class LossFunction:
     required_inputs: tuple[str, ...]
     params: Mapping[str, ConfigParam]
     per_token: PerTokenLoss
+    gradient_support: GradientSupport = _everywhere
 
     @property
     def accepted_inputs(self) -> tuple[str, ...]:
@@ -128,9 +141,10 @@ LOSSES: dict[str, LossFunction] = {
     loss.name: loss
     for loss in (
         LossFunction("cross_entropy", (), {}, _cross_entropy),
-        LossFunction("importance_sampling", _RL_INPUTS, {}, _importance_sampling),
-        LossFunction("ppo", _RL_INPUTS, _PPO_CLIP, _ppo),
-        LossFunction("cispo", _RL_INPUTS, _CISPO_CLIP, _cispo),
+        LossFunction("importance_sampling", _RL_INPUTS, {}, _importance_sampling, _where_advantaged),
+        LossFunction("ppo", _RL_INPUTS, _PPO_CLIP, _ppo, _where_advantaged),
+        LossFunction("cispo", _RL_INPUTS, _CISPO_CLIP, _cispo, _where_advantaged),
+        # The penalty beta/2 (logp - q)^2 acts wherever the advantage is zero too.
         LossFunction("dro", _RL_INPUTS, {"beta": ConfigParam(default=0.05, minimum=0.0)}, _dro),
     )
 }
@@ -161,6 +175,28 @@ def get_loss(loss_fn: str) -> LossFunction:
             f"({_UNSUPPORTED_LOSSES[loss_fn]}); supported: {supported}"
         )
     raise UnknownLossError(f"unknown loss_fn {loss_fn!r}; supported: {supported}")
+
+
+def gradient_positions(loss_fn: str, inputs: Mapping[str, Tensor]) -> Tensor | None:
+    """The positions of one datum whose loss can send a gradient to the policy's log-prob (bool, shaped like
+    `target_tokens`): where its weight is nonzero and, for losses proportional to the advantage, its advantage is.
+
+    None means every position, also when the inputs do not fit the loss (`compute_loss` reports that).
+    """
+    loss = LOSSES.get(loss_fn)
+    targets = inputs.get("target_tokens")
+    if loss is None or targets is None or any(key not in inputs for key in loss.required_inputs):
+        return None
+    shape = tuple(targets.shape)
+    supported = loss.gradient_support(inputs)
+    if supported is not None and tuple(supported.shape) != shape:
+        return None
+    weights = inputs.get("weights")
+    if weights is not None:
+        if tuple(weights.shape) != shape:
+            return None
+        supported = weights != 0 if supported is None else supported & (weights != 0)
+    return supported
 
 
 def compute_loss(

@@ -5,6 +5,8 @@ One `ModelEngine` wraps one base model and its adapters. It is called only from 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -17,7 +19,8 @@ from torch import Tensor
 from trainer_backend.api.proto import DecodedDatum, ForwardBackwardResult
 from trainer_backend.engine.adapters import AdamSettings, AdapterPool
 from trainer_backend.engine.logprobs import LowRankDelta, full_logits_target_logprobs, target_logprobs
-from trainer_backend.engine.losses import compute_loss
+from trainer_backend.engine.losses import compute_loss, gradient_positions
+from trainer_backend.engine.prefixes import PrefixGroup, shared_prefix_groups
 from trainer_backend.engine.residency import AdapterResidency
 from trainer_backend.engine.sampling import (
     SamplingInputError,
@@ -122,24 +125,54 @@ class ModelEngine:
     def _forward_backward_pass(
         self, calls: Sequence[ForwardBackwardCall]
     ) -> list[ForwardBackwardResult | UserInputError]:
-        datums = [d for call in calls for d in call.datums]
-        rows = [call.model_id for call in calls for _ in call.datums]
-        tokens_B_T, mask_B_T, targets = self._batch(datums)
+        """One pass over the base model for every datum of the calls.
+
+        Datums of one call that begin with the same tokens (the completions of one prompt) are computed through
+        their shared prefix (`prefixes.py`): the prefix once, its KV cache repeated for the members, each member's
+        remaining tokens on top, gradients flowing back through the cache. The other datums go in one right-padded
+        batch. Either way a datum gets the log-probs, loss and gradients it gets alone, up to float rounding.
+        """
         needs_grad = any(not call.forward_only for call in calls)
-        routing = self.adapters.active(rows[0]) if len(set(rows)) == 1 else self.adapters.routed(rows)
-        with routing as model, torch.set_grad_enabled(needs_grad):
-            causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
-            hidden_B_T_H = causal_lm.model(input_ids=tokens_B_T, attention_mask=mask_B_T).last_hidden_state
-            weight, delta = self._unembedding(causal_lm, rows[0])
-            logprobs_B_T = self._logprobs(hidden_B_T_H, weight, targets, self.chunk_tokens, self.softcap, delta)
+        logprobs: dict[tuple[int, int], Tensor] = {}
+        plain: list[tuple[int, int]] = []
+        shared: list[tuple[int, PrefixGroup]] = []
+        for c, call in enumerate(calls):
+            groups, alone = shared_prefix_groups([d.model_input_tokens for d in call.datums])
+            shared += [(c, group) for group in groups]
+            plain += [(c, i) for i in alone]
+        one_adapter = len({call.model_id for call in calls}) == 1
+        adapter = self.adapters.active(calls[0].model_id) if one_adapter else contextlib.nullcontext()
+        with adapter, torch.set_grad_enabled(needs_grad):
+            causal_lm = self._causal_lm()
+            weight, delta = self._unembedding(causal_lm, calls[0].model_id)
+            head = functools.partial(
+                self._logprobs,
+                lm_head_weight=weight,
+                chunk_tokens=self.chunk_tokens,
+                final_logit_softcapping=self.softcap,
+                lm_head_delta=delta,
+            )
+            if plain:
+                datums = [calls[c].datums[i] for c, i in plain]
+                with self._routed(one_adapter, [calls[c].model_id for c, _ in plain]):
+                    tokens_B_T, mask_B_T, targets_B_T_K, live_B_T = self._batch(
+                        datums, [self._gradient_rows(calls[c], i) for c, i in plain]
+                    )
+                    hidden_B_T_H = causal_lm.model(input_ids=tokens_B_T, attention_mask=mask_B_T).last_hidden_state
+                logprobs_B_T_K = head(hidden_B_T_H, targets=targets_B_T_K, gradient_rows=live_B_T)
+                for row, key in enumerate(plain):
+                    logprobs[key] = logprobs_B_T_K[row, : len(datums[row].model_input_tokens)]
+            for c, group in shared:
+                call = calls[c]
+                members_logprobs = self._shared_prefix_logprobs(causal_lm, head, call, group, one_adapter)
+                for i, logprobs_T_K in zip(group.members, members_logprobs, strict=True):
+                    logprobs[(c, i)] = logprobs_T_K
             outcomes: list[ForwardBackwardResult | UserInputError] = []
             losses = []
-            first_row = 0
-            for call in calls:
+            for c, call in enumerate(calls):
                 per_datum = [
-                    logprobs_B_T[first_row + i, : len(d.model_input_tokens)] for i, d in enumerate(call.datums)
+                    logprobs[(c, i)].reshape(d.loss_fn_inputs["target_tokens"].shape) for i, d in enumerate(call.datums)
                 ]
-                first_row += len(call.datums)
                 try:
                     result = compute_loss(
                         call.loss_fn, per_datum, [d.loss_fn_inputs for d in call.datums], call.loss_fn_config
@@ -158,6 +191,77 @@ class ModelEngine:
             if losses:
                 torch.stack(losses).sum().backward()
         return outcomes
+
+    def _shared_prefix_logprobs(
+        self,
+        causal_lm: torch.nn.Module,
+        head: Callable[..., Tensor],
+        call: ForwardBackwardCall,
+        group: PrefixGroup,
+        one_adapter: bool,
+    ) -> list[Tensor]:
+        """The `[T, K]` target log-probs of each member of `group`, its common prefix computed once."""
+        device = self.loaded.device
+        members = [call.datums[i] for i in group.members]
+        prefix = group.prefix_length
+        prefix_1P = torch.tensor([members[0].model_input_tokens[:prefix]], dtype=torch.long, device=device)
+        with self._routed(one_adapter, [call.model_id]):
+            prefix_output = causal_lm.model(input_ids=prefix_1P, use_cache=True)
+        cache = prefix_output.cache
+        cache.batch_repeat_interleave(len(members))
+        suffixes = [d.model_input_tokens[prefix:] for d in members]
+        longest = max(map(len, suffixes))
+        suffix_G_S = torch.full((len(members), longest), self.pad_token_id, dtype=torch.long)
+        mask_G_A = torch.zeros((len(members), prefix + longest), dtype=torch.long)
+        mask_G_A[:, :prefix] = 1
+        for g, suffix in enumerate(suffixes):
+            suffix_G_S[g, : len(suffix)] = torch.tensor(suffix)
+            mask_G_A[g, prefix : prefix + len(suffix)] = 1
+        positions_G_S = torch.arange(prefix, prefix + longest).expand(len(members), -1)
+        with self._routed(one_adapter, [call.model_id] * len(members)):
+            hidden_G_S_H = causal_lm.model(
+                input_ids=suffix_G_S.to(device),
+                attention_mask=mask_G_A.to(device),
+                position_ids=positions_G_S.to(device),
+                cache=cache,
+                use_cache=True,
+            ).last_hidden_state
+        targets = [_targets_by_position(d) for d in members]
+        live = [self._gradient_rows(call, i) for i in group.members]
+        width = targets[0].shape[1]
+        # Prefix positions: one row of hidden state, every member's own targets side by side.
+        targets_1P_GK = torch.cat([t[:prefix] for t in targets], dim=1)[None].to(device)
+        live_1P = torch.stack([rows[:prefix] for rows in live]).any(dim=0)[None]
+        prefix_1P_GK = head(prefix_output.last_hidden_state, targets=targets_1P_GK, gradient_rows=live_1P)
+        targets_G_S_K = torch.full((len(members), longest, width), IGNORED_TARGET, dtype=torch.long)
+        live_G_S = torch.zeros((len(members), longest), dtype=torch.bool)
+        for g, (member_targets, rows) in enumerate(zip(targets, live, strict=True)):
+            targets_G_S_K[g, : len(suffixes[g])] = member_targets[prefix:]
+            live_G_S[g, : len(suffixes[g])] = rows[prefix:]
+        suffix_G_S_K = head(hidden_G_S_H, targets=targets_G_S_K.to(device), gradient_rows=live_G_S.to(device))
+        return [
+            torch.cat([prefix_1P_GK[0, :, g * width : (g + 1) * width], suffix_G_S_K[g, : len(suffixes[g])]])
+            for g in range(len(members))
+        ]
+
+    def _gradient_rows(self, call: ForwardBackwardCall, index: int) -> Tensor:
+        """`[T]` bool: the positions of datum `index` whose log-probs the call's loss may send a gradient to."""
+        datum = call.datums[index]
+        length = len(datum.model_input_tokens)
+        if call.forward_only:
+            return torch.zeros(length, dtype=torch.bool)
+        support = gradient_positions(call.loss_fn, datum.loss_fn_inputs)
+        if support is None:
+            return torch.ones(length, dtype=torch.bool)
+        return support.reshape(length, -1).any(dim=1)
+
+    def _causal_lm(self) -> torch.nn.Module:
+        model = self.adapters.peft_model or self.adapters.base_model
+        return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+    def _routed(self, one_adapter: bool, rows: Sequence[str]) -> contextlib.AbstractContextManager:
+        """Each row of the next forward through its own adapter; nothing to do when the pass has one adapter."""
+        return contextlib.nullcontext() if one_adapter else self.adapters.routed(rows)
 
     def _trains_unembedding(self, model_id: str) -> bool:
         head = self.adapters.peft_model.get_output_embeddings() if self.adapters.peft_model is not None else None
@@ -193,23 +297,25 @@ class ModelEngine:
             elif shape != width:
                 raise UserInputError("all data of one request must have target_tokens of the same rank and width")
 
-    def _batch(self, datums: Sequence[DecodedDatum]) -> tuple[Tensor, Tensor, Tensor]:
-        """Right-padded tokens, attention mask and targets (-100 on padding) on the device.
+    def _batch(self, datums: Sequence[DecodedDatum], live: Sequence[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Right-padded tokens, attention mask, `[B, T, K]` targets (-100 on padding) and gradient rows, on the device.
 
         The datums are checked, and their targets all have one width (one token or K tokens per position).
         """
         longest = max(len(d.model_input_tokens) for d in datums)
-        width = tuple(datums[0].loss_fn_inputs["target_tokens"].shape[1:])
+        width = _targets_by_position(datums[0]).shape[1]
         tokens_B_T = torch.full((len(datums), longest), self.pad_token_id, dtype=torch.long)
         mask_B_T = torch.zeros((len(datums), longest), dtype=torch.long)
-        targets_B_T = torch.full((len(datums), longest, *width), IGNORED_TARGET, dtype=torch.long)
+        targets_B_T_K = torch.full((len(datums), longest, width), IGNORED_TARGET, dtype=torch.long)
+        live_B_T = torch.zeros((len(datums), longest), dtype=torch.bool)
         for i, datum in enumerate(datums):
             n = len(datum.model_input_tokens)
             tokens_B_T[i, :n] = torch.tensor(datum.model_input_tokens)
             mask_B_T[i, :n] = 1
-            targets_B_T[i, :n] = datum.loss_fn_inputs["target_tokens"].long()
+            targets_B_T_K[i, :n] = _targets_by_position(datum)
+            live_B_T[i, :n] = live[i]
         device = self.loaded.device
-        return tokens_B_T.to(device), mask_B_T.to(device), targets_B_T.to(device)
+        return tokens_B_T.to(device), mask_B_T.to(device), targets_B_T_K.to(device), live_B_T.to(device)
 
     def _unembedding(self, causal_lm: torch.nn.Module, adapter: str) -> tuple[Tensor, LowRankDelta | None]:
         """The lm_head weight, and the adapter's low-rank delta on it when the adapter trains the unembedding."""
@@ -284,6 +390,12 @@ class ModelEngine:
             evicted, _ = self._sampler_adapters.popitem(last=False)
             self.adapters.delete(evicted)
         return name
+
+
+def _targets_by_position(datum: DecodedDatum) -> Tensor:
+    """The datum's target tokens as `[T, K]` (K = 1 for one target per position)."""
+    targets = datum.loss_fn_inputs["target_tokens"].long()
+    return targets.reshape(targets.shape[0], -1)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ Semantics, matched to the Tinker SDK 0.38 and the tinker-cookbook:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -34,8 +35,11 @@ import torch
 import torch.nn.functional as F
 from peft import PeftModel
 from torch import Tensor
-from transformers import Cache, PreTrainedModel
+from transformers import Cache, Gemma3ForCausalLM, PreTrainedModel
 
+from trainer_backend.engine.adapters import routed_rows
+from trainer_backend.engine.kv_cache import preallocated_cache
+from trainer_backend.engine.unembedding import unembedding_logits
 from trainer_backend.errors import UserInputError
 
 StopReason = Literal["stop", "length"]
@@ -198,6 +202,35 @@ def _routing(model: PreTrainedModel | PeftModel, adapters: Sequence[str | None])
     return {"adapter_names": [BASE_ROWS if adapter is None else adapter for adapter in adapters]}
 
 
+def _next_token_logits(
+    model: PreTrainedModel | PeftModel, adapters: Sequence[str | None], **inputs: object
+) -> tuple[Tensor, Cache]:
+    """The logits of each row's last position, and the cache; each row through its own adapter.
+
+    For Gemma 3 the decoder runs on its own and the vocabulary projection goes through `unembedding_logits`, the
+    fastest layout of the largest matmul of a decode step; its forward adds nothing else but the softcap, applied
+    here as transformers does. Other architectures run their own forward.
+    """
+    causal_lm = model.get_base_model() if isinstance(model, PeftModel) else model
+    if not isinstance(causal_lm, Gemma3ForCausalLM):
+        output = model(**inputs, use_cache=True, **_routing(model, adapters))
+        return output.logits[:, -1], output.cache
+    routing = _routing(model, adapters)
+    rows = routed_rows(model, routing["adapter_names"]) if routing else contextlib.nullcontext()
+    with rows:
+        output = causal_lm.model(**inputs, use_cache=True)
+        hidden_RH = output.last_hidden_state[:, -1]
+        head = causal_lm.get_output_embeddings()
+        if hasattr(head, "lora_A") and any(adapter in head.lora_A for adapter in adapters if adapter is not None):
+            logits_RV = head(hidden_RH)  # an adapter trains the unembedding: its own low-rank head, row by row
+        else:
+            logits_RV = unembedding_logits(hidden_RH, getattr(head, "base_layer", head).weight)
+    cap = causal_lm.config.final_logit_softcapping
+    if cap is not None:
+        logits_RV = torch.tanh(logits_RV / cap) * cap
+    return logits_RV, output.cache
+
+
 def _generator(request: SamplingRequest, device: torch.device) -> torch.Generator:
     generator = torch.Generator(device=device)
     if request.seed is None:
@@ -218,7 +251,7 @@ def _sample_with_prompt_scores(
     device = model.get_input_embeddings().weight.device
     prompt_1P = torch.tensor([request.prompt_tokens], dtype=torch.long, device=device)
     cache, logits_1V, prompt_logprobs, topk_prompt_logprobs = _prefill_scoring(
-        model, prompt_1P, request.topk_prompt_logprobs, _routing(model, [job.adapter])
+        model, prompt_1P, request.topk_prompt_logprobs, _routing(model, [job.adapter]), request.max_tokens
     )
     rows = _Rows.for_jobs([job], torch.ones_like(prompt_1P), torch.tensor([len(request.prompt_tokens) - 1]))
     cache.batch_select_indices(rows.prompt_index_R)
@@ -248,18 +281,18 @@ def _generate(
     tokens_JP, mask_JP = tokens_JP.to(device), mask_JP.to(device)
     # Positions count real tokens only, so a padded prompt sees the positions it would see alone.
     positions_JP = (mask_JP.cumsum(dim=-1) - 1).clamp(min=0)
-    output = model(
+    capacity = longest + max(job.request.max_tokens for job in jobs)
+    logits_JV, cache = _next_token_logits(
+        model,
+        [job.adapter for job in jobs],
         input_ids=tokens_JP,
         attention_mask=mask_JP,
         position_ids=positions_JP,
-        use_cache=True,
-        logits_to_keep=1,
-        **_routing(model, [job.adapter for job in jobs]),
+        cache=preallocated_cache(model.config, capacity),
     )
     rows = _Rows.for_jobs(jobs, mask_JP, positions_JP[:, -1])
-    output.cache.batch_select_indices(rows.prompt_index_R)
-    logits_RV = output.logits[:, -1][rows.prompt_index_R]
-    sequences = _decode(model, output.cache, logits_RV, jobs, rows, decode, device, pause)
+    cache.batch_select_indices(rows.prompt_index_R)
+    sequences = _decode(model, cache, logits_JV[rows.prompt_index_R], jobs, rows, decode, device, pause)
     return [SamplingResult(sequences=s, prompt_logprobs=None, topk_prompt_logprobs=None) for s in sequences]
 
 
@@ -321,14 +354,19 @@ def _validate(request: SamplingRequest, vocab_size: int, max_context_length: int
 
 
 def _prefill_scoring(
-    model: PreTrainedModel | PeftModel, prompt_1P: Tensor, topk: int, routing: dict[str, list[str]]
+    model: PreTrainedModel | PeftModel,
+    prompt_1P: Tensor,
+    topk: int,
+    routing: dict[str, list[str]],
+    max_new_tokens: int,
 ) -> tuple[Cache, Tensor, tuple[float | None, ...], tuple[TopkLogprobs | None, ...]]:
     """Prefill chunk by chunk through the cache, scoring each chunk's positions before its logits are freed."""
     length = prompt_1P.shape[1]
     vocab_size = model.get_output_embeddings().weight.shape[0]
     chunk = max(1, _PROMPT_LOGITS_BYTES // (4 * vocab_size))
     topk = min(topk, vocab_size)
-    cache: Cache | None = None
+    # The sampled tokens follow the prompt in the same cache.
+    cache = preallocated_cache(model.config, length + max_new_tokens)
     logprobs: list[float | None] = [None]
     topk_logprobs: list[TopkLogprobs | None] = [None]
     for start in range(0, length, chunk):
@@ -402,14 +440,14 @@ def _decode(
                 pause()
         rows.mask_RT = torch.cat([rows.mask_RT, rows.mask_RT.new_ones((len(kept), 1))], dim=1)
         rows.last_position_R = rows.last_position_R + 1
-        logits_RV = model(
+        logits_RV, cache = _next_token_logits(
+            model,
+            [jobs[j].adapter for j in rows.job],
             input_ids=next_R[:, None],
             attention_mask=rows.mask_RT,
             position_ids=rows.last_position_R[:, None],
             cache=cache,
-            use_cache=True,
-            **_routing(model, [jobs[j].adapter for j in rows.job]),
-        ).logits[:, -1]
+        )
     return [
         tuple(
             SampledSequence(tokens=tuple(t), logprobs=tuple(lp), stop_reason=reason)
@@ -431,7 +469,7 @@ def _draw(logits_BV: Tensor, request: SamplingRequest, generator: torch.Generato
     top_k = request.top_k if 0 < request.top_k < vocab_size else 0
     if top_k == 0 and request.top_p == 1:
         logprobs_BV = F.log_softmax(scaled_BV, dim=-1)
-        next_B1 = torch.multinomial(logprobs_BV.exp(), 1, generator=generator)
+        next_B1 = _draw_rows(logprobs_BV.exp(), generator)
         return next_B1[:, 0], logprobs_BV.gather(1, next_B1)[:, 0]
     # Candidates in descending order: the top k, or the whole vocabulary sorted for the nucleus cut.
     if top_k:
@@ -444,5 +482,21 @@ def _draw(logits_BV: Tensor, request: SamplingRequest, generator: torch.Generato
         outside_BK = probs_BK.cumsum(dim=-1) - probs_BK >= request.top_p
         candidates_BK = candidates_BK.masked_fill(outside_BK, -math.inf)
     logprobs_BK = F.log_softmax(candidates_BK, dim=-1)
-    choice_B1 = torch.multinomial(logprobs_BK.exp(), 1, generator=generator)
+    choice_B1 = _draw_rows(logprobs_BK.exp(), generator)
     return ids_BK.gather(1, choice_B1)[:, 0], logprobs_BK.gather(1, choice_B1)[:, 0]
+
+
+def _draw_rows(probs_BV: Tensor, generator: torch.Generator) -> Tensor:
+    """`[B, 1]`: one index per row, drawn with the chance its probability gives, from one uniform number per row.
+
+    Inverse transform sampling on the running sum. `torch.multinomial` draws one exponential number per entry
+    instead: 262,144 per row for Gemma, which made it the largest cost of a decode step on a CPU. The fp32 running
+    sum moves each entry's chance by at most half an ulp of 1 (6e-8); an entry of probability 0 (cut by top-k or
+    top-p) adds nothing to the sum, so it is never drawn.
+    """
+    cdf_BV = probs_BV.cumsum(dim=-1)
+    u_B1 = torch.rand((probs_BV.shape[0], 1), generator=generator, device=probs_BV.device, dtype=cdf_BV.dtype)
+    drawn_B1 = torch.searchsorted(cdf_BV, u_B1 * cdf_BV[:, -1:], right=True)
+    # u * total may round up to the total itself: the last entry that has any probability takes it.
+    last_possible_B1 = (probs_BV > 0).cumsum(dim=-1).argmax(dim=-1, keepdim=True)
+    return torch.minimum(drawn_B1, last_possible_B1)

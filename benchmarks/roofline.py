@@ -1,0 +1,192 @@
+"""This machine's limits the way the engine uses it, and how close sampling and forward_backward come to them.
+
+Run: python benchmarks/roofline.py [--device cpu] [--new-tokens 32]
+
+1. fp32 GEMM GFLOP/s at Gemma 3 270M's shapes (the 262,144 × 640 unembedding, the MLP and attention projections),
+   for a few row counts; the best is the machine's compute peak. The unembedding is timed both as `F.linear` and
+   as the engine's `unembedding_logits`.
+2. Memory bandwidth: a large copy (read + write) and a large sum (read).
+3. Sampling tokens/s at 1, 16 and 32 rows (one ~275-token prompt of the Gemma trial, `num_samples` rows, no stop),
+   decode only (the prefill is timed apart and taken out), against the bound of a decode step: the larger of its
+   FLOPs at the peak rate and the bytes it must read (every weight, the KV cache) at the read bandwidth.
+4. forward_backward tokens/s of an RL step's batch (8 prompts × 4 completions of 48 tokens, importance sampling,
+   advantages on the completions) against the FLOPs of the work it does at the peak rate: the decoder forward and
+   its input gradients over the tokens computed (each shared prompt once), the LoRA gradients, and the unembedding
+   (one matmul where no gradient flows, two where it does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from autoresearch.trials.data import PromptRenderer, TrainingOrder, split_of  # noqa: E402
+from tasks.text2sql.bundled import load_bundled  # noqa: E402
+from trainer_backend.api.proto import DecodedDatum  # noqa: E402
+from trainer_backend.engine.model_engine import ModelEngine  # noqa: E402
+from trainer_backend.engine.prefixes import shared_prefix_groups  # noqa: E402
+from trainer_backend.engine.sampling import SamplingRequest  # noqa: E402
+from trainer_backend.engine.unembedding import unembedding_logits  # noqa: E402
+from trainer_backend.models.gemma import GEMMA_3_270M  # noqa: E402
+from trainer_backend.models.loading import load_base_model, select_device  # noqa: E402
+from trainer_backend.models.registry import default_cache_root, resolve_base_model  # noqa: E402
+from trainer_backend.runs import LoraSettings  # noqa: E402
+
+LORA_RANK = 16
+
+
+def best_seconds(work: Callable[[], object], repeats: int = 3) -> float:
+    work()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def gemm_rates(hidden: int, vocab: int, intermediate: int, attention: int) -> dict[str, dict[int, float]]:
+    """GFLOP/s of `[m, k] @ [k, n]` products at the model's shapes, for several row counts m."""
+    rates: dict[str, dict[int, float]] = {}
+    unembedding = torch.randn(vocab, hidden)
+    shapes = {
+        "mlp up / gate (640 → 2048)": (hidden, intermediate),
+        "mlp down (2048 → 640)": (intermediate, hidden),
+        "attention q (640 → 1024)": (hidden, attention),
+    }
+    for name, (k, n) in shapes.items():
+        weight = torch.randn(n, k)
+        rates[name] = {}
+        for rows in (32, 256, 1024):
+            x = torch.randn(rows, k)
+            rates[name][rows] = 2 * rows * k * n / best_seconds(lambda: F.linear(x, weight)) / 1e9  # noqa: B023
+    for name, project in (("unembedding, F.linear", F.linear), ("unembedding, engine", unembedding_logits)):
+        rates[name] = {}
+        for rows in (1, 16, 32, 128):
+            x = torch.randn(rows, hidden)
+            seconds = best_seconds(lambda: project(x, unembedding))  # noqa: B023
+            rates[name][rows] = 2 * rows * hidden * vocab / seconds / 1e9
+    return rates
+
+
+def bandwidths() -> dict[str, float]:
+    source = torch.ones(2**28 // 4)
+    target = torch.empty_like(source)
+    copy_s = best_seconds(lambda: target.copy_(source))
+    read_s = best_seconds(lambda: source.sum())
+    return {"copy (read + write)": 2 * source.numel() * 4 / copy_s / 1e9, "read": source.numel() * 4 / read_s / 1e9}
+
+
+def decode_bound(rows: int, context: int, linear_params: int, config, peak: float, read_gb_s: float) -> float:
+    """Tokens/s of a decode step at `rows` rows if it ran at the machine's limit."""
+    head = config.vocab_size * config.hidden_size
+    kv_width = config.num_key_value_heads * config.head_dim
+    attention_flops = 2 * 2 * config.num_attention_heads * config.head_dim * context * config.num_hidden_layers
+    flops = rows * (2 * (linear_params + head) + attention_flops)
+    kv_bytes = rows * config.num_hidden_layers * context * 2 * kv_width * 4
+    weight_bytes = (linear_params + head) * 4
+    seconds = max(flops / (peak * 1e9), (weight_bytes + kv_bytes) / (read_gb_s * 1e9))
+    return rows / seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--new-tokens", type=int, default=32)
+    args = parser.parse_args()
+
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=120)
+    torch.manual_seed(0)
+    loaded = load_base_model(resolve_base_model(GEMMA_3_270M, default_cache_root()), select_device(args.device))
+    config = loaded.model.config
+    attention = config.num_attention_heads * config.head_dim
+    with console.status("GEMM rates and memory bandwidth"):
+        rates = gemm_rates(config.hidden_size, config.vocab_size, config.intermediate_size, attention)
+        bandwidth = bandwidths()
+    peak = max(max(by_rows.values()) for by_rows in rates.values())
+    table = Table(title=f"fp32 GEMM GFLOP/s at Gemma 3 270M's shapes ({torch.get_num_threads()} threads)")
+    table.add_column("product")
+    row_counts = sorted({rows for by_rows in rates.values() for rows in by_rows})
+    for rows in row_counts:
+        table.add_column(f"{rows} rows", justify="right")
+    for name, by_rows in rates.items():
+        table.add_row(name, *(f"{by_rows[r]:.0f}" if r in by_rows else "" for r in row_counts))
+    console.print(table)
+    console.print(f"peak: {peak:.0f} GFLOP/s; " + "; ".join(f"{k} {v:.1f} GB/s" for k, v in bandwidth.items()))
+
+    engine = ModelEngine(loaded)
+    engine.create_adapter("bench", LoraSettings(rank=LORA_RANK, train_mlp=True, train_attn=True, train_unembed=False))
+    dataset = load_bundled()
+    renderer = PromptRenderer(dataset, loaded.tokenizer, 0, "train")
+    order = TrainingOrder(split_of(dataset, "train", "train_split"), 0)
+    prompts = [renderer.prompt(e).tokens for e in order.batch(0, 8)]
+    layers = loaded.model.model.layers
+    linear_params = sum(m.weight.numel() for m in layers.modules() if isinstance(m, torch.nn.Linear))
+
+    sampling = Table(title=f"sampling, base model, a {len(prompts[0])}-token prompt, {args.new_tokens} new tokens")
+    for column in ("rows", "decode tokens/s", "bound tokens/s", "fraction of bound"):
+        sampling.add_column(column, justify="right")
+    with console.status("sampling at 1, 16 and 32 rows"):
+        for rows in (1, 16, 32):
+            prefill = SamplingRequest(prompts[0], num_samples=rows, max_tokens=1, temperature=1.0, seed=0)
+            request = SamplingRequest(prompts[0], num_samples=rows, max_tokens=args.new_tokens, temperature=1.0, seed=0)
+            prefill_s = best_seconds(lambda: engine.sample(None, prefill, stop_at_eos=False), repeats=2)  # noqa: B023
+            total_s = best_seconds(lambda: engine.sample(None, request, stop_at_eos=False), repeats=2)  # noqa: B023
+            rate = rows * (args.new_tokens - 1) / (total_s - prefill_s)
+            context = len(prompts[0]) + args.new_tokens // 2
+            bound = decode_bound(rows, context, linear_params, config, peak, bandwidth["read"])
+            sampling.add_row(str(rows), f"{rate:.1f}", f"{bound:.1f}", f"{rate / bound:.0%}")
+    console.print(sampling)
+
+    generator = torch.Generator().manual_seed(0)
+    datums = []
+    for prompt in prompts:
+        for _ in range(4):
+            completion = torch.randint(10, 20_000, (48,), generator=generator).tolist()
+            tokens = [*prompt, *completion]
+            n = len(tokens) - 1
+            advantages = torch.zeros(n)
+            advantages[len(prompt) - 1 :] = 0.5
+            inputs = {"target_tokens": torch.tensor(tokens[1:]), "logprobs": -torch.ones(n), "advantages": advantages}
+            datums.append(DecodedDatum(tokens[:-1], inputs))
+    groups, alone = shared_prefix_groups([d.model_input_tokens for d in datums])
+    computed = sum(
+        g.prefix_length + sum(len(datums[i].model_input_tokens) - g.prefix_length for i in g.members) for g in groups
+    )
+    computed += sum(len(datums[i].model_input_tokens) for i in alone)
+    datum_tokens = sum(len(d.model_input_tokens) for d in datums)
+    live_rows = sum(int((d.loss_fn_inputs["advantages"] != 0).sum()) for d in datums)
+    head = config.vocab_size * config.hidden_size
+    lora_params = sum(p.numel() for p in engine.adapters.parameters("bench"))
+    flops = computed * (2 * linear_params * 2 + 6 * lora_params) + 2 * head * (computed + live_rows)
+    with console.status("forward_backward of an RL step's batch"):
+        elapsed = best_seconds(
+            lambda: engine.forward_backward("bench", datums, "importance_sampling", None, False), repeats=2
+        )
+        engine.adapters.optimizers["bench"].zero_grad(set_to_none=True)
+    bound_s = flops / (peak * 1e9)
+    training = Table(title="forward_backward, 8 prompts × 4 completions of 48 tokens, LoRA rank 16")
+    for column in ("datum tokens", "tokens computed", "seconds", "datum tokens/s", "bound s", "fraction of bound"):
+        training.add_column(column, justify="right")
+    training.add_row(
+        str(datum_tokens), str(computed), f"{elapsed:.1f}", f"{datum_tokens / elapsed:.0f}", f"{bound_s:.1f}",
+        f"{bound_s / elapsed:.0%}",
+    )  # fmt: skip
+    console.print(training)
+    console.print(f"command: python benchmarks/roofline.py --device {args.device} --new-tokens {args.new_tokens}")
+
+
+if __name__ == "__main__":
+    main()

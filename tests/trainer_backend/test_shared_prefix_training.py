@@ -1,0 +1,159 @@
+"""A training pass computes a shared prefix once (the prompt of a group of completions) and still gives every datum
+the log-probs, loss and gradients it gets alone."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from trainer_backend.api.proto import DecodedDatum
+from trainer_backend.engine.adapters import AdamSettings
+from trainer_backend.engine.model_engine import ForwardBackwardCall, ModelEngine
+from trainer_backend.engine.prefixes import GROUP_OVERHEAD_TOKENS, shared_prefix_groups
+from trainer_backend.models.loading import load_base_model
+from trainer_backend.models.registry import resolve_base_model
+from trainer_backend.runs import LoraSettings
+
+# The tiny model's sliding window is 64 tokens: a 90-token prompt makes the suffixes attend through a truncated
+# sliding-window cache, the case where a wrong mask would show.
+PROMPT_TOKENS = 90
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> ModelEngine:
+    loaded = load_base_model(resolve_base_model("tiny-gemma3", tmp_path_factory.mktemp("models")), torch.device("cpu"))
+    engine = ModelEngine(loaded)
+    for name, seed in (("alice", 1), ("bob", 2)):
+        engine.create_adapter(name, LoraSettings(rank=4, seed=seed))
+        # One step so that LoRA B is not zero: the adapter then changes every hidden state, the prefix's included.
+        ids = list(range(5, 45))
+        datum = DecodedDatum(ids[:-1], {"target_tokens": torch.tensor(ids[1:]), "weights": torch.ones(len(ids) - 1)})
+        engine.forward_backward(name, [datum], "cross_entropy", None, False)
+        engine.optim_step(name, AdamSettings(learning_rate=0.05))
+    return engine
+
+
+def rl_group(seed: int, completions: int, loss_with_weights: bool = False) -> list[DecodedDatum]:
+    """One prompt and several sampled completions of different lengths, advantages on the completion only."""
+    rng = random.Random(seed)
+    prompt = [rng.randrange(4, 500) for _ in range(PROMPT_TOKENS)]
+    datums = []
+    for c in range(completions):
+        completion = [rng.randrange(4, 500) for _ in range(3 + 4 * c)]
+        ids = prompt + completion
+        n = len(ids) - 1
+        advantages = torch.zeros(n)
+        advantages[len(prompt) - 1 :] = rng.uniform(-1, 1)
+        inputs = {
+            "target_tokens": torch.tensor(ids[1:]),
+            "logprobs": -torch.rand(n, generator=torch.Generator().manual_seed(seed + c)) * 4,
+            "advantages": advantages,
+        }
+        if loss_with_weights:
+            inputs["weights"] = (torch.arange(n) % 3 != 0).float()
+        datums.append(DecodedDatum(ids[:-1], inputs))
+    return datums
+
+
+def adapter_gradients(engine: ModelEngine, name: str) -> list[torch.Tensor]:
+    grads = [p.grad.clone() for p in engine.adapters.parameters(name)]
+    engine.adapters.optimizers[name].zero_grad(set_to_none=True)
+    return grads
+
+
+def run(engine: ModelEngine, calls: list[ForwardBackwardCall]) -> list:
+    outcomes = engine.forward_backward_batch(calls)
+    assert all(not isinstance(o, Exception) for o in outcomes), outcomes
+    return outcomes
+
+
+def alone(engine: ModelEngine, call: ForwardBackwardCall) -> tuple[list[torch.Tensor], float, list[torch.Tensor]]:
+    """Each datum in a call of its own: nothing is shared. Log-probs, summed loss and summed gradients."""
+    logprobs, loss = [], 0.0
+    for datum in call.datums:
+        (result,) = run(engine, [ForwardBackwardCall(call.model_id, [datum], call.loss_fn, call.loss_fn_config, False)])
+        logprobs.append(result.loss_fn_outputs[0]["logprobs"])
+        loss += result.metrics["loss:sum"]
+    return logprobs, loss, adapter_gradients(engine, call.model_id)
+
+
+def assert_same(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
+    # fp32 sums over a few hundred terms in another order: a few ulps of values of order 1-10.
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("loss_fn", ["importance_sampling", "ppo", "cispo", "dro", "cross_entropy"])
+def test_a_group_through_its_shared_prompt_matches_each_completion_alone(engine: ModelEngine, loss_fn: str) -> None:
+    datums = rl_group(0, 4, loss_with_weights=loss_fn == "cross_entropy")
+    if loss_fn == "cross_entropy":
+        datums = [
+            DecodedDatum(d.model_input_tokens, {k: d.loss_fn_inputs[k] for k in ("target_tokens", "weights")})
+            for d in datums
+        ]
+    groups, alone_indices = shared_prefix_groups([d.model_input_tokens for d in datums])
+    assert [g.members for g in groups] == [(0, 1, 2, 3)] and not alone_indices
+    call = ForwardBackwardCall("alice", datums, loss_fn, None, False)
+    (result,) = run(engine, [call])
+    shared_grads = adapter_gradients(engine, "alice")
+    want_logprobs, want_loss, want_grads = alone(engine, call)
+    assert_same([o["logprobs"] for o in result.loss_fn_outputs], want_logprobs)
+    assert result.metrics["loss:sum"] == pytest.approx(want_loss, rel=1e-4, abs=1e-5)
+    assert_same(shared_grads, want_grads)
+    assert any(float(g.abs().max()) > 0 for g in shared_grads)
+
+
+def test_groups_of_two_clients_in_one_pass_each_get_their_own_gradients(engine: ModelEngine) -> None:
+    calls = [
+        ForwardBackwardCall("alice", rl_group(1, 3), "importance_sampling", None, False),
+        ForwardBackwardCall("bob", rl_group(2, 3) + rl_group(3, 2), "importance_sampling", None, False),
+    ]
+    results = run(engine, calls)
+    shared = {name: adapter_gradients(engine, name) for name in ("alice", "bob")}
+    for call, result in zip(calls, results, strict=True):
+        want_logprobs, want_loss, want_grads = alone(engine, call)
+        assert_same([o["logprobs"] for o in result.loss_fn_outputs], want_logprobs)
+        assert result.metrics["loss:sum"] == pytest.approx(want_loss, rel=1e-4, abs=1e-5)
+        assert_same(shared[call.model_id], want_grads)
+
+
+def test_several_targets_per_position_through_a_shared_prefix(engine: ModelEngine) -> None:
+    datums = []
+    for d in rl_group(4, 3):
+        targets = d.loss_fn_inputs["target_tokens"]
+        two_T2 = torch.stack([targets, (targets + 7) % 500], dim=1)
+        datums.append(
+            DecodedDatum(
+                d.model_input_tokens, {"target_tokens": two_T2, "weights": torch.ones_like(two_T2, dtype=torch.float32)}
+            )
+        )
+    call = ForwardBackwardCall("alice", datums, "cross_entropy", None, False)
+    (result,) = run(engine, [call])
+    shared_grads = adapter_gradients(engine, "alice")
+    want_logprobs, _, want_grads = alone(engine, call)
+    assert [tuple(o["logprobs"].shape) for o in result.loss_fn_outputs] == [
+        tuple(d.loss_fn_inputs["target_tokens"].shape) for d in datums
+    ]
+    assert_same([o["logprobs"] for o in result.loss_fn_outputs], want_logprobs)
+    assert_same(shared_grads, want_grads)
+
+
+def test_prefix_groups_keep_each_prompt_whole_when_all_prompts_share_a_header() -> None:
+    rng = random.Random(0)
+    header = [1] * 40
+    prompts = [header + [rng.randrange(4, 500) for _ in range(60)] for _ in range(3)]
+    sequences = [p + [rng.randrange(4, 500) for _ in range(5 + c)] for p in prompts for c in range(4)]
+    sequences.append([7] * 30)
+    groups, alone_indices = shared_prefix_groups(sequences)
+    assert [g.members for g in groups] == [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11)]
+    assert all(g.prefix_length == 100 for g in groups)
+    assert alone_indices == [12]
+
+
+def test_a_prefix_is_shorter_than_every_member_and_short_prefixes_are_not_shared() -> None:
+    base = list(range(10, 60))
+    groups, alone_indices = shared_prefix_groups([base, [*base, 3], [*base[:GROUP_OVERHEAD_TOKENS], 1, 2]])
+    assert [(g.members, g.prefix_length) for g in groups] == [((0, 1), len(base) - 1)]
+    assert alone_indices == [2]
