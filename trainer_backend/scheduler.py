@@ -242,6 +242,8 @@ class Scheduler:
         only operations that may run while a long batch pauses.
         """
         now = time.monotonic()
+        # Set again below while the chosen batch still gathers; never left over from an earlier look.
+        self._gathering_until = None
         candidates = []
         for name, lane in self._lanes.items():
             operation = lane.ready()
@@ -265,7 +267,6 @@ class Scheduler:
         if not only_interleaving and now < first.enqueued_at + window_s:
             self._gathering_until = first.enqueued_at + window_s
             return []
-        self._gathering_until = None
         lane = self._lanes[name]
         lane.pop(first)
         lane.last_served = now

@@ -9,11 +9,11 @@ with respect to the hidden states is computed in the forward pass, while its log
 a log-prob with respect to its hidden state is one `[H]` vector per target, so backward needs no logits at all
 and costs two vocabulary matmuls per token in all, as the plain computation does. Otherwise each chunk runs
 under activation checkpointing and backward recomputes its logits (three matmuls).
+`full_logits_target_logprobs` is the plain computation, kept for tests and benchmarks.
 
 Most positions of an RL or supervised datum carry no gradient (a prompt's targets have zero advantage or zero
 weight), yet their log-probs are still returned. `gradient_rows` names the positions the loss can send a gradient
 to; the others get their log-prob from one vocabulary matmul and store nothing for backward.
-`full_logits_target_logprobs` is the plain computation, kept for tests and benchmarks.
 
 Targets are `[B, T]` (one token per position) or `[B, T, K]` (K tokens per position, as a Tinker datum's 2-D
 `target_tokens`). A negative target (for instance -100 on padding) marks an ignored position: its log-prob is
