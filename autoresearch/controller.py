@@ -35,7 +35,7 @@ from autoresearch.search import (
     trial_config_of,
 )
 from autoresearch.spec import StudySpec
-from autoresearch.study import BASELINE, ENDED, RlGain, history, run_id_of
+from autoresearch.study import BASELINE, ENDED, RlGain, history, rl_gain_from, run_id_of
 from autoresearch.trials.errors import ConfigurationError, TrialError
 from autoresearch.trials.evaluation import evaluate_checkpoint
 from tasks.text2sql.errors import Text2SqlError
@@ -251,7 +251,7 @@ class Controller:
             values = [result["held_out_accuracy"]]
             if self.spec.objective.also_minimize:
                 values.append(result["wall_time_s"])
-            self._record_rl_gain(trial, RlGain(reports.get(0), result["held_out_accuracy"]))
+            self._record_rl_gain(trial, rl_gain_from(reports, result["held_out_accuracy"]))
             self.study.tell(frozen.number, values)
         elif status.phase is TrialPhase.NOT_STARTED:
             # Asked, then the controller stopped before the launch: record and launch it now.
@@ -270,7 +270,7 @@ class Controller:
             self._fail(frozen, f"exceeded the trial time limit of {self.spec.budget.trial_time_limit_s} s")
         elif self.spec.objective.also_minimize is None and trial.should_prune():
             self._stop(run_id)
-            self._record_rl_gain(trial, RlGain(reports.get(0), reports[max(reports)] if reports else None))
+            self._record_rl_gain(trial, rl_gain_from(reports))
             self.study.tell(frozen.number, state=TrialState.PRUNED)
 
     def _record_rl_gain(self, trial: optuna.Trial, gain: RlGain) -> None:

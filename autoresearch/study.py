@@ -93,28 +93,33 @@ class RlGain:
         return None if self.at_start is None or self.latest is None else self.latest - self.at_start
 
 
+def rl_gain_from(reports: dict[int, float], final: float | None = None) -> RlGain:
+    """Step 0 of the reports is the evaluation where RL starts; the end is `final`, else the latest report."""
+    latest = final if final is not None else (reports[max(reports)] if reports else None)
+    return RlGain(at_start=reports.get(0), latest=latest)
+
+
 def rl_gain_of(trial: FrozenTrial) -> RlGain:
-    """From the trial's reports: step 0 is the evaluation where RL starts; the final value, else the latest report."""
-    values = trial.intermediate_values
-    latest = trial.values[0] if trial.values else (values[max(values)] if values else None)
-    return RlGain(at_start=values.get(0), latest=latest)
+    return rl_gain_from(trial.intermediate_values, trial.values[0] if trial.values else None)
 
 
 def summary_rows(study: optuna.Study, top: int = 5) -> list[dict]:
-    """The best completed trials, best first: number, score, parameters, reward spec, run id."""
+    """The best completed trials, best first: number, score, what RL added, parameters, reward spec, run id."""
     complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.values]
     complete.sort(key=lambda t: t.values[0], reverse=True)
-    return [
-        {
-            "number": t.number,
-            "held_out_accuracy": t.values[0],
-            "held_out_at_rl_start": rl_gain_of(t).at_start,
-            "rl_gain": rl_gain_of(t).gain,
-            "params": {k: v for k, v in t.params.items() if not k.startswith("reward.")},
-            "reward_spec": json.loads(t.user_attrs.get("reward_spec", "{}")),
-            "run_id": t.user_attrs.get("run_id"),
-            "sampler_path": t.user_attrs.get("sampler_path"),
-            "source": t.user_attrs.get("source"),
-        }
-        for t in complete[:top]
-    ]
+    return [_summary_row(t) for t in complete[:top]]
+
+
+def _summary_row(trial: FrozenTrial) -> dict:
+    gain = rl_gain_of(trial)
+    return {
+        "number": trial.number,
+        "held_out_accuracy": trial.values[0],
+        "held_out_at_rl_start": gain.at_start,
+        "rl_gain": gain.gain,
+        "params": {k: v for k, v in trial.params.items() if not k.startswith("reward.")},
+        "reward_spec": json.loads(trial.user_attrs.get("reward_spec", "{}")),
+        "run_id": trial.user_attrs.get("run_id"),
+        "sampler_path": trial.user_attrs.get("sampler_path"),
+        "source": trial.user_attrs.get("source"),
+    }
