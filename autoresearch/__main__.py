@@ -19,6 +19,7 @@ from autoresearch.checkpointing import open_checkpointer
 from autoresearch.controller import Controller
 from autoresearch.executors import LocalExecutor, TrialExecutor
 from autoresearch.proposer import LlmProposer, ProposalError
+from autoresearch.sdk_logging import quiet_sdk_logs
 from autoresearch.spec import StudySpec, load_study_spec
 from autoresearch.study import open_study
 from autoresearch.trials.backend import backend_for
@@ -40,7 +41,7 @@ def autoresearch(
     # sessions, are left to be found again by the next run.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    logging.getLogger("tinker").setLevel(logging.WARNING)
+    quiet_sdk_logs()
     logging.getLogger("httpx").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     console = Console()

@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from autoresearch.sdk_logging import quiet_sdk_logs
 from autoresearch.trials.backend import backend_for
 from autoresearch.trials.config import load_trial_config, parse_trial_config
 from autoresearch.trials.errors import TrialError
@@ -35,8 +36,7 @@ def trial(
 ) -> None:
     """Train a LoRA adapter with RL on text-to-SQL and report its held-out execution accuracy."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    # The SDK reports every client it opens (and every long-poll it repeats) at INFO; its warnings still show.
-    logging.getLogger("tinker").setLevel(logging.WARNING)
+    quiet_sdk_logs()
     trial_config = load_trial_config(config)
     if run_id is not None:
         trial_config = parse_trial_config({**trial_config.model_dump(), "run_id": run_id}, "--run-id")

@@ -68,6 +68,18 @@ def server_from(tree: Path, storage: Path) -> Iterator[str]:
         server.wait(timeout=60)
 
 
+@contextmanager
+def worktree_at(commit: str, folder: Path) -> Iterator[Path]:
+    """This repository's `commit`, checked out (detached) into `folder` for as long as the block runs."""
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(folder), commit], check=True, capture_output=True
+    )
+    try:
+        yield folder
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(folder)], check=False)
+
+
 def measure(tree: Path, workdir: Path, name: str, steps: int) -> dict:
     config = load_trial_config(GEMMA_TRIAL).model_copy(
         update={
@@ -105,19 +117,11 @@ def main() -> None:
     console = Console(width=120)
     with tempfile.TemporaryDirectory() as scratch:
         workdir = Path(scratch)
-        shipped_tree = workdir / "shipped"
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(shipped_tree), args.shipped],
-            check=True,
-            capture_output=True,
-        )
-        try:
-            results = {}
+        results = {}
+        with worktree_at(args.shipped, workdir / "shipped") as shipped_tree:
             for name, tree in (("shipped", shipped_tree), ("new", ROOT)):
                 with console.status(f"{name} server: {args.steps} RL steps of 8 × 4 on Gemma 3 270M"):
                     results[name] = measure(tree, workdir, name, args.steps)
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(shipped_tree)], check=False)
     table = Table(title="one RL step, Gemma 3 270M, 8 prompts × 4 completions ≤ 64 tokens, LoRA rank 16")
     for column in ("server", "step s", "sampling s", "rest s", "tokens sampled", "datums"):
         table.add_column(column, justify="right" if column != "server" else "left")

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import LOGPROB_ROUNDING
+from conftest import LOGPROB_ROUNDING, assert_answered_alike, peaked_tiny_gemma
 from peft import LoraConfig, PeftModel, get_peft_model
-from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+from transformers import Gemma3ForCausalLM
 
 from trainer_backend.engine import sampling
 from trainer_backend.engine.sampling import (
@@ -36,24 +36,7 @@ def letters(ids: Sequence[int]) -> str:
 
 @pytest.fixture(scope="module")
 def model() -> Gemma3ForCausalLM:
-    torch.manual_seed(0)
-    config = Gemma3TextConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        max_position_embeddings=CONTEXT,
-        sliding_window=8,
-        layer_types=["sliding_attention", "full_attention"],
-        # Larger than the default 0.02 so that the next-token distributions are peaked, not near uniform; untied,
-        # or the large embeddings make the tied head repeat the last token for ever.
-        initializer_range=0.3,
-        tie_word_embeddings=False,
-    )
-    return Gemma3ForCausalLM(config).eval()
+    return peaked_tiny_gemma(VOCAB, CONTEXT, sliding_window=8)
 
 
 def run(
@@ -299,13 +282,7 @@ def test_a_mixed_batch_answers_each_request_as_it_would_be_answered_alone(two_ad
     together = sample_batch(two_adapter_model, jobs, letters, CONTEXT)
     for job, batched in zip(jobs, together, strict=True):
         (alone,) = sample_batch(two_adapter_model, [job], letters, CONTEXT)
-        assert isinstance(batched, SamplingResult) and isinstance(alone, SamplingResult)
-        for batched_sequence, alone_sequence in zip(batched.sequences, alone.sequences, strict=True):
-            assert batched_sequence.tokens == alone_sequence.tokens
-            assert batched_sequence.stop_reason == alone_sequence.stop_reason
-            torch.testing.assert_close(
-                batched_sequence.logprobs, alone_sequence.logprobs, atol=LOGPROB_ROUNDING, rtol=0
-            )
+        assert_answered_alike(batched, alone)
         assert batched.prompt_logprobs == alone.prompt_logprobs
     # The adapters really differ: the same greedy request gives other tokens through each.
     greedy = SamplingRequest(prompt_tokens=PROMPT, temperature=0, max_tokens=12)
@@ -320,7 +297,8 @@ def test_a_bad_request_in_a_batch_gets_its_error_and_the_others_their_samples(tw
     bad = SamplingJob(SamplingRequest(prompt_tokens=(1, VOCAB + 3), max_tokens=5), "other", ())
     first, second, third = sample_batch(two_adapter_model, [good, bad, good], letters, CONTEXT)
     assert isinstance(second, SamplingInputError) and f"prompt_tokens[1] = {VOCAB + 3}" in str(second)
-    assert isinstance(first, SamplingResult) and first == third
+    # The same request twice in one batch: two rows of the same matmuls, which a GEMM may round differently.
+    assert_answered_alike(first, third)
 
 
 def test_draws_follow_the_probabilities_and_never_take_an_impossible_token() -> None:

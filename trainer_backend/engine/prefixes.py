@@ -73,3 +73,54 @@ def shared_prefix_groups(sequences: Sequence[Sequence[int]]) -> tuple[list[Prefi
             groups.append(PrefixGroup(tuple(sorted(members)), shared))
         end = start
     return sorted(groups, key=lambda g: g.members), sorted(alone)
+
+
+@dataclass(frozen=True)
+class SharedPrefill:
+    """A generation batch's prompts prefilled in two passes: the shared prefixes (one row each), then the rests.
+
+    Prompt j is `prefixes[prefix_of[j]] + suffixes[j]`, and its prefix row went through its own adapter
+    (`prefix_adapters`); every suffix has at least one token, so its last position gives the next-token logits.
+    """
+
+    prefixes: tuple[tuple[int, ...], ...]
+    prefix_adapters: tuple[str | None, ...]
+    prefix_of: tuple[int, ...]
+    suffixes: tuple[tuple[int, ...], ...]
+
+
+def plan_shared_prefill(prompts: Sequence[Sequence[int]], adapters: Sequence[str | None]) -> SharedPrefill | None:
+    """The two-pass prefill of these prompts, or None when it would compute no fewer positions than one pass.
+
+    A batched prefill pads every row to the longest, so its cost is rows × longest: one pass costs
+    `len(prompts) × longest prompt`, two cost `prefix rows × longest prefix + len(prompts) × longest suffix`.
+    Prompts share a prefix only with prompts of the same adapter (its keys and values depend on the adapter); a
+    prompt that shares with none has all but its last token as its own prefix row.
+    """
+    if any(len(prompt) < 2 for prompt in prompts):
+        return None
+    by_adapter: dict[str | None, list[int]] = {}
+    for index, adapter in enumerate(adapters):
+        by_adapter.setdefault(adapter, []).append(index)
+    prefixes: list[tuple[int, ...]] = []
+    prefix_adapters: list[str | None] = []
+    prefix_of = [0] * len(prompts)
+    shares = False
+    for adapter, indices in by_adapter.items():
+        groups, alone = shared_prefix_groups([prompts[i] for i in indices])
+        shares = shares or bool(groups)
+        rows = [([indices[m] for m in group.members], group.prefix_length) for group in groups]
+        rows += [([indices[m]], len(prompts[indices[m]]) - 1) for m in alone]
+        for members, length in rows:
+            for member in members:
+                prefix_of[member] = len(prefixes)
+            prefixes.append(tuple(prompts[members[0]][:length]))
+            prefix_adapters.append(adapter)
+    if not shares:
+        return None
+    suffixes = tuple(tuple(prompt[len(prefixes[prefix_of[i]]) :]) for i, prompt in enumerate(prompts))
+    one_pass = len(prompts) * max(map(len, prompts))
+    two_passes = len(prefixes) * max(map(len, prefixes)) + len(prompts) * max(map(len, suffixes))
+    if two_passes >= one_pass:
+        return None
+    return SharedPrefill(tuple(prefixes), tuple(prefix_adapters), tuple(prefix_of), suffixes)

@@ -1,9 +1,11 @@
 """Token sampling with exact log-probabilities: the engine behind the Tinker API's `sample`.
 
 `sample_batch` serves several requests, of one adapter or of several, as one generation batch: their prompts
-are prefilled together (left-padded), each prompt's KV cache is copied across its `num_samples` rows, and
-every step decodes one token for each row still running, each row through its own adapter (PEFT's mixed-batch
-LoRA); a row that stops leaves the batch (and the cache) at once. `sample` is the one-request case.
+are prefilled together (left-padded; prompts that begin alike, such as questions over one database schema, have
+their common prefix computed once), each prompt's KV cache is copied across its `num_samples` rows, and every
+step decodes one token for each row still running, each row through its own adapter (PEFT's mixed-batch LoRA
+when the batch mixes adapters); a row that stops leaves the batch (and the cache) at once. `sample` is the
+one-request case.
 
 Semantics, matched to the Tinker SDK 0.38 and the tinker-cookbook:
 
@@ -28,6 +30,7 @@ import contextlib
 import itertools
 import math
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Literal
 
@@ -35,10 +38,11 @@ import torch
 import torch.nn.functional as F
 from peft import PeftModel
 from torch import Tensor
-from transformers import Cache, Gemma3ForCausalLM, PreTrainedModel
+from transformers import Cache, Gemma3ForCausalLM, PretrainedConfig, PreTrainedModel
 
 from trainer_backend.engine.adapters import routed_rows
 from trainer_backend.engine.kv_cache import preallocated_cache
+from trainer_backend.engine.prefixes import plan_shared_prefill
 from trainer_backend.engine.unembedding import unembedding_logits
 from trainer_backend.errors import UserInputError
 
@@ -193,13 +197,25 @@ def _scores_wanted(request: SamplingRequest) -> bool:
     return request.prompt_logprobs or request.topk_prompt_logprobs > 0
 
 
-def _routing(model: PreTrainedModel | PeftModel, adapters: Sequence[str | None]) -> dict[str, list[str]]:
-    """The forward kwargs that send each batch row through its adapter (none for a model without adapters)."""
+def _adapter_scope(model: PreTrainedModel | PeftModel, adapters: Sequence[str | None]) -> AbstractContextManager:
+    """Within it, a forward sends batch row i through adapter `adapters[i]` (None: the base model).
+
+    A batch of one adapter (an evaluation, one tenant's RL step) runs that adapter as PEFT's active one; only a
+    mixed batch pays for PEFT's mixed-batch LoRA, which gathers and scatters every LoRA layer's rows by adapter.
+    Set for each forward, since a pause between decode steps may run another adapter's training.
+    """
     if not isinstance(model, PeftModel):
         if any(adapter is not None for adapter in adapters):
             raise ValueError("jobs name adapters, but the model has none")
-        return {}
-    return {"adapter_names": [BASE_ROWS if adapter is None else adapter for adapter in adapters]}
+        return contextlib.nullcontext()
+    distinct = set(adapters)
+    if distinct == {None}:
+        return model.disable_adapter()
+    if len(distinct) == 1:
+        (adapter,) = distinct
+        model.set_adapter(adapter, inference_mode=True)
+        return contextlib.nullcontext()
+    return routed_rows(model, [BASE_ROWS if adapter is None else adapter for adapter in adapters])
 
 
 def _next_token_logits(
@@ -212,12 +228,10 @@ def _next_token_logits(
     here as transformers does. Other architectures run their own forward.
     """
     causal_lm = model.get_base_model() if isinstance(model, PeftModel) else model
-    if not isinstance(causal_lm, Gemma3ForCausalLM):
-        output = model(**inputs, use_cache=True, **_routing(model, adapters))
-        return output.logits[:, -1], output.cache
-    routing = _routing(model, adapters)
-    rows = routed_rows(model, routing["adapter_names"]) if routing else contextlib.nullcontext()
-    with rows:
+    with _adapter_scope(model, adapters):
+        if not isinstance(causal_lm, Gemma3ForCausalLM):
+            output = model(**inputs, use_cache=True)
+            return output.logits[:, -1], output.cache
         output = causal_lm.model(**inputs, use_cache=True)
         hidden_RH = output.last_hidden_state[:, -1]
         head = causal_lm.get_output_embeddings()
@@ -251,7 +265,7 @@ def _sample_with_prompt_scores(
     device = model.get_input_embeddings().weight.device
     prompt_1P = torch.tensor([request.prompt_tokens], dtype=torch.long, device=device)
     cache, logits_1V, prompt_logprobs, topk_prompt_logprobs = _prefill_scoring(
-        model, prompt_1P, request.topk_prompt_logprobs, _routing(model, [job.adapter]), request.max_tokens
+        model, prompt_1P, request.topk_prompt_logprobs, job.adapter, request.max_tokens
     )
     rows = _Rows.for_jobs([job], torch.ones_like(prompt_1P), torch.tensor([len(request.prompt_tokens) - 1]))
     cache.batch_select_indices(rows.prompt_index_R)
@@ -269,31 +283,85 @@ def _generate(
     decode: Callable[[Sequence[int]], str],
     pause: Callable[[], None],
 ) -> list[SamplingResult]:
-    """Prefill the jobs' prompts as one left-padded batch, then decode all their samples together."""
+    """Prefill the jobs' prompts together, then decode all their samples together."""
     device = model.get_input_embeddings().weight.device
-    longest = max(len(job.request.prompt_tokens) for job in jobs)
-    tokens_JP = torch.zeros((len(jobs), longest), dtype=torch.long)
-    mask_JP = torch.zeros((len(jobs), longest), dtype=torch.long)
-    for j, job in enumerate(jobs):
-        prompt = job.request.prompt_tokens
-        tokens_JP[j, longest - len(prompt) :] = torch.tensor(prompt)
-        mask_JP[j, longest - len(prompt) :] = 1
-    tokens_JP, mask_JP = tokens_JP.to(device), mask_JP.to(device)
-    # Positions count real tokens only, so a padded prompt sees the positions it would see alone.
-    positions_JP = (mask_JP.cumsum(dim=-1) - 1).clamp(min=0)
-    capacity = longest + max(job.request.max_tokens for job in jobs)
-    logits_JV, cache = _next_token_logits(
-        model,
-        [job.adapter for job in jobs],
-        input_ids=tokens_JP,
-        attention_mask=mask_JP,
-        position_ids=positions_JP,
-        cache=preallocated_cache(model.config, capacity),
-    )
-    rows = _Rows.for_jobs(jobs, mask_JP, positions_JP[:, -1])
+    logits_JV, cache, mask_JP, last_position_J = _prefill(model, jobs, device)
+    rows = _Rows.for_jobs(jobs, mask_JP, last_position_J)
     cache.batch_select_indices(rows.prompt_index_R)
     sequences = _decode(model, cache, logits_JV[rows.prompt_index_R], jobs, rows, decode, device, pause)
     return [SamplingResult(sequences=s, prompt_logprobs=None, topk_prompt_logprobs=None) for s in sequences]
+
+
+def _prefill(
+    model: PreTrainedModel | PeftModel, jobs: Sequence[SamplingJob], device: torch.device
+) -> tuple[Tensor, Cache, Tensor, Tensor]:
+    """Each job's next-token logits after its prompt, the cache, each job's attention mask over the cache, and the
+    position of its prompt's last token.
+
+    Prompts that share a prefix (an evaluation's questions over one database schema) have it computed once, then
+    their own tokens on top of it through the cache; otherwise the prompts are one left-padded batch. Positions
+    count real tokens only, so a padded prompt sees the positions it would see alone.
+    """
+    adapters = [job.adapter for job in jobs]
+    new_tokens = max(job.request.max_tokens for job in jobs)
+    plan = plan_shared_prefill([job.request.prompt_tokens for job in jobs], adapters)
+    if plan is not None:
+        length = max(map(len, plan.prefixes)) + max(map(len, plan.suffixes)) + new_tokens
+        if not _attends_to_the_whole_context(model.config, length):
+            plan = None
+    if plan is None:
+        tokens_JP, mask_JP = _left_padded([job.request.prompt_tokens for job in jobs], device)
+        positions_JP = (mask_JP.cumsum(dim=-1) - 1).clamp(min=0)
+        logits_JV, cache = _next_token_logits(
+            model,
+            adapters,
+            input_ids=tokens_JP,
+            attention_mask=mask_JP,
+            position_ids=positions_JP,
+            cache=preallocated_cache(model.config, tokens_JP.shape[1] + new_tokens),
+        )
+        return logits_JV, cache, mask_JP, positions_JP[:, -1]
+    prefix_GQ, prefix_mask_GQ = _left_padded(plan.prefixes, device)
+    suffix_JS, suffix_mask_JS = _left_padded(plan.suffixes, device)
+    _, cache = _next_token_logits(
+        model,
+        plan.prefix_adapters,
+        input_ids=prefix_GQ,
+        attention_mask=prefix_mask_GQ,
+        position_ids=(prefix_mask_GQ.cumsum(dim=-1) - 1).clamp(min=0),
+        cache=preallocated_cache(model.config, prefix_GQ.shape[1] + suffix_JS.shape[1] + new_tokens),
+    )
+    prefix_of_J = torch.tensor(plan.prefix_of, dtype=torch.long, device=device)
+    cache.batch_select_indices(prefix_of_J)
+    # Each row reads [padding, its prefix, padding, its own tokens]: the padding is masked out of attention.
+    mask_JP = torch.cat([prefix_mask_GQ[prefix_of_J], suffix_mask_JS], dim=1)
+    positions_JS = prefix_mask_GQ.sum(dim=-1)[prefix_of_J, None] + (suffix_mask_JS.cumsum(dim=-1) - 1).clamp(min=0)
+    logits_JV, cache = _next_token_logits(
+        model, adapters, input_ids=suffix_JS, attention_mask=mask_JP, position_ids=positions_JS, cache=cache
+    )
+    return logits_JV, cache, mask_JP, positions_JS[:, -1]
+
+
+def _left_padded(sequences: Sequence[Sequence[int]], device: torch.device) -> tuple[Tensor, Tensor]:
+    """`[N, longest]` token ids and attention mask, each sequence at the right end of its row."""
+    longest = max(map(len, sequences))
+    tokens_NL = torch.zeros((len(sequences), longest), dtype=torch.long)
+    mask_NL = torch.zeros((len(sequences), longest), dtype=torch.long)
+    for n, sequence in enumerate(sequences):
+        tokens_NL[n, longest - len(sequence) :] = torch.tensor(sequence)
+        mask_NL[n, longest - len(sequence) :] = 1
+    return tokens_NL.to(device), mask_NL.to(device)
+
+
+def _attends_to_the_whole_context(config: PretrainedConfig, length: int) -> bool:
+    """Whether every layer attends to all of `length` positions (no sliding window cuts it).
+
+    A sliding window counts cache slots, padding included: padding between a prefix and the tokens after it would
+    push real tokens out of the window of a row that has them, so such rows are only prefilled in two passes when
+    the window covers everything.
+    """
+    window = getattr(config.get_text_config(), "sliding_window", None)
+    return window is None or length < window
 
 
 @dataclass
@@ -357,7 +425,7 @@ def _prefill_scoring(
     model: PreTrainedModel | PeftModel,
     prompt_1P: Tensor,
     topk: int,
-    routing: dict[str, list[str]],
+    adapter: str | None,
     max_new_tokens: int,
 ) -> tuple[Cache, Tensor, tuple[float | None, ...], tuple[TopkLogprobs | None, ...]]:
     """Prefill chunk by chunk through the cache, scoring each chunk's positions before its logits are freed."""
@@ -370,7 +438,8 @@ def _prefill_scoring(
     logprobs: list[float | None] = [None]
     topk_logprobs: list[TopkLogprobs | None] = [None]
     for start in range(0, length, chunk):
-        output = model(input_ids=prompt_1P[:, start : start + chunk], cache=cache, use_cache=True, **routing)
+        with _adapter_scope(model, [adapter]):
+            output = model(input_ids=prompt_1P[:, start : start + chunk], cache=cache, use_cache=True)
         cache = output.cache
         # Row j of this chunk's logits predicts prompt position start + j + 1; the prompt's last row predicts
         # the first sampled token and has no target here.

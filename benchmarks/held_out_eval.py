@@ -1,0 +1,70 @@
+"""A trial's held-out evaluation on Gemma 3 270M, on the backend of an earlier commit and on this tree, in one run.
+
+Run: python benchmarks/held_out_eval.py [--before HEAD] [--eval-size 128]
+
+The evaluation is the trial's own (`evaluate_checkpoint`: the Gemma trial's zero-shot prompts of about 275 tokens,
+greedy, at most 64 new tokens, every question sent at once) of the base model on the first `--eval-size` questions
+of the dev split. The dev questions are over two databases, so most of each prompt is one of two schemas: the server
+may prefill each schema once. The only difference between the two runs is the server: `--before` is checked out
+into a temporary git worktree and its `python -m trainer_backend serve` runs from there.
+
+Prints the wall time of each evaluation and their ratio, and checks that both servers gave the same answers (greedy
+decoding: any difference beyond float rounding would change some answer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from autoresearch.trials.config import load_trial_config  # noqa: E402
+from autoresearch.trials.evaluation import HeldOutReport, evaluate_checkpoint  # noqa: E402
+from benchmarks.rl_step import GEMMA_TRIAL, server_from, worktree_at  # noqa: E402
+
+
+def measure(tree: Path, workdir: Path, name: str, eval_size: int) -> tuple[float, HeldOutReport]:
+    config = load_trial_config(GEMMA_TRIAL).model_copy(update={"eval_size": eval_size})
+    with server_from(tree, workdir / f"{name}-backend") as url:
+        started = time.perf_counter()
+        report = evaluate_checkpoint(config, url)
+        return time.perf_counter() - started, report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--before", default="HEAD", help="commit of the server to compare with")
+    parser.add_argument("--eval-size", type=int, default=128, help="dev questions evaluated (332 in all)")
+    args = parser.parse_args()
+
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=120)
+    with tempfile.TemporaryDirectory() as scratch:
+        workdir = Path(scratch)
+        results = {}
+        with worktree_at(args.before, workdir / "before") as before_tree:
+            for name, tree in (("before", before_tree), ("new", ROOT)):
+                with console.status(f"{name} server: evaluating {args.eval_size} dev questions on Gemma 3 270M"):
+                    results[name] = measure(tree, workdir, name, args.eval_size)
+    table = Table(title=f"held-out evaluation, Gemma 3 270M base model, {args.eval_size} dev questions, greedy")
+    for column in ("server", "wall s", "questions/s", "execution accuracy"):
+        table.add_column(column, justify="right" if column != "server" else "left")
+    for name, (seconds, report) in results.items():
+        label = f"before ({args.before})" if name == "before" else "this tree"
+        table.add_row(label, f"{seconds:.1f}", f"{args.eval_size / seconds:.2f}", f"{report.accuracy:.1%}")
+    console.print(table)
+    (before_s, before), (new_s, new) = results["before"], results["new"]
+    differing = sum(a.completion != b.completion for a, b in zip(before.answers, new.answers, strict=True))
+    console.print(f"wall time, new ÷ before: {new_s / before_s:.2f}; answers that differ: {differing}")
+    console.print(f"command: python benchmarks/held_out_eval.py --before {args.before} --eval-size {args.eval_size}")
+
+
+if __name__ == "__main__":
+    main()

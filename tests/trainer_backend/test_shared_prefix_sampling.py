@@ -1,0 +1,140 @@
+"""Sampling prompts that share a prefix (an evaluation's questions over one schema): the prefix is prefilled once.
+
+The two-pass prefill must answer every request as it is answered alone, through its own adapter, and must stay
+out of the way where it cannot be exact (a sliding window shorter than the context) or saves nothing.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import LOGPROB_ROUNDING, assert_answered_alike, peaked_tiny_gemma
+from peft import LoraConfig, PeftModel, get_peft_model
+
+from trainer_backend.engine import sampling
+from trainer_backend.engine.prefixes import GROUP_OVERHEAD_TOKENS, plan_shared_prefill
+from trainer_backend.engine.sampling import SamplingJob, SamplingRequest, SamplingResult, sample_batch
+
+VOCAB = 97
+CONTEXT = 256
+# Two "schemas" of different lengths, each followed by several "questions".
+SCHEMA_A = tuple((5 * i + 1) % VOCAB for i in range(40))
+SCHEMA_B = tuple((11 * i + 7) % VOCAB for i in range(55))
+QUESTIONS = [tuple((3 * i + q) % VOCAB for i in range(4 + 3 * q)) for q in range(5)]
+
+
+def letters(ids: tuple[int, ...] | list[int]) -> str:
+    return "".join(chr(ord("a") + token % 26) for token in ids)
+
+
+@pytest.fixture
+def forward_passes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Grows by one with every forward pass a generation makes (prefill passes and decode steps)."""
+    passes: list[int] = []
+    forward = sampling._next_token_logits
+
+    def counted(*args: object, **kwargs: object) -> object:
+        passes.append(1)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(sampling, "_next_token_logits", counted)
+    return passes
+
+
+@pytest.fixture(scope="module")
+def two_adapters() -> PeftModel:
+    """A model whose window covers every prompt here, with adapters "one" and "two" of different weights."""
+    torch.manual_seed(1)
+    base = peaked_tiny_gemma(VOCAB, CONTEXT, sliding_window=CONTEXT)
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8), adapter_name="one")
+    model.add_adapter("two", LoraConfig(r=2, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(std=0.5)
+    return model.eval()
+
+
+def schema_jobs() -> list[SamplingJob]:
+    """Questions over two schemas, through the base model and two adapters, greedy and sampled."""
+    jobs = []
+    for index, question in enumerate(QUESTIONS):
+        adapter = ("one", "two", None)[index % 3]
+        for schema in (SCHEMA_A, SCHEMA_B):
+            request = SamplingRequest(
+                prompt_tokens=schema + question,
+                num_samples=1 + index % 2,
+                max_tokens=6 + index,
+                temperature=0 if index % 2 == 0 else 0.9,
+                seed=index,
+            )
+            jobs.append(SamplingJob(request, adapter, ()))
+    return jobs
+
+
+def test_prompts_sharing_a_schema_are_answered_as_each_alone(
+    two_adapters: PeftModel, forward_passes: list[int]
+) -> None:
+    jobs = schema_jobs()
+    plan = plan_shared_prefill([job.request.prompt_tokens for job in jobs], [job.adapter for job in jobs])
+    # The batch really takes the two-pass path: one prefix row per (schema, adapter), not one per prompt.
+    assert plan is not None and len(plan.prefixes) < len(jobs)
+    together = sample_batch(two_adapters, jobs, letters, CONTEXT)
+    # Two prefill passes, then one pass per token after the first of the longest completion.
+    assert len(forward_passes) == 2 + max(job.request.max_tokens for job in jobs) - 1
+    for job, batched in zip(jobs, together, strict=True):
+        (alone,) = sample_batch(two_adapters, [job], letters, CONTEXT)
+        assert_answered_alike(batched, alone)
+
+
+def test_greedy_tokens_after_a_shared_prefix_are_the_full_forward_argmax(two_adapters: PeftModel) -> None:
+    jobs = [
+        SamplingJob(SamplingRequest(prompt_tokens=SCHEMA_A + q, temperature=0, max_tokens=8), "two", ())
+        for q in QUESTIONS
+    ]
+    assert plan_shared_prefill([job.request.prompt_tokens for job in jobs], ["two"] * len(jobs)) is not None
+    results = sample_batch(two_adapters, jobs, letters, CONTEXT)
+    two_adapters.set_adapter("two")
+    for job, result in zip(jobs, results, strict=True):
+        assert isinstance(result, SamplingResult)
+        (sequence,) = result.sequences
+        context = list(job.request.prompt_tokens)
+        for token, logprob in zip(sequence.tokens, sequence.logprobs, strict=True):
+            with torch.no_grad():
+                logits_V = two_adapters(input_ids=torch.tensor([context]), use_cache=False).logits[0, -1]
+            logprobs_V = torch.log_softmax(logits_V.float(), dim=-1)
+            assert token == int(logprobs_V.argmax())
+            assert logprob == pytest.approx(float(logprobs_V[token]), abs=LOGPROB_ROUNDING)
+            context.append(token)
+
+
+def test_a_sliding_window_shorter_than_the_context_keeps_the_one_pass_prefill(forward_passes: list[int]) -> None:
+    model = peaked_tiny_gemma(VOCAB, CONTEXT, sliding_window=16)
+    jobs = [SamplingJob(SamplingRequest(prompt_tokens=SCHEMA_A + q, temperature=0, max_tokens=4)) for q in QUESTIONS]
+    assert plan_shared_prefill([job.request.prompt_tokens for job in jobs], [None] * len(jobs)) is not None
+    results = sample_batch(model, jobs, letters, CONTEXT)
+    # One prefill pass, then one pass per token after the first.
+    assert len(forward_passes) == 1 + 3
+    assert all(isinstance(result, SamplingResult) for result in results)
+
+
+def test_a_prefix_is_shared_only_within_an_adapter_and_leaves_every_prompt_a_token() -> None:
+    prompts = [SCHEMA_A + QUESTIONS[0], SCHEMA_A + QUESTIONS[1], SCHEMA_A + QUESTIONS[2], SCHEMA_A]
+    plan = plan_shared_prefill(prompts, ["x", "x", "y", "x"])
+    assert plan is not None
+    for index, prompt in enumerate(prompts):
+        prefix = plan.prefixes[plan.prefix_of[index]]
+        assert prefix + plan.suffixes[index] == prompt and plan.suffixes[index]
+    # "y" has its own row: its keys and values differ from "x"'s.
+    assert plan.prefix_adapters[plan.prefix_of[2]] == "y"
+    assert plan.prefix_of[2] not in {plan.prefix_of[i] for i in (0, 1, 3)}
+    assert plan.prefix_of[0] == plan.prefix_of[1] == plan.prefix_of[3]
+
+
+def test_no_two_pass_prefill_where_it_computes_no_fewer_positions() -> None:
+    distinct = [tuple((k * i + k) % VOCAB for i in range(30)) for k in range(2, 6)]
+    assert plan_shared_prefill(distinct, [None] * 4) is None
+    # A shared prefix no longer than the overhead of a group is not shared.
+    short = [tuple(range(GROUP_OVERHEAD_TOKENS)) + q for q in QUESTIONS]
+    assert plan_shared_prefill(short, [None] * len(short)) is None
+    assert plan_shared_prefill([(1,), (1, 2)], [None, None]) is None
