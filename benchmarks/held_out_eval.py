@@ -23,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from autoresearch.sdk_logging import quiet_sdk_logs  # noqa: E402
 from autoresearch.trials.config import load_trial_config  # noqa: E402
 from autoresearch.trials.evaluation import HeldOutReport, evaluate_checkpoint  # noqa: E402
 from benchmarks.rl_step import GEMMA_TRIAL, server_from, worktree_at  # noqa: E402
@@ -41,6 +42,7 @@ def main() -> None:
     parser.add_argument("--before", default="HEAD", help="commit of the server to compare with")
     parser.add_argument("--eval-size", type=int, default=128, help="dev questions evaluated (332 in all)")
     args = parser.parse_args()
+    quiet_sdk_logs()
 
     from rich.console import Console
     from rich.table import Table

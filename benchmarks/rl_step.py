@@ -29,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from autoresearch.sdk_logging import quiet_sdk_logs  # noqa: E402
 from autoresearch.trials.backend import free_port, wait_until_healthy  # noqa: E402
 from autoresearch.trials.config import load_trial_config  # noqa: E402
 from autoresearch.trials.rl_loop import run_trial  # noqa: E402
@@ -110,6 +111,7 @@ def main() -> None:
     parser.add_argument("--shipped", default=SHIPPED_COMMIT, help="commit of the shipped server")
     parser.add_argument("--steps", type=int, default=2, help="RL steps per server; the last one is reported")
     args = parser.parse_args()
+    quiet_sdk_logs()
 
     from rich.console import Console
     from rich.table import Table

@@ -1,0 +1,149 @@
+"""Where a trial's RL went: its checkpoints on new databases and on new questions of the training databases.
+
+Run: python benchmarks/rl_transfer.py --run-dir .data/trials/<run_id> --backend-url URL \
+        --checkpoint start=tinker://…/weights/warmup-000080 --checkpoint final=tinker://…/sampler_weights/final-000030
+
+A trial's held-out score is on the dev split, whose databases it never trains on; its training reward is on new
+questions over the training databases, sampled at the training temperature. This scores each named checkpoint
+(training weights or sampler weights on the backend that holds them) on both, to tell apart what RL can have
+learned:
+- `dev`: the trial's own held-out questions (its config's eval split and seed; `--dev-size` of them), greedy;
+- `train-new`: the next `--questions` questions of the trial's training order after those it consumed (never
+  trained or rewarded on; the same databases), greedy;
+- with `--samples K`, the same two sets again, K completions each at the trial's temperature, scored as the mean
+  accuracy of the samples: what the training reward sees. A gain there without one in greedy accuracy is RL
+  making the sampled answers more like the greedy one (sharper), not making the greedy answer better.
+Every checkpoint is compared with the first, question by question (McNemar's exact test on the greedy answers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import tinker
+from tinker import types
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from autoresearch.sdk_logging import quiet_sdk_logs  # noqa: E402
+from autoresearch.trials.backend import api_key  # noqa: E402
+from autoresearch.trials.config import TrialConfig, load_trial_config  # noqa: E402
+from autoresearch.trials.data import PromptRenderer, TrainingOrder, held_out_subset, split_of  # noqa: E402
+from autoresearch.trials.evaluation import HeldOutReport, evaluate_sampler  # noqa: E402
+from autoresearch.trials.paired import compare  # noqa: E402
+from autoresearch.trials.run_dir import RunDirectory  # noqa: E402
+from tasks.text2sql.bundled import load_bundled  # noqa: E402
+from tasks.text2sql.dataset import Example  # noqa: E402
+from tasks.text2sql.rewards import DEFAULT_REWARD_SPEC  # noqa: E402
+from tasks.text2sql.scoring import Scorer  # noqa: E402
+
+
+def sampler_for(service: tinker.ServiceClient, path: str) -> tinker.SamplingClient:
+    """A sampling client of sampler weights, or of training weights (through a training client loaded from them)."""
+    if "/sampler_weights/" in path:
+        return service.create_sampling_client(model_path=path).result()
+    training = service.create_training_client_from_state(path).result()
+    return training.save_weights_and_get_sampling_client().result()
+
+
+def sampled_accuracy(
+    sampler: tinker.SamplingClient,
+    renderer: PromptRenderer,
+    scorer: Scorer,
+    examples: list[Example],
+    config: TrialConfig,
+    samples: int,
+) -> float:
+    """Mean execution accuracy of `samples` completions per question at the trial's training temperature."""
+    params = types.SamplingParams(max_tokens=config.max_tokens, temperature=config.temperature, stop=list(config.stop))
+    futures = [
+        sampler.sample(types.ModelInput.from_ints(list(renderer.prompt(e).tokens)), samples, params) for e in examples
+    ]
+    pairs = [
+        (example, renderer.decode(sequence.tokens))
+        for example, future in zip(examples, futures, strict=True)
+        for sequence in future.result().sequences
+    ]
+    scores = scorer.score_many(pairs, DEFAULT_REWARD_SPEC)
+    return sum(s.correct for s in scores) / len(scores)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run-dir", type=Path, required=True, help="the trial's run directory")
+    parser.add_argument("--backend-url", required=True, help="the backend that holds the checkpoints")
+    parser.add_argument("--checkpoint", action="append", required=True, help="NAME=tinker://… (the first is the base)")
+    parser.add_argument("--dev-size", type=int, help="held-out questions (default: the trial's eval_size)")
+    parser.add_argument("--questions", type=int, default=200, help="new questions of the training databases")
+    parser.add_argument("--samples", type=int, default=0, help="also the mean accuracy of K samples per question")
+    args = parser.parse_args()
+    quiet_sdk_logs()
+
+    from rich.console import Console
+    from rich.table import Table
+
+    directory = RunDirectory(args.run_dir)
+    config = load_trial_config(directory.config_path)
+    state = directory.load_state()
+    consumed = state.data_position if state is not None else 0
+    dataset = load_bundled()
+    order = TrainingOrder(split_of(dataset, config.train_split, "train_split"), config.seed)
+    question_sets = {
+        "dev": list(held_out_subset(dataset, config.eval_split, args.dev_size or config.eval_size, config.eval_seed)),
+        "train-new": order.batch(consumed, args.questions),
+    }
+    checkpoints = dict(entry.split("=", 1) for entry in args.checkpoint)
+    console = Console(width=120)
+    greedy: dict[str, dict[str, HeldOutReport]] = {}
+    sampled: dict[str, dict[str, float]] = {}
+    with tinker.ServiceClient(base_url=args.backend_url, api_key=api_key()) as service, Scorer(dataset) as scorer:
+        tokenizer = service.create_lora_training_client(base_model=config.base_model, rank=1).result().get_tokenizer()
+        renderer = PromptRenderer(dataset, tokenizer, config.few_shot, config.train_split)
+        for name, path in checkpoints.items():
+            sampler = sampler_for(service, path)
+            for set_name, examples in question_sets.items():
+                with console.status(f"{name}: {set_name}, {len(examples)} questions"):
+                    greedy.setdefault(name, {})[set_name] = evaluate_sampler(
+                        sampler, renderer, scorer, examples, set_name, config.max_tokens, config.stop, 0
+                    )
+                    if args.samples:
+                        sampled.setdefault(name, {})[set_name] = sampled_accuracy(
+                            sampler, renderer, scorer, examples, config, args.samples
+                        )
+    first = next(iter(checkpoints))
+    table = Table(title=f"{args.run_dir.name}: greedy accuracy (and mean sampled accuracy) by question set")
+    table.add_column("checkpoint")
+    for set_name, examples in question_sets.items():
+        table.add_column(f"{set_name} ({len(examples)}) greedy", justify="right")
+        if args.samples:
+            table.add_column(f"{set_name} sampled ×{args.samples}, T={config.temperature:g}", justify="right")
+        table.add_column(f"{set_name} vs {first}: gained/lost, p", justify="right")
+    record = {}
+    for name in checkpoints:
+        cells = [name]
+        for set_name in question_sets:
+            report = greedy[name][set_name]
+            cells.append(f"{report.accuracy:.1%}")
+            if args.samples:
+                cells.append(f"{sampled[name][set_name]:.1%}")
+            paired = compare(greedy[first][set_name], report)
+            cells.append("" if name == first else f"+{paired.gained}/−{paired.lost}, p={paired.p_value:.2f}")
+            record[f"{name}/{set_name}"] = {
+                "greedy": report.accuracy,
+                "sampled": sampled.get(name, {}).get(set_name),
+                "gained": paired.gained,
+                "lost": paired.lost,
+                "p_value": paired.p_value,
+            }
+        table.add_row(*cells)
+    console.print(table)
+    console.print(json.dumps(record))
+    console.print(f"command: python benchmarks/rl_transfer.py {' '.join(sys.argv[1:])}")
+
+
+if __name__ == "__main__":
+    main()
