@@ -3,7 +3,8 @@
 The datums of an RL step are a few prompts with several completions each, and a prompt is most of each sequence:
 computing a group's prompt once and its completions on top of it (through the KV cache, gradients included)
 removes most of a training pass. Groups are chosen over the data in token order, where sequences with a common
-prefix are neighbours, by the partition that computes the fewest tokens.
+prefix are neighbours, by the partition that computes the fewest tokens. Sampling uses the same groups for the
+prompts of a generation batch (`plan_shared_prefill`): an evaluation's questions over one schema share most of it.
 """
 
 from __future__ import annotations
