@@ -299,8 +299,7 @@ def _prefill(
     position of its prompt's last token.
 
     Prompts that share a prefix (an evaluation's questions over one database schema) have it computed once, then
-    their own tokens on top of it through the cache; otherwise the prompts are one left-padded batch. Positions
-    count real tokens only, so a padded prompt sees the positions it would see alone.
+    their own tokens on top of it through the cache; otherwise the prompts are one left-padded batch.
     """
     adapters = [job.adapter for job in jobs]
     new_tokens = max(job.request.max_tokens for job in jobs)
@@ -310,8 +309,7 @@ def _prefill(
         if not _attends_to_the_whole_context(model.config, length):
             plan = None
     if plan is None:
-        tokens_JP, mask_JP = _left_padded([job.request.prompt_tokens for job in jobs], device)
-        positions_JP = (mask_JP.cumsum(dim=-1) - 1).clamp(min=0)
+        tokens_JP, mask_JP, positions_JP = _left_padded([job.request.prompt_tokens for job in jobs], device)
         logits_JV, cache = _next_token_logits(
             model,
             adapters,
@@ -321,36 +319,48 @@ def _prefill(
             cache=preallocated_cache(model.config, tokens_JP.shape[1] + new_tokens),
         )
         return logits_JV, cache, mask_JP, positions_JP[:, -1]
-    prefix_GQ, prefix_mask_GQ = _left_padded(plan.prefixes, device)
-    suffix_JS, suffix_mask_JS = _left_padded(plan.suffixes, device)
+    prefix_GQ, prefix_mask_GQ, prefix_positions_GQ = _left_padded(plan.prefixes, device)
+    prefix_of_J = torch.tensor(plan.prefix_of, dtype=torch.long, device=device)
+    # A prompt's own tokens take the positions after its prefix.
+    suffix_JS, suffix_mask_JS, positions_JS = _left_padded(
+        plan.suffixes, device, first_position_N=prefix_mask_GQ.sum(dim=-1)[prefix_of_J]
+    )
     _, cache = _next_token_logits(
         model,
         plan.prefix_adapters,
         input_ids=prefix_GQ,
         attention_mask=prefix_mask_GQ,
-        position_ids=(prefix_mask_GQ.cumsum(dim=-1) - 1).clamp(min=0),
+        position_ids=prefix_positions_GQ,
         cache=preallocated_cache(model.config, prefix_GQ.shape[1] + suffix_JS.shape[1] + new_tokens),
     )
-    prefix_of_J = torch.tensor(plan.prefix_of, dtype=torch.long, device=device)
     cache.batch_select_indices(prefix_of_J)
     # Each row reads [padding, its prefix, padding, its own tokens]: the padding is masked out of attention.
     mask_JP = torch.cat([prefix_mask_GQ[prefix_of_J], suffix_mask_JS], dim=1)
-    positions_JS = prefix_mask_GQ.sum(dim=-1)[prefix_of_J, None] + (suffix_mask_JS.cumsum(dim=-1) - 1).clamp(min=0)
     logits_JV, cache = _next_token_logits(
         model, adapters, input_ids=suffix_JS, attention_mask=mask_JP, position_ids=positions_JS, cache=cache
     )
     return logits_JV, cache, mask_JP, positions_JS[:, -1]
 
 
-def _left_padded(sequences: Sequence[Sequence[int]], device: torch.device) -> tuple[Tensor, Tensor]:
-    """`[N, longest]` token ids and attention mask, each sequence at the right end of its row."""
+def _left_padded(
+    sequences: Sequence[Sequence[int]], device: torch.device, first_position_N: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """`[N, longest]` token ids, attention mask and positions, each sequence at the right end of its row.
+
+    Positions count real tokens only, from `first_position_N` (0 by default), so a padded sequence sees the
+    positions it would see alone; padding takes the position of the row's first token.
+    """
     longest = max(map(len, sequences))
     tokens_NL = torch.zeros((len(sequences), longest), dtype=torch.long)
     mask_NL = torch.zeros((len(sequences), longest), dtype=torch.long)
     for n, sequence in enumerate(sequences):
         tokens_NL[n, longest - len(sequence) :] = torch.tensor(sequence)
         mask_NL[n, longest - len(sequence) :] = 1
-    return tokens_NL.to(device), mask_NL.to(device)
+    tokens_NL, mask_NL = tokens_NL.to(device), mask_NL.to(device)
+    positions_NL = (mask_NL.cumsum(dim=-1) - 1).clamp(min=0)
+    if first_position_N is not None:
+        positions_NL = positions_NL + first_position_N[:, None]
+    return tokens_NL, mask_NL, positions_NL
 
 
 def _attends_to_the_whole_context(config: PretrainedConfig, length: int) -> bool:
