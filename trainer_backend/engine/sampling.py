@@ -202,7 +202,8 @@ def _adapter_scope(model: PreTrainedModel | PeftModel, adapters: Sequence[str | 
 
     A batch of one adapter (an evaluation, one tenant's RL step) runs that adapter as PEFT's active one; only a
     mixed batch pays for PEFT's mixed-batch LoRA, which gathers and scatters every LoRA layer's rows by adapter.
-    Set for each forward, since a pause between decode steps may run another adapter's training.
+    Checked for each forward, since a pause between decode steps may run another adapter's training; set only when
+    another is active (PEFT's set_adapter visits every module: 5 ms on Gemma 3 270M, every decode step).
     """
     if not isinstance(model, PeftModel):
         if any(adapter is not None for adapter in adapters):
@@ -213,7 +214,8 @@ def _adapter_scope(model: PreTrainedModel | PeftModel, adapters: Sequence[str | 
         return model.disable_adapter()
     if len(distinct) == 1:
         (adapter,) = distinct
-        model.set_adapter(adapter, inference_mode=True)
+        if model.active_adapter != adapter:
+            model.set_adapter(adapter, inference_mode=True)
         return contextlib.nullcontext()
     return routed_rows(model, [BASE_ROWS if adapter is None else adapter for adapter in adapters])
 
