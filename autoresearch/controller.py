@@ -1,4 +1,6 @@
-"""The controller: a LangGraph state machine, propose → launch → baseline → monitor → analyze → (propose or end).
+"""The controller: a LangGraph state machine, warm-up → propose → launch → baseline → monitor → analyze → (propose
+or end). The warm-up node runs only for a spec with `shared_warmup`: the base trial's warm-up, once per backend,
+which every trial on that backend then starts its RL from.
 
 The Optuna study and the trials' run directories hold everything that matters; the graph's own state is only
 the round counter and how far the analysis got. Every node is safe to run again after a crash: proposals wait in
@@ -35,7 +37,18 @@ from autoresearch.search import (
     trial_config_of,
 )
 from autoresearch.spec import StudySpec
-from autoresearch.study import BASELINE, ENDED, RlGain, history, rl_gain_from, run_id_of
+from autoresearch.study import (
+    BASELINE,
+    ENDED,
+    SHARED_WARMUP_PREFIX,
+    RlGain,
+    SharedWarmup,
+    history,
+    rl_gain_from,
+    run_id_of,
+    shared_warmup_run_id,
+    shared_warmups,
+)
 from autoresearch.trials.errors import ConfigurationError, TrialError
 from autoresearch.trials.evaluation import evaluate_checkpoint
 from tasks.text2sql.errors import Text2SqlError
@@ -45,6 +58,10 @@ log = logging.getLogger(__name__)
 SAMPLER_RATIONALE = "sampled by Optuna's TPE sampler"
 # A trial whose process died is started again (it resumes from its last checkpoint) this many times, then fails.
 RELAUNCHES = 1
+
+
+class SharedWarmupError(TrialError):
+    """The warm-up every trial starts from could not be run; the study cannot go on without it."""
 
 
 class ControllerState(TypedDict):
@@ -89,12 +106,14 @@ class Controller:
 
     def _graph(self) -> StateGraph:
         graph = StateGraph(ControllerState)
+        graph.add_node("warmup", self.warmup)
         graph.add_node("baseline", self.baseline)
         graph.add_node("propose", self.propose)
         graph.add_node("launch", self.launch)
         graph.add_node("monitor", self.monitor)
         graph.add_node("analyze", self.analyze)
-        graph.add_edge(START, "propose")
+        graph.add_edge(START, "warmup")
+        graph.add_edge("warmup", "propose")
         graph.add_edge("propose", "launch")
         graph.add_edge("launch", "baseline")
         graph.add_edge("baseline", "monitor")
@@ -103,6 +122,73 @@ class Controller:
         return graph
 
     # --- nodes ------------------------------------------------------------------------------------------------
+
+    def warmup(self, state: ControllerState) -> dict:
+        """With `shared_warmup`, run the base trial config's warm-up on each backend that has none yet and wait for
+        it: trials then spend their budget on RL, all from the same start, so their RL gains compare.
+
+        Raises:
+            SharedWarmupError: a warm-up failed (after one relaunch if it died) or ran past the trial time limit.
+        """
+        if not self.spec.shared_warmup:
+            return {}
+        warmups = self._warmups()
+        pending = {
+            url: shared_warmup_run_id(self.spec, self._backend_key(url))
+            for url in self.backend_urls
+            if self._backend_key(url) not in warmups
+        }
+        relaunched: set[str] = set()
+        for url, run_id in pending.items():
+            self._launch_warmup(url, run_id)
+        while pending:
+            for url, run_id in list(pending.items()):
+                status = self.executor.status(run_id)
+                if status.phase is TrialPhase.FINISHED:
+                    self._record_warmup(url, run_id, status.result or {})
+                    del pending[url]
+                elif status.phase is TrialPhase.DIED and url not in relaunched:
+                    relaunched.add(url)
+                    self._launch_warmup(url, run_id)
+                elif status.phase in (TrialPhase.DIED, TrialPhase.FAILED):
+                    raise SharedWarmupError(f"the shared warm-up {run_id} failed: {status.failure or 'no reason'}")
+                elif status.started_at is not None and time.time() - status.started_at > self._trial_time_limit_s():
+                    self._stop(run_id)
+                    raise SharedWarmupError(
+                        f"the shared warm-up {run_id} exceeded the trial time limit of {self._trial_time_limit_s()} s"
+                    )
+            self.on_tick(self.study)
+            if pending:
+                time.sleep(self.poll_s)
+        return {}
+
+    def _launch_warmup(self, url: str, run_id: str) -> None:
+        log.info("shared warm-up %s on %s: %d steps", run_id, url, self.spec.warmup_config(run_id).warmup_steps)
+        try:
+            self.executor.launch(run_id, self.spec.warmup_config(run_id), url)
+        except ExecutorError as error:
+            raise SharedWarmupError(f"could not launch the shared warm-up {run_id}: {error}") from None
+
+    def _record_warmup(self, url: str, run_id: str, result: dict) -> None:
+        warmup = SharedWarmup(
+            run_id=run_id,
+            path=result["checkpoint_path"],
+            examples_seen=self.spec.warmup_config(run_id).warmup_examples,
+            held_out_accuracy=result["held_out_accuracy"],
+        )
+        log.info("shared warm-up %s: held-out accuracy %.3f, state %s", run_id, warmup.held_out_accuracy, warmup.path)
+        self.study.set_user_attr(SHARED_WARMUP_PREFIX + self._backend_key(url), warmup.model_dump())
+
+    def _warmups(self) -> dict[str, SharedWarmup]:
+        return shared_warmups(self.study)
+
+    def _backend_key(self, url: str) -> str:
+        """What a backend's warm-up is recorded under: its URL, or 'local' for the one a controller starts itself
+        (on another port each run, with the same storage)."""
+        return url if self.spec.backend_urls else "local"
+
+    def _trial_time_limit_s(self) -> float:
+        return self.spec.budget.trial_time_limit_s
 
     def baseline(self, state: ControllerState) -> dict:
         """Score the base model once, the number every trial has to beat, while the first trials start (so it does
@@ -155,15 +241,21 @@ class Controller:
         trial.set_user_attr("run_id", run_id)
         trial.set_user_attr("source", source)
         trial.set_user_attr("rationale", rationale)
+        backend_url = trial.user_attrs.get("backend_url")
+        if backend_url not in self.backend_urls:  # new, or a local backend that a restarted controller moved
+            backend_url = self._least_busy_backend()
+        trial.set_user_attr("backend_url", backend_url)
+        warmup = self._warmups().get(self._backend_key(backend_url)) if self.spec.shared_warmup else None
+        if self.spec.shared_warmup and warmup is None:
+            self._fail(trial, f"no shared warm-up on {backend_url} to start from")
+            return
         try:
-            config = trial_config_of(self.spec, candidate, run_id)
+            config = trial_config_of(self.spec, candidate, run_id, warmup.initial_state() if warmup else None)
         except ConfigurationError as error:
             self._fail(trial, str(error))
             return
         trial.set_user_attr("reward_spec", config.reward_spec.to_json())
         trial.set_user_attr("trial_config", config.model_dump_json())
-        backend_url = trial.user_attrs.get("backend_url") or self._least_busy_backend()
-        trial.set_user_attr("backend_url", backend_url)
         try:
             self.executor.launch(run_id, config, backend_url)
         except ExecutorError as error:

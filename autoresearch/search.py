@@ -13,7 +13,7 @@ from typing import Literal
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
 from autoresearch.spec import Choices, FloatRange, IntRange, StudySpec
-from autoresearch.trials.config import TrialConfig
+from autoresearch.trials.config import InitialState, TrialConfig
 from autoresearch.trials.errors import ConfigurationError
 
 REWARD_PREFIX = "reward."
@@ -106,5 +106,7 @@ def _describe(param: FloatRange | IntRange | Choices) -> str:
     return f"[{param.low}, {param.high}]{' log scale' if param.log else ''}"
 
 
-def trial_config_of(spec: StudySpec, candidate: Candidate, run_id: str) -> TrialConfig:
-    return spec.trial_config(candidate.params, reward_spec(candidate.reward_weights), run_id)
+def trial_config_of(
+    spec: StudySpec, candidate: Candidate, run_id: str, init_from: InitialState | None = None
+) -> TrialConfig:
+    return spec.trial_config(candidate.params, reward_spec(candidate.reward_weights), run_id, init_from)

@@ -15,7 +15,13 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from autoresearch.trials.config import TrialConfig, describe_validation_error, parse_trial_config, read_yaml
+from autoresearch.trials.config import (
+    InitialState,
+    TrialConfig,
+    describe_validation_error,
+    parse_trial_config,
+    read_yaml,
+)
 from autoresearch.trials.errors import ConfigurationError
 from tasks.text2sql.rewards import ComponentKind
 
@@ -33,7 +39,9 @@ SEARCHABLE: dict[str, type] = {
     "normalize_advantages": bool,
 }
 # Fields the study itself sets on every trial; a spec's base trial config may not set them.
-STUDY_OWNED = ("run_id", "steps", "base_model", "eval_split", "eval_size", "eval_seed")
+STUDY_OWNED = ("run_id", "steps", "base_model", "eval_split", "eval_size", "eval_seed", "init_from")
+# What a shared warm-up fixes for every trial, so a study that shares one cannot search it.
+FIXED_BY_SHARED_WARMUP = ("warmup_steps", "warmup_learning_rate", "lora_rank")
 
 
 class _Strict(BaseModel):
@@ -227,6 +235,10 @@ class StudySpec(_Strict):
     eval_size: int = Field(32, ge=1)
     eval_seed: int = Field(0, ge=0)
     trial: dict[str, object] = Field(default_factory=dict, description="base trial config (TrialConfig fields)")
+    shared_warmup: bool = Field(
+        False,
+        description="run the base trial config's warm-up once (per backend) and start every trial's RL from it",
+    )
     search_space: SearchSpace = Field(default_factory=SearchSpace)
     budget: Budget
     objective: Objective = Field(default_factory=Objective)
@@ -281,20 +293,39 @@ class StudySpec(_Strict):
     def _base_trial_is_valid(self) -> StudySpec:
         owned = sorted(set(self.trial) & set(STUDY_OWNED))
         if owned:
-            raise ValueError(f"trial: {', '.join(owned)} are set by the study (budget, eval_* and base_model fields)")
+            raise ValueError(
+                f"trial: {', '.join(owned)} are set by the study (budget, eval_*, base_model and init_from fields)"
+            )
         searched = sorted(set(self.trial) & set(self.search_space.params))
         if searched:
             raise ValueError(f"trial: {', '.join(searched)} are searched; drop them from the base trial config")
         try:
-            self.trial_config({})
+            base = self.trial_config({})
         except ConfigurationError as error:
             raise ValueError(str(error)) from None
+        if self.shared_warmup:
+            fixed = sorted(set(self.search_space.params) & set(FIXED_BY_SHARED_WARMUP))
+            if fixed:
+                raise ValueError(f"search_space: {', '.join(fixed)} are fixed by the shared warm-up; do not search")
+            if base.warmup_steps == 0:
+                raise ValueError("shared_warmup: the base trial config has no warm-up (set trial.warmup_steps)")
+            if base.warmup_batch_size is None and "batch_size" in self.search_space.params:
+                raise ValueError("shared_warmup: batch_size is searched; set trial.warmup_batch_size for the warm-up")
         return self
 
+    def warmup_config(self, run_id: str) -> TrialConfig:
+        """The shared warm-up's run: the base trial config's warm-up and no RL step, evaluated where RL starts."""
+        return self.trial_config({}, run_id=run_id).model_copy(update={"steps": 0})
+
     def trial_config(
-        self, params: dict[str, object], reward_spec: dict | None = None, run_id: str | None = None
+        self,
+        params: dict[str, object],
+        reward_spec: dict | None = None,
+        run_id: str | None = None,
+        init_from: InitialState | None = None,
     ) -> TrialConfig:
-        """The base trial config with `params` (and a reward spec) filled in, validated as one TrialConfig.
+        """The base trial config with `params` (and a reward spec) filled in, validated as one TrialConfig; from
+        `init_from` (a shared warm-up's state) a trial does no warm-up of its own.
 
         Raises:
             ConfigurationError: naming the field that does not validate.
@@ -311,6 +342,8 @@ class StudySpec(_Strict):
         }
         if reward_spec is not None:
             data["reward_spec"] = reward_spec
+        if init_from is not None:
+            data.update(init_from=init_from.model_dump(), warmup_steps=0)
         return parse_trial_config(data, f"study {self.study} trial")
 
 

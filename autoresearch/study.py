@@ -3,11 +3,13 @@
 Each trial carries user attributes that the dashboard shows: `run_id`, `rationale`, `source` (llm or sampler),
 `reward_spec`, `trial_config`, `backend_url`, once it ends `held_out_at_rl_start` and `rl_gain` (what RL added to
 the accuracy its warm-up left), and for a failed trial `failure`. The study carries the base model's
-held-out accuracy (`baseline_accuracy`), the LLM's analyses and the proposals it rejected.
+held-out accuracy (`baseline_accuracy`), each shared warm-up (`shared_warmup:<backend url>`), the LLM's analyses
+and the proposals it rejected.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,13 +17,47 @@ from pathlib import Path
 import optuna
 import sqlalchemy
 from optuna.trial import FrozenTrial, TrialState
+from pydantic import BaseModel, ConfigDict
 
 from autoresearch.proposer import TrialRecord
 from autoresearch.spec import Pruning, StudySpec
+from autoresearch.trials.config import InitialState
 from autoresearch.trials.errors import ConfigurationError
 
 ENDED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 BASELINE = "baseline_accuracy"
+# A study attribute per backend, `shared_warmup:<url>` ('local' for the controller's own): the warm-up its trials
+# start from.
+SHARED_WARMUP_PREFIX = "shared_warmup:"
+
+
+class SharedWarmup(BaseModel):
+    """A finished shared warm-up: its run, the state trials load, and its held-out accuracy (where RL starts)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    path: str
+    examples_seen: int
+    held_out_accuracy: float
+
+    def initial_state(self) -> InitialState:
+        return InitialState(path=self.path, examples_seen=self.examples_seen)
+
+
+def shared_warmups(study: optuna.Study) -> dict[str, SharedWarmup]:
+    """The study's finished shared warm-ups by backend URL ('local' for the controller's own backend)."""
+    return {
+        key.removeprefix(SHARED_WARMUP_PREFIX): SharedWarmup.model_validate(value)
+        for key, value in study.user_attrs.items()
+        if key.startswith(SHARED_WARMUP_PREFIX)
+    }
+
+
+def shared_warmup_run_id(spec: StudySpec, backend_key: str) -> str:
+    """A run id per backend (its URL, or 'local') that stays the same when the spec lists backends in another
+    order."""
+    return f"{spec.study}-warmup-{hashlib.sha256(backend_key.encode()).hexdigest()[:8]}"
 
 
 def open_study(spec: StudySpec) -> optuna.Study:

@@ -13,15 +13,13 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from autoresearch.study import BASELINE, rl_gain_of, summary_rows
+from autoresearch.study import BASELINE, rl_gain_of, shared_warmups, summary_rows
 
 log = logging.getLogger(__name__)
 
 
 def trials_table(study: optuna.Study) -> Table:
-    baseline = study.user_attrs.get(BASELINE)
-    caption = "" if baseline is None else f" (base model: {baseline:.3f})"
-    table = Table(title=f"study {study.study_name}{caption}")
+    table = Table(title=f"study {study.study_name}{_references(study)}")
     for column in ("#", "state", "source", "held-out at RL start", "latest held-out", "RL gain", "score", "parameters"):
         table.add_column(column, overflow="fold")
     for trial in study.get_trials(deepcopy=False):
@@ -41,6 +39,16 @@ def trials_table(study: optuna.Study) -> Table:
             params,
         )
     return table
+
+
+def _references(study: optuna.Study) -> str:
+    """What trials compare against: the base model's held-out accuracy and, when shared, the warm-up's."""
+    parts = []
+    baseline = study.user_attrs.get(BASELINE)
+    if baseline is not None:
+        parts.append(f"base model: {baseline:.3f}")
+    parts += [f"shared warm-up: {w.held_out_accuracy:.3f}" for w in shared_warmups(study).values()]
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def _figure(value: float | None) -> str:
@@ -115,11 +123,25 @@ def write_summary(study: optuna.Study, folder: Path, console: Console) -> Path:
     baseline = study.user_attrs.get(BASELINE)
     if baseline is not None:
         console.print(f"baseline: the base model scores {baseline:.3f} on the same held-out questions")
+    warmups = shared_warmups(study)
+    for url, warmup in warmups.items():
+        console.print(f"shared warm-up on {url}: held-out {warmup.held_out_accuracy:.3f}, state {warmup.path}")
     if rows:
         console.print(f"best adapter: {rows[0]['sampler_path']} (run {rows[0]['run_id']})")
     _save_plots(study, folder)
     summary = folder / "summary.json"
-    summary.write_text(json.dumps({"trials": states, "baseline": baseline, "best": rows}, indent=2, default=str))
+    summary.write_text(
+        json.dumps(
+            {
+                "trials": states,
+                "baseline": baseline,
+                "shared_warmups": {url: warmup.model_dump() for url, warmup in warmups.items()},
+                "best": rows,
+            },
+            indent=2,
+            default=str,
+        )
+    )
     return summary
 
 

@@ -26,6 +26,18 @@ LOSS_CONFIG_KEYS: dict[str, tuple[str, ...]] = {
 RESUMABLE_CHANGES = frozenset({"steps", "eval_interval", "checkpoint_interval"})
 
 
+class InitialState(BaseModel):
+    """A saved training state a trial starts from instead of a fresh adapter (e.g. a warm-up a study shares)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Its weights are loaded, not its optimizer state: RL starts Adam afresh at its own learning rate.
+    path: str = Field(pattern=r"^tinker://", description="tinker://…/weights/… saved by save_state")
+    # Training examples the state learned from, in this seed's training order: the trial's data starts after them,
+    # so RL does not revisit questions the warm-up was shown the gold answer of.
+    examples_seen: int = Field(ge=0, description="position in the seeded training order where the trial goes on")
+
+
 class TrialConfig(BaseModel):
     """One RL trial: a LoRA adapter trained with a GRPO-style loop on text-to-SQL, scored on a held-out split."""
 
@@ -73,6 +85,9 @@ class TrialConfig(BaseModel):
         None, ge=1, le=1024, description="examples per warm-up step; None: batch_size"
     )
     checkpoint_interval: int = Field(10, ge=1, description="save the training state every this many steps")
+    init_from: InitialState | None = Field(
+        None, description="start from this saved state (its LoRA shape must match); None: a fresh adapter"
+    )
 
     # Task.
     reward_spec: RewardSpec = Field(DEFAULT_REWARD_SPEC, description="the training reward")
@@ -84,6 +99,11 @@ class TrialConfig(BaseModel):
     eval_size: int = Field(32, ge=1, description="questions in the fixed held-out subset")
     eval_interval: int = Field(10, ge=0, description="evaluate every this many steps (and at the end); 0 = end only")
     eval_seed: int = Field(0, ge=0, description="picks the held-out subset; shared by a study's trials")
+
+    @property
+    def warmup_examples(self) -> int:
+        """Training examples the warm-up goes through, from the start of the seeded training order."""
+        return self.warmup_steps * (self.warmup_batch_size or self.batch_size)
 
     @field_validator("learning_rate", "warmup_learning_rate", "eps", "grad_clip_norm", "kl_coef", "temperature")
     @classmethod

@@ -18,9 +18,10 @@ from pydantic import BaseModel, ConfigDict
 from tinker import types
 
 from autoresearch.trials.backend import api_key, backend_for
-from autoresearch.trials.config import TrialConfig
+from autoresearch.trials.config import InitialState, TrialConfig
 from autoresearch.trials.data import PromptRenderer, TrainingOrder, held_out_subset, split_of
 from autoresearch.trials.datums import supervised_datum
+from autoresearch.trials.errors import ConfigurationError
 from autoresearch.trials.evaluation import HeldOutReport, evaluate_sampler
 from autoresearch.trials.metrics import StepMetrics, summarize_groups
 from autoresearch.trials.paired import PairedComparison, compare
@@ -118,31 +119,56 @@ def run_trial(
 def _start_or_resume(
     service: tinker.ServiceClient, config: TrialConfig, state: RunState | None
 ) -> tuple[tinker.TrainingClient, RunState, int | None]:
-    """A training client at the run's last checkpoint (adapter and optimizer state), or a fresh adapter.
+    """A training client at the run's last checkpoint (adapter and optimizer state), else at `init_from`'s weights,
+    else with a fresh adapter.
 
     Returns the client, the state it stands at, and the step it resumed from (None for a fresh run).
     """
     if state is not None and state.checkpoint_path is not None:
         training = service.create_training_client_from_state_with_optimizer(state.checkpoint_path).result()
         return training, state, state.step
-    training = service.create_lora_training_client(
-        base_model=config.base_model,
-        rank=config.lora_rank,
-        seed=config.seed,
-        train_mlp=config.train_mlp,
-        train_attn=config.train_attn,
-        train_unembed=config.train_unembed,
-    ).result()
+    if config.init_from is not None:
+        training = _from_initial_state(service, config, config.init_from)
+    else:
+        training = service.create_lora_training_client(
+            base_model=config.base_model,
+            rank=config.lora_rank,
+            seed=config.seed,
+            train_mlp=config.train_mlp,
+            train_attn=config.train_attn,
+            train_unembed=config.train_unembed,
+        ).result()
     fresh = RunState(
         run_id=str(config.run_id),
         step=0,
         warmup_steps_done=0,
-        data_position=0,
+        data_position=config.init_from.examples_seen if config.init_from is not None else 0,
         checkpoint_path=None,
         seed=config.seed,
         eval_seed=config.eval_seed,
     )
     return training, fresh, None
+
+
+def _from_initial_state(
+    service: tinker.ServiceClient, config: TrialConfig, initial: InitialState
+) -> tinker.TrainingClient:
+    """A training client with the weights of `initial` and a fresh optimizer; its rank must be the config's, or
+    the trial would silently train another adapter than the one it names.
+
+    Raises:
+        ConfigurationError: the state cannot be loaded, or its LoRA rank is not the config's.
+    """
+    try:
+        training = service.create_training_client_from_state(initial.path).result()
+    except tinker.TinkerError as error:
+        raise ConfigurationError(f"init_from: cannot load {initial.path}: {error}") from None
+    rank = training.get_info().lora_rank
+    if rank is not None and rank != config.lora_rank:
+        raise ConfigurationError(
+            f"init_from: {initial.path} holds a rank-{rank} adapter; the trial config asks for rank {config.lora_rank}"
+        )
+    return training
 
 
 class _Trial:

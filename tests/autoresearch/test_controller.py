@@ -24,7 +24,9 @@ from autoresearch.executors import LocalExecutor
 from autoresearch.proposer import LlmProposer
 from autoresearch.search import distributions
 from autoresearch.spec import StudySpec
-from autoresearch.study import open_study
+from autoresearch.study import open_study, shared_warmup_run_id, shared_warmups
+from autoresearch.trials.config import TrialConfig
+from autoresearch.trials.run_dir import RunDirectory
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -198,3 +200,46 @@ def test_a_trial_asked_but_never_launched_before_a_crash_is_recorded_and_run_by_
     assert trial.state is TrialState.COMPLETE
     assert trial.user_attrs["run_id"] == f"{spec.study}-0000" and trial.user_attrs["source"] == "sampler"
     assert json.loads(trial.user_attrs["trial_config"])["run_id"] == f"{spec.study}-0000"
+
+
+class RecordingExecutor(LocalExecutor):
+    """The real local executor, noting each run id it is asked to launch."""
+
+    def __init__(self, run_root: Path) -> None:
+        super().__init__(run_root)
+        self.launched: list[str] = []
+
+    def launch(self, run_id: str, config: TrialConfig, backend_url: str) -> None:
+        self.launched.append(run_id)
+        super().launch(run_id, config, backend_url)
+
+
+def test_a_shared_warmup_runs_once_and_every_trial_starts_its_rl_from_it(backend_url: str, tmp_path: Path) -> None:
+    trial = {**tiny_spec(tmp_path, backend_url).trial, "warmup_steps": 2, "warmup_batch_size": 2}
+    budget = {"trials": 2, "concurrency": 2, "steps_per_trial": 1, "trial_time_limit_s": 300}
+    spec = tiny_spec(tmp_path, backend_url, shared_warmup=True, trial=trial, pruning={"kind": "none"}, budget=budget)
+    study = open_study(spec)
+    executor = RecordingExecutor(tmp_path / "trials")
+    with open_checkpointer(spec.storage_url(), tmp_path) as checkpointer:
+        Controller(spec, study, executor, None, [backend_url], poll_s=0.2).run(checkpointer)
+
+    warmup_run = shared_warmup_run_id(spec, backend_url)
+    assert executor.launched[0] == warmup_run and executor.launched.count(warmup_run) == 1
+    warmup = shared_warmups(study)[backend_url]
+    warmup_result = json.loads((tmp_path / "trials" / warmup_run / "result.json").read_text())
+    assert warmup.path == warmup_result["checkpoint_path"] and warmup.path.endswith("/weights/warmup-000002")
+    assert warmup.examples_seen == 4 and warmup.held_out_accuracy == warmup_result["held_out_accuracy"]
+    trials = study.get_trials(deepcopy=False)
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2
+    for each in trials:
+        config = TrialConfig.model_validate_json(each.user_attrs["trial_config"])
+        assert config.init_from == warmup.initial_state() and config.warmup_steps == 0
+        assert RunDirectory(tmp_path / "trials" / each.user_attrs["run_id"]).warmup.read() == []
+
+    # A controller run again with a larger budget reuses the warm-up the study recorded.
+    more = spec.model_copy(update={"budget": spec.budget.model_copy(update={"trials": 3})})
+    executor.launched.clear()
+    with open_checkpointer(spec.storage_url(), tmp_path) as checkpointer:
+        Controller(more, study, executor, None, [backend_url], poll_s=0.2).run(checkpointer)
+    assert executor.launched == [f"{spec.study}-0002"]
+    assert len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))) == 3

@@ -61,6 +61,18 @@ def write(tmp_path: Path, **changes: object) -> Path:
         ({"search_space__reward__components__execution_match": {"low": 0, "high": 1}}, "always in the reward"),
         ({"search_space__reward__components__style": {"low": 0, "high": 1}}, "style"),
         ({"trial__steps": 5}, "steps are set by the study"),
+        ({"trial__init_from": {"path": "tinker://r/weights/w", "examples_seen": 0}}, "init_from are set by the study"),
+        ({"shared_warmup": True}, "shared_warmup: the base trial config has no warm-up"),
+        (
+            {
+                "shared_warmup": True,
+                "trial__warmup_steps": 2,
+                "trial__lora_rank": None,
+                "search_space__params__lora_rank": {"choices": [4, 8]},
+            },
+            "lora_rank are fixed by the shared warm-up",
+        ),
+        ({"shared_warmup": True, "trial__warmup_steps": 2}, "batch_size is searched; set trial.warmup_batch_size"),
         ({"trial__batch_size": 2}, "batch_size are searched"),
         ({"trial__lora_rank": 0}, "lora_rank"),
         ({"trial__colour": "red"}, "colour: unknown field"),

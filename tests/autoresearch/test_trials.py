@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from autoresearch.trials.config import TrialConfig
+from autoresearch.trials.config import InitialState, TrialConfig
+from autoresearch.trials.errors import ConfigurationError
 from autoresearch.trials.evaluation import HeldOutReport, evaluate_checkpoint
 from autoresearch.trials.paired import compare
 from autoresearch.trials.rl_loop import run_trial
@@ -137,6 +138,38 @@ def test_a_restarted_trial_resumes_from_its_last_checkpoint(
     longer = run_trial(config.model_copy(update={"steps": 4}), backend_url, tmp_path, progress=False)
     assert longer.resumed_from_step == 3 and longer.steps_completed == 4
     assert [m["step"] for m in directory.metrics.read()] == [1, 2, 3, 4]
+
+
+def test_a_trial_from_a_saved_state_starts_at_its_weights_and_after_its_examples(
+    tiny_config: TrialConfig, backend_url: str, tmp_path: Path
+) -> None:
+    # A warm-up strong enough to change the tiny model's greedy answers, and no RL: what a shared warm-up runs.
+    warmup = tiny_config.model_copy(
+        update={"run_id": "warmup", "steps": 0, "warmup_steps": 2, "warmup_learning_rate": 3e-2, "eval_interval": 1}
+    )
+    warmed = run_trial(warmup, backend_url, tmp_path, progress=False)
+    assert warmed.steps_completed == 0 and warmed.checkpoint_path.endswith("/weights/warmup-000002")
+    warmup_answers = [a["completion"] for a in RunDirectory(tmp_path / "warmup").evals.read()[0]["answers"]]
+    base_answers = [a.completion for a in evaluate_checkpoint(warmup, backend_url).answers]
+    assert warmup_answers != base_answers, "the warm-up must change the answers for this test to tell them apart"
+
+    initial = InitialState(path=warmed.checkpoint_path, examples_seen=warmup.warmup_examples)
+    config = tiny_config.model_copy(
+        update={"run_id": "from-warmup", "warmup_steps": 0, "init_from": initial, "eval_interval": 1}
+    )
+    result = run_trial(config, backend_url, tmp_path, progress=False)
+    directory = RunDirectory(tmp_path / "from-warmup")
+    # Where RL starts it answers as the warm-up left the model, not as a fresh adapter (the base model) would.
+    assert [a["completion"] for a in directory.evals.read()[0]["answers"]] == warmup_answers
+    assert directory.warmup.read() == []
+    state = directory.load_state()
+    assert state is not None and result.steps_completed == config.steps
+    # Its prompts came after the examples the warm-up learned from.
+    assert state.data_position == warmup.warmup_examples + config.steps * config.batch_size
+
+    other_rank = config.model_copy(update={"run_id": "other-rank", "lora_rank": 8})
+    with pytest.raises(ConfigurationError, match=r"init_from: .* holds a rank-4 adapter; .* asks for rank 8"):
+        run_trial(other_rank, backend_url, tmp_path, progress=False)
 
 
 def test_an_eval_callback_can_stop_a_trial_early(tiny_config: TrialConfig, backend_url: str, tmp_path: Path) -> None:
