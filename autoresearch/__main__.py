@@ -17,13 +17,13 @@ from rich.console import Console
 
 from autoresearch.checkpointing import open_checkpointer
 from autoresearch.controller import Controller
+from autoresearch.errors import ProposalError, TrialError
 from autoresearch.executors import LocalExecutor, TrialExecutor
-from autoresearch.proposer import LlmProposer, ProposalError
+from autoresearch.proposer import LlmProposer
 from autoresearch.sdk_logging import quiet_sdk_logs
 from autoresearch.spec import StudySpec, load_study_spec
 from autoresearch.study import open_study
 from autoresearch.trials.backend import backend_for
-from autoresearch.trials.errors import TrialError
 from autoresearch.view import StudyView, write_summary
 
 app = typer.Typer(add_completion=False, help=__doc__)

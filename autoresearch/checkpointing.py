@@ -17,7 +17,7 @@ from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 from psycopg import OperationalError
 
-from autoresearch.trials.errors import ConfigurationError
+from autoresearch.errors import ConfigurationError
 
 POSTGRES = re.compile(r"^postgres(?:ql)?(?:\+\w+)?://")
 

@@ -27,10 +27,18 @@ from langgraph.graph import END, START, StateGraph
 from optuna.trial import TrialState
 from optuna_dashboard import save_note
 
-from autoresearch.executors import ExecutorError, TrialExecutor, TrialPhase
-from autoresearch.proposer import LlmProposer, ProposalError
-from autoresearch.search import (
+from autoresearch.errors import (
     CandidateError,
+    ConfigurationError,
+    ExecutorError,
+    ProposalError,
+    SharedWarmupError,
+    TrialError,
+)
+from autoresearch.executors import TrialExecutor, TrialPhase
+from autoresearch.proposer import LlmProposer
+from autoresearch.search import (
+    Candidate,
     candidate_from_params,
     check_candidate,
     distributions,
@@ -49,7 +57,6 @@ from autoresearch.study import (
     shared_warmup_run_id,
     shared_warmups,
 )
-from autoresearch.trials.errors import ConfigurationError, TrialError
 from autoresearch.trials.evaluation import evaluate_checkpoint
 from tasks.text2sql.errors import Text2SqlError
 
@@ -58,10 +65,6 @@ log = logging.getLogger(__name__)
 SAMPLER_RATIONALE = "sampled by Optuna's TPE sampler"
 # A trial whose process died is started again (it resumes from its last checkpoint) this many times, then fails.
 RELAUNCHES = 1
-
-
-class SharedWarmupError(TrialError):
-    """The warm-up every trial starts from could not be run; the study cannot go on without it."""
 
 
 class ControllerState(TypedDict):
@@ -220,8 +223,10 @@ class Controller:
             except CandidateError as error:
                 self._record_rejection(f"round {state['round']}: {candidate.rationale!r} rejected: {error}")
                 continue
-            params = {**candidate.params, **{f"reward.{k}": v for k, v in candidate.reward_weights.items()}}
-            self.study.enqueue_trial(params, user_attrs={"rationale": candidate.rationale, "source": "llm"})
+            chosen = Candidate(dict(candidate.params), candidate.reward_weights, candidate.rationale, "llm")
+            self.study.enqueue_trial(
+                chosen.optuna_params(), user_attrs={"rationale": chosen.rationale, "source": chosen.source}
+            )
         return {"round": state["round"] + 1}
 
     def launch(self, state: ControllerState) -> dict:

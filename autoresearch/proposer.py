@@ -18,11 +18,8 @@ from langchain_core.messages import HumanMessage, SystemMessage
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field, ValidationError
 
+from autoresearch.errors import ProposalError
 from autoresearch.spec import LlmSettings, StudySpec
-
-
-class ProposalError(RuntimeError):
-    """The LLM's reply could not be used (unreachable endpoint, no key, malformed output); the message says why."""
 
 
 class ProposedCandidate(BaseModel):

@@ -12,15 +12,11 @@ from typing import Literal
 
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
+from autoresearch.errors import CandidateError, ConfigurationError
 from autoresearch.spec import Choices, FloatRange, IntRange, StudySpec
 from autoresearch.trials.config import InitialState, TrialConfig
-from autoresearch.trials.errors import ConfigurationError
 
 REWARD_PREFIX = "reward."
-
-
-class CandidateError(ValueError):
-    """A proposed candidate does not fit the search space; the message says which value and why."""
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from autoresearch.errors import ConfigurationError
 from autoresearch.trials.config import (
     InitialState,
     TrialConfig,
@@ -22,7 +23,6 @@ from autoresearch.trials.config import (
     parse_trial_config,
     read_yaml,
 )
-from autoresearch.trials.errors import ConfigurationError
 from tasks.text2sql.rewards import ComponentKind
 
 # TrialConfig fields a study may search, and the kind of value each takes.

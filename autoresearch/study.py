@@ -19,10 +19,10 @@ import sqlalchemy
 from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, ConfigDict
 
+from autoresearch.errors import ConfigurationError
 from autoresearch.proposer import TrialRecord
 from autoresearch.spec import Pruning, StudySpec
 from autoresearch.trials.config import InitialState
-from autoresearch.trials.errors import ConfigurationError
 
 ENDED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 BASELINE = "baseline_accuracy"

@@ -6,7 +6,7 @@ Both sides: the same base model (fp32, CPU), LoRA rank 8 on attention and MLP, 2
 completions per step, at most 48 new tokens stopping only at EOS, temperature 1, no KL term, learning rate 1e-5,
 and the same reward function (the task's default reward spec, scored on DuckDB).
 
-1. One job: TRL's seconds per step (median after the first) against ours (`python -m autoresearch.trial` against
+1. One job: TRL's seconds per step (median after the first) against ours (`python -m autoresearch.trials` against
    a local backend; the step time from its metrics). Target: ours ≤ 0.7× TRL's.
 2. Three jobs: three of our trials at once on one backend (makespan from launch to the last exit, the backend
    already loaded) against TRL running the three one after another (3 × its training time). Target: ≥ 2×.

@@ -43,14 +43,12 @@ def _rss_kib(field: str) -> int:
 
 def measure(kind: str, device: str, batch: int, tokens: int, repeats: int) -> dict:
     """One measurement, in this process: 'chunked', 'full' or 'sample'."""
-    from trainer_backend.api.proto import DecodedDatum
-    from trainer_backend.engine.adapters import AdamSettings
     from trainer_backend.engine.model_engine import ModelEngine
     from trainer_backend.engine.sampling import SamplingRequest
+    from trainer_backend.engine.types import AdamSettings, DecodedDatum, LoraSettings
     from trainer_backend.models.gemma import GEMMA_3_270M
     from trainer_backend.models.loading import load_base_model, select_device
     from trainer_backend.models.registry import default_cache_root, resolve_base_model
-    from trainer_backend.runs import LoraSettings
 
     torch.manual_seed(0)
     loaded = load_base_model(resolve_base_model(GEMMA_3_270M, default_cache_root()), select_device(device))

@@ -27,13 +27,11 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trainer_backend.api.proto import DecodedDatum  # noqa: E402
-from trainer_backend.engine.adapters import AdamSettings  # noqa: E402
 from trainer_backend.engine.model_engine import ForwardBackwardCall, ModelEngine, SamplerCall  # noqa: E402
 from trainer_backend.engine.sampling import SamplingRequest  # noqa: E402
+from trainer_backend.engine.types import AdamSettings, DecodedDatum, LoraSettings  # noqa: E402
 from trainer_backend.models.loading import load_base_model, select_device  # noqa: E402
 from trainer_backend.models.registry import default_cache_root, resolve_base_model  # noqa: E402
-from trainer_backend.runs import LoraSettings  # noqa: E402
 
 ADAPTERS = 4
 

@@ -4,7 +4,7 @@ trials at once saves over running them one after another.
 Run: python benchmarks/duty_cycle.py [--model tiny-gemma3] [--concurrency 1 2 3 6] [--steps 8] [--plot PATH]
 
 A real training server runs in this process (the device worker is its thread); each trial is a real subprocess,
-`python -m autoresearch.trial`, talking to it over loopback with the tinker SDK, scoring its completions on
+`python -m autoresearch.trials`, talking to it over loopback with the tinker SDK, scoring its completions on
 DuckDB. For each concurrency the benchmark reports:
 
 - busy fraction: time the device worker spent in device calls ÷ the window from the first device call to the
@@ -84,7 +84,7 @@ def trial_config(args: argparse.Namespace, folder: Path) -> Path:
 
 
 def launch(config: Path, url: str, run_dir: Path, run_id: str) -> subprocess.Popen:
-    command = [sys.executable, "-m", "autoresearch.trial", str(config), "--backend-url", url]
+    command = [sys.executable, "-m", "autoresearch.trials", str(config), "--backend-url", url]
     command += ["--run-dir", str(run_dir), "--run-id", run_id, "--no-progress"]
     log = (run_dir / f"{run_id}.log").open("w")
     return subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})

@@ -2,7 +2,7 @@
 
 Run: python benchmarks/rl_step.py [--shipped 8945e16] [--steps 2]
 
-The step is the trial's own (`autoresearch.trial`, the client code of this tree): 8 prompts of the shipped Gemma
+The step is the trial's own (`autoresearch.trials`, the client code of this tree): 8 prompts of the shipped Gemma
 trial (`experiments/trials/text2sql_gemma.yaml`: zero-shot prompts of about 275 tokens) × 4 completions of at most
 64 new tokens at temperature 1, scored, one forward_backward (importance sampling) and one optim_step on a LoRA
 rank-16 adapter, then the next sampler's weights saved. The only difference between the two runs is the server:

@@ -31,15 +31,14 @@ sys.path.insert(0, str(ROOT))
 
 from autoresearch.trials.data import PromptRenderer, TrainingOrder, split_of  # noqa: E402
 from tasks.text2sql.bundled import load_bundled  # noqa: E402
-from trainer_backend.api.proto import DecodedDatum  # noqa: E402
 from trainer_backend.engine.model_engine import ModelEngine  # noqa: E402
 from trainer_backend.engine.prefixes import shared_prefix_groups  # noqa: E402
 from trainer_backend.engine.sampling import SamplingRequest  # noqa: E402
+from trainer_backend.engine.types import DecodedDatum, LoraSettings  # noqa: E402
 from trainer_backend.engine.unembedding import unembedding_logits  # noqa: E402
 from trainer_backend.models.gemma import GEMMA_3_270M  # noqa: E402
 from trainer_backend.models.loading import load_base_model, select_device  # noqa: E402
 from trainer_backend.models.registry import default_cache_root, resolve_base_model  # noqa: E402
-from trainer_backend.runs import LoraSettings  # noqa: E402
 
 LORA_RANK = 16
 

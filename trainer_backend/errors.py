@@ -57,3 +57,17 @@ class ServerError(BackendError):
 
     status_code = 500
     category = "server"
+
+
+class UnknownBaseModelError(BackendError, ValueError):
+    """The name is neither a known base model nor a local Hugging Face model folder (a startup error)."""
+
+    status_code = 400
+    category = "user"
+
+
+class DeviceUnavailableError(BackendError, ValueError):
+    """The device flag is malformed or names a device this machine lacks (a startup error)."""
+
+    status_code = 400
+    category = "user"

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainer_backend.engine.types import LoraSettings
 from trainer_backend.errors import NotFoundError
 
 _SCHEMA = """
@@ -47,15 +48,6 @@ CREATE TABLE IF NOT EXISTS sampling_sessions (
     created_at REAL NOT NULL
 );
 """
-
-
-@dataclass(frozen=True)
-class LoraSettings:
-    rank: int
-    train_mlp: bool = True
-    train_attn: bool = True
-    train_unembed: bool = False
-    seed: int | None = None
 
 
 @dataclass(frozen=True)

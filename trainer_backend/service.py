@@ -1,8 +1,9 @@
 """The domain layer of the server: what each Tinker API call does, independent of HTTP.
 
 Every mutating call becomes a durable future (ledger) and an operation for the device worker (scheduler); reads
-answer at once. Every lookup goes through the caller's owner, so one API key never reaches another's runs,
-sampling sessions or checkpoints.
+answer at once, the registry's from `views`, the status from `status_view`. Requests arrive as wire types and are
+converted to the engine's at this edge. Every lookup goes through the caller's owner, so one API key never reaches
+another's runs, sampling sessions or checkpoints.
 """
 
 from __future__ import annotations
@@ -16,28 +17,28 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Protocol, TypeVar
 
-from trainer_backend.api import schemas
-from trainer_backend.api.proto import (
+from trainer_backend.checkpoints import CheckpointInfo, CheckpointKind, CheckpointPath, CheckpointStore, validate_name
+from trainer_backend.config import ServerConfig
+from trainer_backend.duty_cycle import DutyCycle
+from trainer_backend.engine.adapters import saved_adapter_settings
+from trainer_backend.engine.model_engine import ForwardBackwardCall, ModelEngine, SamplerCall
+from trainer_backend.engine.sampling import SamplingInputError, SamplingRequest, SamplingResult
+from trainer_backend.errors import BackendError, NotFoundError, OverloadedError, UserInputError
+from trainer_backend.ledger import FutureRecord, Ledger, ResultFormat
+from trainer_backend.models.loading import LoadedModel
+from trainer_backend.runs import RunStore, TrainingRun
+from trainer_backend.scheduler import Operation, Outcome, PauseCallback, Scheduler
+from trainer_backend.status_view import server_status
+from trainer_backend.views import RegistryViews
+from trainer_backend.wire import schemas
+from trainer_backend.wire.proto import (
     ForwardBackwardBatch,
     encode_forward_backward_output,
     encode_sample_response,
 )
-from trainer_backend.api.status import DeviceStatus, FutureInFlight, ServerStatus
-from trainer_backend.checkpoints import CheckpointInfo, CheckpointKind, CheckpointPath, CheckpointStore, validate_name
-from trainer_backend.config import ServerConfig
-from trainer_backend.duty_cycle import DutyCycle
-from trainer_backend.engine.adapters import AdamSettings
-from trainer_backend.engine.model_engine import ForwardBackwardCall, ModelEngine, SamplerCall
-from trainer_backend.engine.sampling import SamplingInputError, SamplingRequest, SamplingResult
-from trainer_backend.errors import BackendError, NotFoundError, OverloadedError, UserInputError
-from trainer_backend.ledger import FutureRecord, FutureState, Ledger, ResultFormat
-from trainer_backend.models.loading import LoadedModel
-from trainer_backend.runs import LoraSettings, RunStore, TrainingRun
-from trainer_backend.scheduler import Operation, Outcome, PauseCallback, Scheduler
+from trainer_backend.wire.status import ServerStatus
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,7 @@ class TrainingService:
         self.duty_cycle = DutyCycle()
         self.scheduler.on_busy(self.duty_cycle.record)
         self.tokens_processed = {"forward_backward": 0, "sample_prompt": 0, "sample_generated": 0}
+        self.views = RegistryViews(self.runs, self.checkpoints, self.engine.has_adapter, loaded)
 
     def close(self) -> None:
         self.scheduler.stop()
@@ -204,46 +206,7 @@ class TrainingService:
 
     def status(self, owner: str) -> ServerStatus:
         """The device's recent busy fraction and the caller's unfinished futures with their ages."""
-        stats = self.scheduler.stats()
-        now, wall_now = time.monotonic(), time.time()
-        running_kinds = []
-        mine, others = [], 0
-        for record in self.ledger.in_flight():
-            if record.request_id in stats.running:
-                running_kinds.append(record.kind)
-            if record.owner != owner:
-                others += 1
-                continue
-            mine.append(
-                FutureInFlight(
-                    request_id=record.request_id,
-                    kind=record.kind,
-                    model_id=record.model_id,
-                    seq_id=record.seq_id,
-                    state="running" if record.state is FutureState.RUNNING else "queued",
-                    age_s=round(wall_now - record.created_at, 3),
-                )
-            )
-        queued: dict[str, int] = {}
-        for future in mine:
-            if future.state == "queued":
-                lane = "sampling" if future.kind == "sample" else future.model_id or future.kind
-                queued[lane] = queued.get(lane, 0) + 1
-        return ServerStatus(
-            base_model=self.loaded.name,
-            device=DeviceStatus(
-                busy_fraction_1m=round(self.duty_cycle.busy_fraction(60.0, stats.running_since, now), 4),
-                busy_fraction_10s=round(self.duty_cycle.busy_fraction(10.0, stats.running_since, now), 4),
-                running_kinds=sorted(running_kinds),
-                running_for_s=None if stats.running_since is None else round(now - stats.running_since, 3),
-                queued=stats.queued,
-                batched_calls=stats.batches,
-                batched_requests=stats.batched_operations,
-            ),
-            queued=queued,
-            in_flight=mine,
-            other_tenants_in_flight=others,
-        )
+        return server_status(owner, self.loaded.name, self.ledger.in_flight(), self.scheduler.stats(), self.duty_cycle)
 
     # --- sessions -----------------------------------------------------------------------------------------
 
@@ -279,14 +242,7 @@ class TrainingService:
         self._check_base_model(request.base_model)
         if request.optimizer_config.type != "adamw":
             raise UserInputError(f"optimizer {request.optimizer_config.type!r} is not supported; use adamw")
-        config = request.lora_config or schemas.LoraConfig(rank=32)
-        lora = LoraSettings(
-            rank=config.rank,
-            train_mlp=config.train_mlp,
-            train_attn=config.train_attn,
-            train_unembed=config.train_unembed,
-            seed=config.seed,
-        )
+        lora = (request.lora_config or schemas.LoraConfig(rank=32)).to_engine()
         run = self.runs.create_training_run(owner, request.session_id, request.model_seq_id, self.loaded.name, lora)
 
         def work() -> tuple[bytes, ResultFormat]:
@@ -343,16 +299,7 @@ class TrainingService:
         self._live_run(owner, request.model_id)
         if request.adam_params is None:
             raise UserInputError("only Adam is supported: send adam_params")
-        params = request.adam_params
-        adam = AdamSettings(
-            learning_rate=params.learning_rate,
-            beta1=params.beta1,
-            beta2=params.beta2,
-            eps=params.eps,
-            weight_decay=params.weight_decay,
-            grad_clip_norm=params.grad_clip_norm,
-        )
-        adam.validate()
+        adam = request.adam_params.to_engine()
 
         def work() -> tuple[bytes, ResultFormat]:
             metrics = self.engine.optim_step(request.model_id, adam)
@@ -422,11 +369,9 @@ class TrainingService:
             model_id, seq_id = request.model_id, request.seq_id
         else:
             # create_training_client_from_state: a new run whose first operation is this load.
-            if request.session_id is None or request.model_seq_id is None:
-                raise UserInputError("load_weights needs model_id, or session_id and model_seq_id")
             self._check_base_model(request.base_model)
             source = self.runs.training_run(owner, path.model_id) if self._known_run(owner, path.model_id) else None
-            lora = source.lora if source else LoraSettings(rank=_rank_of(folder))
+            lora = source.lora if source else saved_adapter_settings(folder)
             run = self.runs.create_training_run(owner, request.session_id, request.model_seq_id, self.loaded.name, lora)
             model_id, seq_id = run.model_id, 0
             self.scheduler.expect_sequence(model_id, 0)
@@ -538,80 +483,6 @@ class TrainingService:
         self.checkpoints.info(owner, parsed)
         return parsed
 
-    # --- REST: runs and checkpoints -----------------------------------------------------------------------
-
-    def _checkpoint_view(self, info: CheckpointInfo) -> schemas.Checkpoint:
-        return schemas.Checkpoint(
-            checkpoint_id=f"{info.kind.value}/{info.name}",
-            checkpoint_type="training" if info.kind is CheckpointKind.TRAINING else "sampler",
-            time=datetime.fromtimestamp(info.created_at, UTC),
-            tinker_path=info.path,
-            size_bytes=info.size_bytes,
-            expires_at=datetime.fromtimestamp(info.expires_at, UTC) if info.expires_at else None,
-        )
-
-    def _run_view(self, run: TrainingRun) -> schemas.TrainingRun:
-        checkpoints = self.checkpoints.list(run.owner, run.model_id)
-        training = [c for c in checkpoints if c.kind is CheckpointKind.TRAINING]
-        sampler = [c for c in checkpoints if c.kind is CheckpointKind.SAMPLER]
-        return schemas.TrainingRun(
-            training_run_id=run.model_id,
-            base_model=run.base_model,
-            model_owner=run.owner,
-            is_lora=True,
-            corrupted=not self.engine.has_adapter(run.model_id),
-            lora_rank=run.lora.rank,
-            last_request_time=datetime.fromtimestamp(run.last_request_at, UTC),
-            last_checkpoint=self._checkpoint_view(training[-1]) if training else None,
-            last_sampler_checkpoint=self._checkpoint_view(sampler[-1]) if sampler else None,
-        )
-
-    def list_training_runs(self, owner: str, limit: int, offset: int) -> schemas.TrainingRunsResponse:
-        runs, total = self.runs.list_training_runs(owner, limit, offset)
-        return schemas.TrainingRunsResponse(
-            training_runs=[self._run_view(r) for r in runs],
-            cursor=schemas.Cursor(offset=offset, limit=limit, total_count=total),
-        )
-
-    def training_run(self, owner: str, model_id: str) -> schemas.TrainingRun:
-        return self._run_view(self.runs.training_run(owner, model_id))
-
-    def list_checkpoints(self, owner: str, model_id: str | None) -> schemas.CheckpointsListResponse:
-        if model_id is not None:
-            self.runs.training_run(owner, model_id)
-        infos = self.checkpoints.list(owner, model_id)
-        return schemas.CheckpointsListResponse(checkpoints=[self._checkpoint_view(i) for i in infos])
-
-    def delete_checkpoint(self, owner: str, model_id: str, checkpoint_id: str) -> None:
-        kind, _, name = checkpoint_id.partition("/")
-        self.checkpoints.delete(owner, CheckpointPath.parse(f"tinker://{model_id}/{kind}/{name}"))
-
-    def weights_info(self, owner: str, tinker_path: str) -> schemas.WeightsInfoResponse:
-        path = CheckpointPath.parse(tinker_path)
-        info = self.checkpoints.info(owner, path)
-        config = json.loads((self.checkpoints.folder(path) / "adapter_config.json").read_text())
-        targets = set(config.get("target_modules") or [])
-        return schemas.WeightsInfoResponse(
-            base_model=info.base_model,
-            is_lora=True,
-            lora_rank=config.get("r"),
-            train_attn=bool(targets & {"q_proj", "k_proj", "v_proj", "o_proj"}),
-            train_mlp=bool(targets & {"gate_proj", "up_proj", "down_proj"}),
-            train_unembed="lm_head" in targets,
-        )
-
-    def capabilities(self) -> schemas.GetServerCapabilitiesResponse:
-        return schemas.GetServerCapabilitiesResponse(
-            supported_models=[
-                schemas.SupportedModel(
-                    model_name=self.loaded.name,
-                    max_context_length=self.loaded.max_context_length,
-                    trainable=True,
-                    sampleable=True,
-                )
-            ]
-        )
-
 
 @dataclass(frozen=True)
 class _PendingSample:
@@ -630,7 +501,3 @@ def _keep_last_prompt_logprobs(result: SamplingResult, last_n: int) -> SamplingR
     return dataclasses.replace(
         result, prompt_logprobs=cut(result.prompt_logprobs), topk_prompt_logprobs=cut(result.topk_prompt_logprobs)
     )
-
-
-def _rank_of(folder: Path) -> int:
-    return int(json.loads((folder / "adapter_config.json").read_text())["r"])

@@ -1,6 +1,6 @@
 """Where trials run: `LocalExecutor` (subprocesses of this machine) or `KubernetesExecutor` (Jobs in a cluster)."""
 
-from autoresearch.executors.base import ExecutorError, TrialExecutor, TrialPhase, TrialStatus
+from autoresearch.executors.base import TrialExecutor, TrialPhase, TrialStatus
 from autoresearch.executors.local import LocalExecutor
 
-__all__ = ["ExecutorError", "LocalExecutor", "TrialExecutor", "TrialPhase", "TrialStatus"]
+__all__ = ["LocalExecutor", "TrialExecutor", "TrialPhase", "TrialStatus"]

@@ -15,7 +15,6 @@ from typing import Protocol
 import yaml
 
 from autoresearch.trials.config import TrialConfig
-from autoresearch.trials.errors import TrialError
 from autoresearch.trials.run_dir import RunDirectory
 
 LAUNCH_CONFIG = "launch.yaml"
@@ -41,10 +40,6 @@ class TrialStatus:
     # Why a trial died or failed.
     failure: str | None = None
     started_at: float | None = None
-
-
-class ExecutorError(TrialError):
-    """The executor could not do what was asked (its API did not answer, or refused)."""
 
 
 class TrialExecutor(Protocol):
@@ -74,7 +69,7 @@ def read_progress(root: Path) -> Progress:
 
 
 def write_launch_config(root: Path, config: TrialConfig) -> Path:
-    """The config a trial is launched with, beside its run files, for `python -m autoresearch.trial` to read."""
+    """The config a trial is launched with, beside its run files, for `python -m autoresearch.trials` to read."""
     root.mkdir(parents=True, exist_ok=True)
     path = root / LAUNCH_CONFIG
     path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
@@ -84,6 +79,6 @@ def write_launch_config(root: Path, config: TrialConfig) -> Path:
 def trial_command(python: str, config_path: Path, backend_url: str, run_root: Path, run_id: str) -> list[str]:
     """The command line of one trial, the same wherever it runs."""
     return [
-        python, "-m", "autoresearch.trial", str(config_path), "--backend-url", backend_url,
+        python, "-m", "autoresearch.trials", str(config_path), "--backend-url", backend_url,
         "--run-dir", str(run_root), "--run-id", run_id, "--no-progress",
     ]  # fmt: skip

@@ -24,8 +24,8 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from urllib3.exceptions import HTTPError
 
+from autoresearch.errors import ExecutorError
 from autoresearch.executors.base import (
-    ExecutorError,
     TrialPhase,
     TrialStatus,
     read_progress,

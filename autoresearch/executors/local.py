@@ -1,4 +1,4 @@
-"""Trials as subprocesses of this machine (`python -m autoresearch.trial`), each in `<run_root>/<run_id>/`.
+"""Trials as subprocesses of this machine (`python -m autoresearch.trials`), each in `<run_root>/<run_id>/`.
 
 The state of a trial is read from its run directory and a pid file beside it, so a controller that was killed and
 started again finds its trials as they are; a trial whose process died is started again with the same run id, which

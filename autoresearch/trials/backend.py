@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from autoresearch.trials.errors import BackendStartError
+from autoresearch.errors import BackendStartError
 
 # Checkpoints belong to the key that saved them, so a resumed trial must come back with the same one.
 DEFAULT_API_KEY = "tml-local"

@@ -9,7 +9,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from autoresearch.trials.errors import ConfigurationError
+from autoresearch.errors import ConfigurationError
 from tasks.text2sql.rewards import COMPONENT_KINDS, DEFAULT_REWARD_SPEC, RewardSpec
 
 LossName = Literal["importance_sampling", "ppo", "cispo", "dro"]

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from autoresearch.trials.errors import ConfigurationError
+from autoresearch.errors import ConfigurationError
 from tasks.text2sql.dataset import Example, Text2SqlDataset
 from tasks.text2sql.errors import DatasetError
 from tasks.text2sql.evaluation import few_shot_examples

@@ -9,8 +9,8 @@ from dataclasses import dataclass, replace
 import tinker
 from tinker import types
 
+from autoresearch.errors import BackendResponseError
 from autoresearch.trials.data import Prompt, PromptRenderer
-from autoresearch.trials.errors import BackendResponseError
 from tasks.text2sql.rewards import RewardSpec
 from tasks.text2sql.scoring import Score, Scorer
 

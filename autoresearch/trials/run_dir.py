@@ -17,8 +17,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from autoresearch.errors import CheckpointError
 from autoresearch.trials.config import RESUMABLE_CHANGES, TrialConfig, parse_trial_config
-from autoresearch.trials.errors import CheckpointError
 
 
 class RunState(BaseModel):

@@ -20,7 +20,7 @@ import tinker
 
 from tasks.text2sql.bundled import load_bundled
 from tasks.text2sql.dataset import Database, Example, Text2SqlDataset
-from tasks.text2sql.errors import Text2SqlError
+from tasks.text2sql.errors import CookbookSetupError
 from tasks.text2sql.evaluation import few_shot_examples
 from tasks.text2sql.prompts import FewShot, render_prompt
 from tasks.text2sql.rewards import DEFAULT_REWARD_SPEC, RewardSpec
@@ -58,10 +58,6 @@ except ModuleNotFoundError as error:
 BASE_MODEL_RENDERER = "role_colon"
 # The held-out subset is drawn with this seed, not the training seed, so every trial is scored on the same questions.
 _EVAL_SUBSET_SEED = 0
-
-
-class CookbookSetupError(Text2SqlError):
-    """The cookbook environment cannot be built as configured (a renderer that does not fit the tokenizer...)."""
 
 
 @functools.cache

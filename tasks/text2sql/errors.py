@@ -11,3 +11,11 @@ class DatasetError(Text2SqlError):
 
 class RewardSpecError(Text2SqlError):
     """A reward spec does not validate."""
+
+
+class SandboxError(Text2SqlError):
+    """The sandbox is misconfigured, cannot open a database, or is used after close; bad SQL never raises."""
+
+
+class CookbookSetupError(Text2SqlError):
+    """The cookbook environment cannot be built as configured (a renderer that does not fit the tokenizer...)."""

@@ -1,4 +1,5 @@
-"""Execution accuracy of any model on a split, by difficulty: the baseline every trial is compared with."""
+"""Execution accuracy of any model on a split, by difficulty (`python -m tasks.text2sql evaluate`): an
+OpenAI-compatible endpoint, or the gold and garbage references; and the few-shot examples prompts show."""
 
 from __future__ import annotations
 

@@ -35,11 +35,7 @@ from types import TracebackType
 
 import duckdb
 
-from tasks.text2sql.errors import Text2SqlError
-
-
-class SandboxError(Text2SqlError):
-    """The sandbox is misconfigured, cannot open a database, or is used after close; bad SQL never raises."""
+from tasks.text2sql.errors import SandboxError
 
 
 class ExecutionStatus(StrEnum):
@@ -225,6 +221,15 @@ def _screen_tokens(sql: str) -> None:
             raise _RefusedError(ExecutionStatus.BLOCKED, f"a data-changing {word.upper()} inside a query")
 
 
+def is_utf8(text: str) -> bool:
+    """Whether `text` encodes as UTF-8, as DuckDB's binding needs; a decoded completion may hold a lone surrogate."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _word(kind: duckdb.token_type, text: str) -> str:
     """The lowercased name a keyword or identifier token stands for; empty for other tokens."""
     if kind == duckdb.token_type.keyword:
@@ -238,6 +243,8 @@ def _word(kind: duckdb.token_type, text: str) -> str:
 
 def _parse_single_query(connection: duckdb.DuckDBPyConnection, sql: str) -> duckdb.Statement:
     """The one read-only query `sql` holds; raises _RefusedError when it holds anything else."""
+    if not is_utf8(sql):
+        raise _RefusedError(ExecutionStatus.ERROR, "the SQL is not valid Unicode text (a lone surrogate)")
     try:
         statements = connection.extract_statements(sql)
     except duckdb.Error as error:

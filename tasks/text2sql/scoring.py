@@ -27,7 +27,7 @@ from tasks.text2sql.rewards import (
     RewardSpec,
     SchemaLinking,
 )
-from tasks.text2sql.sandbox import ExecutionResult, ExecutionStatus, SandboxLimits, SqlSandbox
+from tasks.text2sql.sandbox import ExecutionResult, ExecutionStatus, SandboxLimits, SqlSandbox, is_utf8
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ _parsers = threading.local()
 
 def duckdb_parses(sql: str) -> bool:
     """Whether DuckDB's own parser reads exactly one statement: microseconds, unlike sqlglot's parse."""
-    if not sql.strip():
+    if not sql.strip() or not is_utf8(sql):
         return False
     parser = getattr(_parsers, "connection", None)
     if parser is None:

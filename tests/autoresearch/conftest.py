@@ -39,5 +39,5 @@ def backend_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture
-def tiny_config() -> TrialConfig:
+def tiny_trial_config() -> TrialConfig:
     return load_trial_config(TINY_CONFIG)

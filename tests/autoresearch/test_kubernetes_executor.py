@@ -21,7 +21,8 @@ from waiting import wait_for_phase
 
 from autoresearch.checkpointing import open_checkpointer
 from autoresearch.controller import Controller
-from autoresearch.executors import ExecutorError, TrialPhase
+from autoresearch.errors import ExecutorError
+from autoresearch.executors import TrialPhase
 from autoresearch.executors.kubernetes import KubernetesExecutor, job_name, label_value
 from autoresearch.spec import KubernetesExecutorSettings, StudySpec
 from autoresearch.study import open_study
@@ -49,16 +50,16 @@ def executor_for(api: JobsApi, tmp_path: Path, deadline_s: float = 600, **change
 
 
 def test_a_trial_job_runs_to_its_result_and_is_made_once(
-    backend_url: str, tiny_config: TrialConfig, tmp_path: Path
+    backend_url: str, tiny_trial_config: TrialConfig, tmp_path: Path
 ) -> None:
     with jobs_api(tmp_path, SECRETS) as api:
         executor = executor_for(api, tmp_path, deadline_s=599.5)
         assert executor.status("t-0").phase is TrialPhase.NOT_STARTED
-        executor.launch("t-0", tiny_config, backend_url)
-        executor.launch("t-0", tiny_config, backend_url)  # a second controller's launch: already running
+        executor.launch("t-0", tiny_trial_config, backend_url)
+        executor.launch("t-0", tiny_trial_config, backend_url)  # a second controller's launch: already running
         done = wait_for_phase(executor, "t-0", {TrialPhase.FINISHED, TrialPhase.FAILED})
         assert done.phase is TrialPhase.FINISHED, done.failure
-        executor.launch("t-0", tiny_config, backend_url)  # finished: not run again
+        executor.launch("t-0", tiny_trial_config, backend_url)  # finished: not run again
 
     assert done.result["run_id"] == "t-0" and set(done.evaluations) == {0, 2, 3}
     (job,) = api.created
@@ -74,7 +75,7 @@ def test_a_trial_job_runs_to_its_result_and_is_made_once(
     (container,) = pod["containers"]
     assert container["image"] == "rl-posttrain:test"
     assert container["volumeMounts"] == [{"name": "runs", "mountPath": str(tmp_path)}]
-    assert container["command"][:3] == ["python", "-m", "autoresearch.trial"]
+    assert container["command"][:3] == ["python", "-m", "autoresearch.trials"]
     assert container["command"][container["command"].index("--backend-url") + 1] == backend_url
     assert {"name": "TINKER_API_KEY", "valueFrom": {"secretKeyRef": {"name": "rl-posttrain", "key": "api-key"}}} in (
         container["env"]
@@ -83,11 +84,11 @@ def test_a_trial_job_runs_to_its_result_and_is_made_once(
 
 
 def test_a_failed_pod_fails_the_job_past_its_backoff_limit_and_is_retried_within_it(
-    backend_url: str, tiny_config: TrialConfig, tmp_path: Path
+    backend_url: str, tiny_trial_config: TrialConfig, tmp_path: Path
 ) -> None:
     with jobs_api(tmp_path, SECRETS) as api:
         strict = executor_for(api, tmp_path, backoff_limit=0)
-        strict.launch("no-retry", tiny_config, backend_url)
+        strict.launch("no-retry", tiny_trial_config, backend_url)
         wait_for_phase(strict, "no-retry", {TrialPhase.RUNNING})
         api.kill_pod(NAMESPACE, "trial-no-retry")
         failed = wait_for_phase(strict, "no-retry", {TrialPhase.FAILED, TrialPhase.FINISHED})
@@ -96,7 +97,7 @@ def test_a_failed_pod_fails_the_job_past_its_backoff_limit_and_is_retried_within
         assert f"kubectl logs -n {NAMESPACE} job/trial-no-retry" in failed.failure
 
         forgiving = executor_for(api, tmp_path, backoff_limit=1)
-        forgiving.launch("one-retry", tiny_config, backend_url)
+        forgiving.launch("one-retry", tiny_trial_config, backend_url)
         wait_for_phase(forgiving, "one-retry", {TrialPhase.RUNNING})
         api.kill_pod(NAMESPACE, "trial-one-retry")
         # The Job starts a second pod, which resumes the trial from its run directory and checkpoint.
@@ -104,11 +105,11 @@ def test_a_failed_pod_fails_the_job_past_its_backoff_limit_and_is_retried_within
         assert done.phase is TrialPhase.FINISHED, done.failure
 
 
-def test_a_job_over_its_deadline_fails_with_that_reason(tiny_config: TrialConfig, tmp_path: Path) -> None:
+def test_a_job_over_its_deadline_fails_with_that_reason(tiny_trial_config: TrialConfig, tmp_path: Path) -> None:
     # Pointed at a port nobody listens on, the trial keeps retrying its backend until the deadline kills it.
     with jobs_api(tmp_path, SECRETS) as api:
         executor = executor_for(api, tmp_path, deadline_s=1.5)
-        executor.launch("slow", tiny_config, f"http://127.0.0.1:{free_port()}")
+        executor.launch("slow", tiny_trial_config, f"http://127.0.0.1:{free_port()}")
         assert api.created[0]["spec"]["activeDeadlineSeconds"] == math.ceil(1.5)
         failed = wait_for_phase(executor, "slow", {TrialPhase.FAILED, TrialPhase.FINISHED}, timeout=60)
     assert failed.phase is TrialPhase.FAILED
@@ -116,40 +117,40 @@ def test_a_job_over_its_deadline_fails_with_that_reason(tiny_config: TrialConfig
 
 
 def test_a_job_deleted_from_under_the_controller_is_reported_dead_and_a_relaunch_resumes_it(
-    backend_url: str, tiny_config: TrialConfig, tmp_path: Path
+    backend_url: str, tiny_trial_config: TrialConfig, tmp_path: Path
 ) -> None:
     with jobs_api(tmp_path, SECRETS) as api:
         executor = executor_for(api, tmp_path)
-        executor.launch("gone", tiny_config, backend_url)
+        executor.launch("gone", tiny_trial_config, backend_url)
         wait_for_phase(executor, "gone", {TrialPhase.RUNNING})
         api.delete_from_under(NAMESPACE, "trial-gone")
         died = executor.status("gone")
         assert died.phase is TrialPhase.DIED and "was deleted before the trial wrote a result" in died.failure
-        executor.launch("gone", tiny_config, backend_url)
+        executor.launch("gone", tiny_trial_config, backend_url)
         done = wait_for_phase(executor, "gone", {TrialPhase.FAILED, TrialPhase.FINISHED})
     assert done.phase is TrialPhase.FINISHED, done.failure
     assert len(api.created) == 2
 
 
-def test_a_briefly_unavailable_api_is_retried(backend_url: str, tiny_config: TrialConfig, tmp_path: Path) -> None:
+def test_a_briefly_unavailable_api_is_retried(backend_url: str, tiny_trial_config: TrialConfig, tmp_path: Path) -> None:
     with jobs_api(tmp_path, SECRETS) as api:
         executor = executor_for(api, tmp_path)
         api.unavailable_for = 3  # the first three tries to read the Job get 503; the fourth gets through
-        executor.launch("t", tiny_config, backend_url)
+        executor.launch("t", tiny_trial_config, backend_url)
         assert executor.status("t").phase in (TrialPhase.RUNNING, TrialPhase.FINISHED)
         executor.stop("t")
     assert len(api.created) == 1
 
 
 def test_an_unreachable_api_fails_the_call_clearly_and_the_trial_with_the_reason(
-    backend_url: str, tiny_config: TrialConfig, tmp_path: Path
+    backend_url: str, tiny_trial_config: TrialConfig, tmp_path: Path
 ) -> None:
     with jobs_api(tmp_path, SECRETS) as api:
         api.unavailable_for = 1000
         executor = executor_for(api, tmp_path)
         executor.attempts = 3
         with pytest.raises(ExecutorError, match=r"Kubernetes API at http://127\.0\.0\.1:\d+ failed 3 tries: 503"):
-            executor.launch("t", tiny_config, backend_url)
+            executor.launch("t", tiny_trial_config, backend_url)
 
         spec = cluster_spec(tmp_path, [backend_url], budget={"trials": 1, "steps_per_trial": 1})
         study = open_study(spec)

@@ -9,8 +9,9 @@ import pytest
 from loopback import free_port
 from scripted_llm import ScriptedLlm, scripted_llm
 
-from autoresearch.proposer import LlmProposer, ProposalError, TrialRecord
-from autoresearch.search import CandidateError, check_candidate
+from autoresearch.errors import CandidateError, ProposalError
+from autoresearch.proposer import LlmProposer, TrialRecord
+from autoresearch.search import check_candidate
 from autoresearch.spec import LlmSettings, load_study_spec
 
 SPEC = load_study_spec(Path(__file__).resolve().parents[2] / "experiments" / "text2sql_tiny.yaml")

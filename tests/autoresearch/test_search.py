@@ -7,8 +7,8 @@ from pathlib import Path
 import optuna
 import pytest
 
+from autoresearch.errors import CandidateError
 from autoresearch.search import (
-    CandidateError,
     candidate_from_params,
     check_candidate,
     distributions,

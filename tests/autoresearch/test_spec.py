@@ -8,9 +8,9 @@ import pytest
 import yaml
 from loopback import free_port
 
+from autoresearch.errors import ConfigurationError
 from autoresearch.spec import load_study_spec
 from autoresearch.study import open_study
-from autoresearch.trials.errors import ConfigurationError
 
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 

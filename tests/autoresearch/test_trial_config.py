@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from autoresearch.errors import CheckpointError, ConfigurationError
 from autoresearch.trials.config import TrialConfig, load_trial_config, parse_trial_config
 from autoresearch.trials.data import TrainingOrder, held_out_subset
-from autoresearch.trials.errors import CheckpointError, ConfigurationError
 from autoresearch.trials.run_dir import RunDirectory
 from tasks.text2sql.dataset import Text2SqlDataset
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from autoresearch.errors import ConfigurationError
 from autoresearch.trials.config import InitialState, TrialConfig
-from autoresearch.trials.errors import ConfigurationError
 from autoresearch.trials.evaluation import HeldOutReport, evaluate_checkpoint
 from autoresearch.trials.paired import compare
 from autoresearch.trials.rl_loop import run_trial
@@ -52,9 +52,9 @@ def assert_scored_by_the_matcher(report: HeldOutReport, scorer: Scorer, bundled:
 
 
 def test_a_trial_trains_evaluates_checkpoints_and_plots(
-    tiny_config: TrialConfig, backend_url: str, tmp_path: Path, scorer: Scorer, bundled: Text2SqlDataset
+    tiny_trial_config: TrialConfig, backend_url: str, tmp_path: Path, scorer: Scorer, bundled: Text2SqlDataset
 ) -> None:
-    config = tiny_config.model_copy(update={"run_id": "complete"})
+    config = tiny_trial_config.model_copy(update={"run_id": "complete"})
     reports: list[HeldOutReport] = []
 
     def keep_going(report: HeldOutReport) -> bool:
@@ -101,9 +101,9 @@ def test_a_trial_trains_evaluates_checkpoints_and_plots(
 
 
 def test_a_restarted_trial_resumes_from_its_last_checkpoint(
-    tiny_config: TrialConfig, backend_url: str, tmp_path: Path
+    tiny_trial_config: TrialConfig, backend_url: str, tmp_path: Path
 ) -> None:
-    config = tiny_config.model_copy(
+    config = tiny_trial_config.model_copy(
         update={"run_id": "resumed", "warmup_steps": 0, "checkpoint_interval": 2, "eval_interval": 0}
     )
 
@@ -141,10 +141,10 @@ def test_a_restarted_trial_resumes_from_its_last_checkpoint(
 
 
 def test_a_trial_from_a_saved_state_starts_at_its_weights_and_after_its_examples(
-    tiny_config: TrialConfig, backend_url: str, tmp_path: Path
+    tiny_trial_config: TrialConfig, backend_url: str, tmp_path: Path
 ) -> None:
     # A warm-up strong enough to change the tiny model's greedy answers, and no RL: what a shared warm-up runs.
-    warmup = tiny_config.model_copy(
+    warmup = tiny_trial_config.model_copy(
         update={"run_id": "warmup", "steps": 0, "warmup_steps": 2, "warmup_learning_rate": 3e-2, "eval_interval": 1}
     )
     warmed = run_trial(warmup, backend_url, tmp_path, progress=False)
@@ -154,7 +154,7 @@ def test_a_trial_from_a_saved_state_starts_at_its_weights_and_after_its_examples
     assert warmup_answers != base_answers, "the warm-up must change the answers for this test to tell them apart"
 
     initial = InitialState(path=warmed.checkpoint_path, examples_seen=warmup.warmup_examples)
-    config = tiny_config.model_copy(
+    config = tiny_trial_config.model_copy(
         update={"run_id": "from-warmup", "warmup_steps": 0, "init_from": initial, "eval_interval": 1}
     )
     result = run_trial(config, backend_url, tmp_path, progress=False)
@@ -172,9 +172,11 @@ def test_a_trial_from_a_saved_state_starts_at_its_weights_and_after_its_examples
         run_trial(other_rank, backend_url, tmp_path, progress=False)
 
 
-def test_an_eval_callback_can_stop_a_trial_early(tiny_config: TrialConfig, backend_url: str, tmp_path: Path) -> None:
+def test_an_eval_callback_can_stop_a_trial_early(
+    tiny_trial_config: TrialConfig, backend_url: str, tmp_path: Path
+) -> None:
     # Also the DRO loss with the KL penalty and normalised advantages: the other path through the loop.
-    config = tiny_config.model_copy(
+    config = tiny_trial_config.model_copy(
         update={
             "run_id": "pruned",
             "steps": 4,
@@ -200,7 +202,7 @@ def test_the_command_line_runs_a_trial_on_a_backend_it_starts(tmp_path: Path) ->
     # The backend the trial starts gets one torch thread, for the reason given in conftest.py.
     environment = {k: v for k, v in os.environ.items() if k != "TINKER_BASE_URL"} | {"OMP_NUM_THREADS": "1"}
     command = [
-        sys.executable, "-m", "autoresearch.trial", "experiments/trials/text2sql_tiny.yaml",
+        sys.executable, "-m", "autoresearch.trials", "experiments/trials/text2sql_tiny.yaml",
         "--run-dir", str(tmp_path), "--run-id", "by-hand", "--no-progress",
     ]  # fmt: skip
     finished = subprocess.run(
@@ -214,11 +216,11 @@ def test_the_command_line_runs_a_trial_on_a_backend_it_starts(tmp_path: Path) ->
 
 
 def test_the_command_line_scores_the_baseline_without_training(
-    tiny_config: TrialConfig, backend_url: str, tmp_path: Path
+    tiny_trial_config: TrialConfig, backend_url: str, tmp_path: Path
 ) -> None:
     environment = dict(os.environ) | {"TINKER_BASE_URL": backend_url, "OMP_NUM_THREADS": "1"}
     command = [
-        sys.executable, "-m", "autoresearch.trial", "experiments/trials/text2sql_tiny.yaml",
+        sys.executable, "-m", "autoresearch.trials", "experiments/trials/text2sql_tiny.yaml",
         "--run-dir", str(tmp_path), "--baseline",
     ]  # fmt: skip
     finished = subprocess.run(
@@ -227,6 +229,6 @@ def test_the_command_line_scores_the_baseline_without_training(
     assert finished.returncode == 0, finished.stderr[-3000:]
     match = re.search(r"baseline tiny-gemma3 on dev \((\d+) questions\): held-out accuracy ([\d.]+)", finished.stdout)
     assert match is not None, finished.stdout
-    assert int(match.group(1)) == tiny_config.eval_size
+    assert int(match.group(1)) == tiny_trial_config.eval_size
     assert 0.0 <= float(match.group(2)) <= 1.0
     assert not list(tmp_path.glob("*/metrics.jsonl"))  # nothing was trained

@@ -540,7 +540,7 @@ def test_the_job_the_executor_makes_from_the_mounted_spec_is_valid_and_fits_the_
         api=BatchV1Api(ApiClient()),  # never called: no cluster here
     )
     run_id = f"{spec.study}-0000"
-    command = ["python", "-m", "autoresearch.trial", "--backend-url", spec.backend_urls[0]]
+    command = ["python", "-m", "autoresearch.trials", "--backend-url", spec.backend_urls[0]]
     job = ApiClient().sanitize_for_serialization(executor.job_manifest(job_name(run_id), run_id, command))
     job["metadata"]["namespace"] = "rl-posttrain"
     kubernetes_validate.validate(job, KUBERNETES_VERSION, strict=True)

@@ -27,13 +27,12 @@ from tinker_cookbook.tokenizer_utils import Tokenizer, register_tokenizer, unreg
 
 from tasks.text2sql.cookbook import (
     BASE_MODEL_RENDERER,
-    CookbookSetupError,
     Text2SqlDatasetBuilder,
     Text2SqlEnv,
     Text2SqlGroupBuilder,
     Text2SqlRLDataset,
 )
-from tasks.text2sql.errors import DatasetError
+from tasks.text2sql.errors import CookbookSetupError, DatasetError
 from tasks.text2sql.rewards import ExecutionMatch, Format, LengthPenalty, ResultOverlap, RewardSpec
 from trainer_backend.config import ServerConfig
 from trainer_backend.models.tiny import TINY_MODEL_NAME, train_tiny_tokenizer

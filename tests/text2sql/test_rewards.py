@@ -112,6 +112,16 @@ def test_text_that_is_not_sql_earns_nothing(bundled: Text2SqlDataset, scorer: Sc
     assert score.reward == 0.0
 
 
+def test_a_completion_with_a_lone_surrogate_scores_zero_instead_of_raising(
+    bundled: Text2SqlDataset, scorer: Scorer
+) -> None:
+    # A decoded completion can hold a lone UTF-16 surrogate, which DuckDB's binding cannot take as a str.
+    example = bundled.split("dev")[0]
+    score = scorer.score(example, f"{example.gold_sql} -- \ud800;", EVERYTHING)
+    assert not score.correct and score.components["execution_match"] == 0.0
+    assert score.status is ExecutionStatus.ERROR
+
+
 def test_long_completions_are_penalised_in_proportion(bundled: Text2SqlDataset, scorer: Scorer) -> None:
     example = bundled.split("train")[0]
     spec = RewardSpec(components=(LengthPenalty(weight=1.0, free_chars=100, scale_chars=100),))

@@ -12,7 +12,8 @@ import duckdb
 import pytest
 from hostile_sql import HOSTILE_CASES, HostileCase
 
-from tasks.text2sql.sandbox import ExecutionStatus, SandboxError, SandboxLimits, SqlSandbox
+from tasks.text2sql.errors import SandboxError
+from tasks.text2sql.sandbox import ExecutionStatus, SandboxLimits, SqlSandbox
 
 CUSTOMERS = 300
 ORDERS = 900

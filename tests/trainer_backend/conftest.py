@@ -20,10 +20,10 @@ from tinker.proto.request_conv import forward_backward_request_to_proto
 from tinker.proto.response_conv import deserialize_proto_response
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-from trainer_backend.api.proto import PROTOBUF_CONTENT_TYPE
 from trainer_backend.config import ServerConfig
 from trainer_backend.engine.sampling import SamplingResult
 from trainer_backend.server import RunningServer, running_server
+from trainer_backend.wire.proto import PROTOBUF_CONTENT_TYPE
 
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -72,7 +72,7 @@ def assert_answered_alike(one: object, other: object) -> None:
         torch.testing.assert_close(sequence.logprobs, other_sequence.logprobs, atol=LOGPROB_ROUNDING, rtol=0)
 
 
-def tiny_config(storage_root: Path, **overrides: object) -> ServerConfig:
+def tiny_server_config(storage_root: Path, **overrides: object) -> ServerConfig:
     settings = {
         "base_model": TINY,
         "device": "cpu",
@@ -86,7 +86,7 @@ def tiny_config(storage_root: Path, **overrides: object) -> ServerConfig:
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    with running_server(tiny_config(tmp_path_factory.mktemp("backend"))) as running:
+    with running_server(tiny_server_config(tmp_path_factory.mktemp("backend"))) as running:
         yield running
 
 

@@ -7,12 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer_backend.api.proto import DecodedDatum
-from trainer_backend.engine.adapters import AdamSettings
 from trainer_backend.engine.model_engine import ModelEngine
+from trainer_backend.engine.types import AdamSettings, DecodedDatum, LoraSettings
 from trainer_backend.models.loading import LoadedModel, load_base_model
 from trainer_backend.models.registry import resolve_base_model
-from trainer_backend.runs import LoraSettings
 
 TENANTS = [f"tenant-{i}" for i in range(4)]
 

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer_backend.engine.adapters import AdamSettings, AdapterPool
+from trainer_backend.engine.adapters import AdapterPool
+from trainer_backend.engine.types import AdamSettings, LoraSettings
 from trainer_backend.errors import NotFoundError, UserInputError
 from trainer_backend.models.loading import LoadedModel, load_base_model
 from trainer_backend.models.registry import resolve_base_model
-from trainer_backend.runs import LoraSettings
 
 
 @pytest.fixture

@@ -10,13 +10,13 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from trainer_backend.errors import DeviceUnavailableError, UnknownBaseModelError
 from trainer_backend.models.cache import MARKER, ensure_folder
 from trainer_backend.models.gemma import GEMMA_3_270M
-from trainer_backend.models.loading import DeviceUnavailableError, LoadedModel, load_base_model, select_device
+from trainer_backend.models.loading import LoadedModel, load_base_model, select_device
 from trainer_backend.models.registry import (
     KNOWN_BASE_MODELS,
     ResolvedModel,
-    UnknownBaseModelError,
     default_cache_root,
     resolve_base_model,
 )

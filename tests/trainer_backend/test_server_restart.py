@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import tinker
-from conftest import TINY, RawApi, error_of, request_id_of, tiny_config
+from conftest import TINY, RawApi, error_of, request_id_of, tiny_server_config
 from tinker import types
 
 from trainer_backend.ledger import FutureState, Ledger, ResultFormat
@@ -28,7 +28,7 @@ def test_checkpoints_survive_a_restart_and_cut_off_futures_fail_with_a_reason(tm
     before it, so it is still queued, deterministically, when the server stops."""
     greedy = types.SamplingParams(max_tokens=6, temperature=0.0)
     with (
-        running_server(tiny_config(tmp_path)) as first,
+        running_server(tiny_server_config(tmp_path)) as first,
         tinker.ServiceClient(base_url=first.url, api_key=KEY) as client,
     ):
         training = client.create_lora_training_client(base_model=TINY, rank=4, seed=3).result()
@@ -48,7 +48,7 @@ def test_checkpoints_survive_a_restart_and_cut_off_futures_fail_with_a_reason(tm
         assert first.service.ledger.get(stranded).state is FutureState.QUEUED
 
     with (
-        running_server(tiny_config(tmp_path)) as second,
+        running_server(tiny_server_config(tmp_path)) as second,
         tinker.ServiceClient(base_url=second.url, api_key=KEY) as client,
     ):
         rest = tinker.RestClient(base_url=second.url, api_key=KEY)

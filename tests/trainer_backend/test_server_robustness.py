@@ -17,14 +17,14 @@ from pathlib import Path
 import httpx
 import pytest
 import tinker
-from conftest import TINY, RawApi, error_of, request_id_of, tiny_config
+from conftest import TINY, RawApi, error_of, request_id_of, tiny_server_config
 from prometheus_client.parser import text_string_to_metric_families
 from tinker import types
 
-from trainer_backend.api.proto import PROTOBUF_CONTENT_TYPE
 from trainer_backend.auth import KeyPolicy
 from trainer_backend.errors import UserInputError
 from trainer_backend.server import RunningServer, running_server
+from trainer_backend.wire.proto import PROTOBUF_CONTENT_TYPE
 
 KEY = "tml-robustness"
 SQL = "SELECT name FROM employees WHERE salary > 50000;"
@@ -370,5 +370,8 @@ def test_serving_without_keys_is_refused_off_loopback() -> None:
 
 
 def test_a_server_without_keys_will_not_start_off_loopback(tmp_path: Path) -> None:
-    with pytest.raises(UserInputError, match="without API keys"), running_server(tiny_config(tmp_path, host="0.0.0.0")):
+    with (
+        pytest.raises(UserInputError, match="without API keys"),
+        running_server(tiny_server_config(tmp_path, host="0.0.0.0")),
+    ):
         pytest.fail("the server started")

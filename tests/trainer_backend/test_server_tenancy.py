@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 import tinker
-from conftest import TINY, RawApi, error_of, request_id_of, tiny_config
+from conftest import TINY, RawApi, error_of, request_id_of, tiny_server_config
 from tinker import types
 
 from trainer_backend.server import RunningServer, running_server
@@ -170,7 +170,7 @@ def test_ids_carry_at_least_64_random_bits(a: OwnedByA) -> None:
 @pytest.fixture(scope="module")
 def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     root: Path = tmp_path_factory.mktemp("keyed")
-    with running_server(tiny_config(root, api_keys=[KEY_A, KEY_B])) as running:
+    with running_server(tiny_server_config(root, api_keys=[KEY_A, KEY_B])) as running:
         yield running
 
 

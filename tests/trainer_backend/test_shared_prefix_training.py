@@ -8,13 +8,11 @@ import random
 import pytest
 import torch
 
-from trainer_backend.api.proto import DecodedDatum
-from trainer_backend.engine.adapters import AdamSettings
 from trainer_backend.engine.model_engine import ForwardBackwardCall, ModelEngine
 from trainer_backend.engine.prefixes import GROUP_OVERHEAD_TOKENS, shared_prefix_groups
+from trainer_backend.engine.types import AdamSettings, DecodedDatum, LoraSettings
 from trainer_backend.models.loading import load_base_model
 from trainer_backend.models.registry import resolve_base_model
-from trainer_backend.runs import LoraSettings
 
 # The tiny model's sliding window is 64 tokens: a 90-token prompt makes the suffixes attend through a truncated
 # sliding-window cache, the case where a wrong mask would show.

@@ -1,5 +1,5 @@
 """The wire layer speaks the SDK's format: requests built and sent by the SDK's own code decode with our codecs, and
-our encoded results decode with the SDK's own parsers (tinker 0.38.0; see trainer_backend/api/WIRE.md).
+our encoded results decode with the SDK's own parsers (tinker 0.38.0; see trainer_backend/wire/WIRE.md).
 
 Requests go through the SDK's real resource methods (`AsyncTinker.training.forward_backward`, `.sampling.asample`,
 ...) into an in-process httpx transport, so their bodies, headers and compression are exactly what a server gets.
@@ -32,8 +32,8 @@ from tinker.proto.request_conv import forward_backward_request_to_proto
 from tinker.proto.response_conv import deserialize_proto_response
 from tinker.types.generic_event import GenericEvent
 
-from trainer_backend.api import schemas
-from trainer_backend.api.proto import (
+from trainer_backend.wire import schemas
+from trainer_backend.wire.proto import (
     LOSS_FN_OUTPUT_TYPE,
     ForwardBackwardResult,
     WireFormatError,
@@ -546,7 +546,7 @@ _JSON_REQUESTS: list[tuple[str, Callable[[AsyncTinker], Awaitable[object]], type
             request=types.LoadWeightsRequest(model_id=MODEL_ID, path="tinker://run/weights/a", seq_id=1, optimizer=True)
         ),
         schemas.LoadWeightsRequest,
-        {"model_id": MODEL_ID, "seq_id": 1, "optimizer": True, "creates_model": False},
+        {"model_id": MODEL_ID, "seq_id": 1, "optimizer": True, "session_id": None},
     ),
     (
         "/api/v1/load_weights",
@@ -556,7 +556,7 @@ _JSON_REQUESTS: list[tuple[str, Callable[[AsyncTinker], Awaitable[object]], type
             )
         ),
         schemas.LoadWeightsRequest,
-        {"session_id": "sess-1", "model_seq_id": 2, "seq_id": None, "optimizer": False, "creates_model": True},
+        {"session_id": "sess-1", "model_seq_id": 2, "seq_id": None, "optimizer": False, "model_id": None},
     ),
     (
         "/api/v1/create_sampling_session",

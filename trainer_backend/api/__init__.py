@@ -1,4 +1,2 @@
-"""The Tinker wire layer: JSON schemas (`schemas`) and protobuf codecs (`proto`) for SDK 0.38; no server logic.
-
-`WIRE.md` next to this file lists every route the SDK calls and what it sends and expects, with citations.
-"""
+"""The HTTP layer, above the service: the FastAPI routes of the Tinker API (`app`) and the Prometheus metrics
+(`metrics`). The bodies it reads and writes are defined in `trainer_backend.wire`."""

@@ -22,13 +22,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from pydantic import BaseModel, ValidationError
 from tinker.proto import tinker_public_pb2 as pb
 
-from trainer_backend.api import schemas
 from trainer_backend.api.metrics import ServiceCollector
-from trainer_backend.api.proto import PROTOBUF_CONTENT_TYPE, WireFormatError, decode_forward_backward_request
 from trainer_backend.auth import KeyPolicy
 from trainer_backend.errors import BackendError, UserInputError
 from trainer_backend.ledger import FutureRecord, FutureState, ResultFormat
 from trainer_backend.service import Submitted, TrainingService
+from trainer_backend.wire import schemas
+from trainer_backend.wire.proto import PROTOBUF_CONTENT_TYPE, WireFormatError, decode_forward_backward_request
 
 log = logging.getLogger(__name__)
 Model = TypeVar("Model", bound=BaseModel)
@@ -173,7 +173,7 @@ def create_app(service: TrainingService, policy: KeyPolicy, long_poll_s: float =
 
     @app.get(f"{api}/get_server_capabilities")
     async def capabilities(who: Owner) -> dict:
-        return service.capabilities().model_dump(mode="json")
+        return service.views.capabilities().model_dump(mode="json")
 
     @app.get(f"{api}/status")
     async def status(who: Owner) -> dict:
@@ -264,28 +264,28 @@ def create_app(service: TrainingService, policy: KeyPolicy, long_poll_s: float =
 
     @app.get(f"{api}/training_runs")
     async def training_runs(who: Owner, limit: int = 20, offset: int = 0) -> dict:
-        return service.list_training_runs(who, limit, offset).model_dump(mode="json")
+        return service.views.list_training_runs(who, limit, offset).model_dump(mode="json")
 
     @app.get(f"{api}/training_runs/{{model_id}}")
     async def training_run(model_id: str, who: Owner) -> dict:
-        return service.training_run(who, model_id).model_dump(mode="json")
+        return service.views.training_run(who, model_id).model_dump(mode="json")
 
     @app.get(f"{api}/training_runs/{{model_id}}/checkpoints")
     async def run_checkpoints(model_id: str, who: Owner) -> dict:
-        return service.list_checkpoints(who, model_id).model_dump(mode="json")
+        return service.views.list_checkpoints(who, model_id).model_dump(mode="json")
 
     @app.delete(f"{api}/training_runs/{{model_id}}/checkpoints/{{checkpoint_id:path}}")
     async def delete_checkpoint(model_id: str, checkpoint_id: str, who: Owner) -> dict:
-        service.delete_checkpoint(who, model_id, checkpoint_id)
+        service.views.delete_checkpoint(who, model_id, checkpoint_id)
         return {}
 
     @app.get(f"{api}/checkpoints")
     async def checkpoints(who: Owner) -> dict:
-        return service.list_checkpoints(who, None).model_dump(mode="json")
+        return service.views.list_checkpoints(who, None).model_dump(mode="json")
 
     @app.post(f"{api}/weights_info")
     async def weights_info(request: Request, who: Owner) -> dict:
         body = parse(schemas.WeightsInfoRequest, await request.body())
-        return service.weights_info(who, body.tinker_path).model_dump(mode="json", exclude_none=True)
+        return service.views.weights_info(who, body.tinker_path).model_dump(mode="json", exclude_none=True)
 
     return app

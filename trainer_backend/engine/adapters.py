@@ -9,10 +9,9 @@ Adapters are saved in PEFT's own format (`adapter_model.safetensors` + `adapter_
 from __future__ import annotations
 
 import contextlib
-import math
+import json
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,8 +21,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from trainer_backend.checkpoints import OPTIMIZER_FILE
+from trainer_backend.engine.types import AdamSettings, LoraSettings
 from trainer_backend.errors import NotFoundError, UserInputError
-from trainer_backend.runs import LoraSettings
 
 # LoRA on a tied unembedding adapts the output projection only, which is what train_unembed means.
 warnings.filterwarnings("ignore", message=".*tied layer is part of the adapter.*")
@@ -34,32 +33,19 @@ ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
 UNEMBED_MODULES = ("lm_head",)
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
+ADAPTER_CONFIG_FILE = "adapter_config.json"
 
 
-@dataclass(frozen=True)
-class AdamSettings:
-    """Tinker's AdamParams, applied at each optimizer step (they may change from step to step)."""
-
-    learning_rate: float = 1e-4
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-12
-    weight_decay: float = 0.0
-    grad_clip_norm: float = 0.0
-
-    def validate(self) -> None:
-        checks = {
-            "learning_rate": self.learning_rate >= 0,
-            "beta1": 0 <= self.beta1 < 1,
-            "beta2": 0 <= self.beta2 < 1,
-            "eps": self.eps > 0,
-            "weight_decay": self.weight_decay >= 0,
-            "grad_clip_norm": self.grad_clip_norm >= 0,
-        }
-        for name, ok in checks.items():
-            value = getattr(self, name)
-            if not ok or not math.isfinite(value):
-                raise UserInputError(f"adam_params.{name}={value} is out of range")
+def saved_adapter_settings(folder: Path) -> LoraSettings:
+    """The LoRA settings of an adapter saved in PEFT's format, read from its `adapter_config.json`."""
+    config = json.loads((folder / ADAPTER_CONFIG_FILE).read_text())
+    targets = set(config.get("target_modules") or [])
+    return LoraSettings(
+        rank=int(config["r"]),
+        train_attn=bool(targets & set(ATTENTION_MODULES)),
+        train_mlp=bool(targets & set(MLP_MODULES)),
+        train_unembed=bool(targets & set(UNEMBED_MODULES)),
+    )
 
 
 def lora_config(settings: LoraSettings) -> LoraConfig:

@@ -16,8 +16,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from trainer_backend.api.proto import DecodedDatum, ForwardBackwardResult
-from trainer_backend.engine.adapters import AdamSettings, AdapterPool
+from trainer_backend.engine.adapters import AdapterPool
 from trainer_backend.engine.logprobs import LowRankDelta, full_logits_target_logprobs, target_logprobs
 from trainer_backend.engine.losses import compute_loss, gradient_positions
 from trainer_backend.engine.prefixes import PrefixGroup, shared_prefix_groups
@@ -29,9 +28,9 @@ from trainer_backend.engine.sampling import (
     SamplingResult,
     sample_batch,
 )
+from trainer_backend.engine.types import AdamSettings, DecodedDatum, ForwardBackwardResult, LoraSettings
 from trainer_backend.errors import BackendError, UserInputError
 from trainer_backend.models.loading import LoadedModel
-from trainer_backend.runs import LoraSettings
 
 # Logits of this many vocabulary entries (summed over positions) exist at once in a forward/backward: 32 Mi
 # fp32 values, 128 MiB. For Gemma's 262,144-entry vocabulary that is 128 positions per chunk.

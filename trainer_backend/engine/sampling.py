@@ -3,9 +3,10 @@
 `sample_batch` serves several requests, of one adapter or of several, as one generation batch: their prompts
 are prefilled together (left-padded; prompts that begin alike, such as questions over one database schema, have
 their common prefix computed once), each prompt's KV cache is copied across its `num_samples` rows, and every
-step decodes one token for each row still running, each row through its own adapter (PEFT's mixed-batch LoRA
-when the batch mixes adapters); a row that stops leaves the batch (and the cache) at once. `sample` is the
-one-request case.
+step decodes one token for each row still running, each row through its own adapter: a batch of one adapter runs
+it as PEFT's active adapter, a batch of the base model alone with adapters disabled, and a batch that mixes them
+routes each row to its own (`adapters.routed_rows`); a row that stops leaves the batch (and the cache) at once.
+`sample` is the one-request case.
 
 Semantics, matched to the Tinker SDK 0.38 and the tinker-cookbook:
 

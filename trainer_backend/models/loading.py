@@ -8,13 +8,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from trainer_backend.errors import DeviceUnavailableError
 from trainer_backend.models.registry import ResolvedModel
 
 _DEVICE_FORMS = "auto, cpu, cuda, cuda:<index> or mps"
-
-
-class DeviceUnavailableError(ValueError):
-    """The device flag names no device this process can use."""
 
 
 @dataclass(frozen=True)

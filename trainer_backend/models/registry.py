@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainer_backend.errors import UnknownBaseModelError
 from trainer_backend.models.gemma import GEMMA_3_270M, ensure_gemma_3_270m
 from trainer_backend.models.tiny import TINY_MODEL_NAME, ensure_tiny_model
 
@@ -15,10 +16,6 @@ _ENSURE_FOLDER: dict[str, Callable[[Path], Path]] = {
     TINY_MODEL_NAME: ensure_tiny_model,
 }
 KNOWN_BASE_MODELS: tuple[str, ...] = tuple(_ENSURE_FOLDER)
-
-
-class UnknownBaseModelError(ValueError):
-    """The name is neither a known base model nor a local Hugging Face model folder."""
 
 
 @dataclass(frozen=True)

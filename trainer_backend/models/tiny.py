@@ -77,7 +77,7 @@ def train_tiny_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def tiny_config(vocab_size: int) -> Gemma3TextConfig:
+def tiny_model_config(vocab_size: int) -> Gemma3TextConfig:
     """Gemma 3's architecture (sliding and full attention layers, grouped KV heads, tied embeddings) at toy size."""
     return Gemma3TextConfig(
         vocab_size=vocab_size,
@@ -104,7 +104,7 @@ def build_tiny_model(folder: Path, seed: int = 0) -> Path:
     # A private generator state: building must not move the caller's random stream.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Gemma3ForCausalLM(tiny_config(len(tokenizer)))
+        model = Gemma3ForCausalLM(tiny_model_config(len(tokenizer)))
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder

@@ -1,4 +1,4 @@
-"""`python -m autoresearch.trial <config.yaml>`: run one RL trial by hand, or resume it with the same run id.
+"""`python -m autoresearch.trials <config.yaml>`: run one RL trial by hand, or resume it with the same run id.
 
 `--baseline` scores the untrained base model on the config's held-out subset instead (the number a trial has to beat).
 """
@@ -11,10 +11,10 @@ from typing import Annotated
 
 import typer
 
+from autoresearch.errors import TrialError
 from autoresearch.sdk_logging import quiet_sdk_logs
 from autoresearch.trials.backend import backend_for
 from autoresearch.trials.config import load_trial_config, parse_trial_config
-from autoresearch.trials.errors import TrialError
 from autoresearch.trials.evaluation import evaluate_checkpoint
 from autoresearch.trials.rl_loop import DEFAULT_RUN_DIR, run_trial
 from tasks.text2sql.dataset import Difficulty
@@ -68,7 +68,7 @@ def _by_difficulty(accuracies: dict[Difficulty, float | None]) -> str:
 
 def main() -> None:
     try:
-        app(prog_name="python -m autoresearch.trial")
+        app(prog_name="python -m autoresearch.trials")
     except (TrialError, Text2SqlError) as error:
         typer.echo(f"error: {error}", err=True)
         raise SystemExit(1) from None

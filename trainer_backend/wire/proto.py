@@ -31,6 +31,7 @@ from tinker.lib.chunked_fwdbwd_helpers import REDUCE_MAP
 from tinker.proto import tinker_public_pb2 as pb
 from tinker.types.topk_logprobs import MASK_LOGPROB
 
+from trainer_backend.engine.types import DecodedDatum, ForwardBackwardResult
 from trainer_backend.errors import UserInputError
 
 PROTOBUF_CONTENT_TYPE = "application/x-protobuf"
@@ -50,17 +51,6 @@ class WireFormatError(UserInputError, ValueError):
 
 
 @dataclass(frozen=True)
-class DecodedDatum:
-    """One training example: its input token ids and its loss inputs by name (`target_tokens`, `weights`, ...).
-
-    Integer inputs arrive as int64 tensors and floating ones as float32, as the SDK's public dtypes are.
-    """
-
-    model_input_tokens: list[int]
-    loss_fn_inputs: dict[str, torch.Tensor]
-
-
-@dataclass(frozen=True)
 class ForwardBackwardBatch:
     """One `/api/v1/forward_backward` request, which `forward` (forward_only) and `forward_backward` both send.
 
@@ -74,19 +64,6 @@ class ForwardBackwardBatch:
     loss_fn: str
     loss_fn_config: dict[str, float | str] | None
     datums: list[DecodedDatum]
-
-
-@dataclass(frozen=True)
-class ForwardBackwardResult:
-    """What the engine computed for one request: per-datum outputs by name (the SDK reads `logprobs`) and metrics.
-
-    Metric keys are "name:reduction" with a reduction the SDK knows (`REDUCE_MAP`: mean, sum, min, max, slack,
-    hash2, unique): the SDK combines the results of a chunked call by that suffix. A 0-d output reaches the client
-    with shape [1], as the wire gives every datum a first dimension.
-    """
-
-    loss_fn_outputs: list[dict[str, torch.Tensor | np.ndarray]]
-    metrics: dict[str, float]
 
 
 class SampledSequenceLike(Protocol):

@@ -17,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tinker import types
 from tinker.types import try_again_response
 
-from trainer_backend.api.proto import WireFormatError
+from trainer_backend.engine.types import AdamSettings, LoraSettings
+from trainer_backend.wire.proto import WireFormatError
 
 __all__ = [
     "AdamParams",
@@ -120,11 +121,33 @@ class LoraConfig(types.LoraConfig):
 
     model_config = ConfigDict(extra="ignore")
 
+    def to_engine(self) -> LoraSettings:
+        return LoraSettings(
+            rank=self.rank,
+            train_mlp=self.train_mlp,
+            train_attn=self.train_attn,
+            train_unembed=self.train_unembed,
+            seed=self.seed,
+        )
+
 
 class AdamParams(types.AdamParams):
     """The SDK's Adam step parameters (learning_rate, beta1, beta2, eps, weight_decay, grad_clip_norm)."""
 
     model_config = ConfigDict(extra="ignore")
+
+    def to_engine(self) -> AdamSettings:
+        """The engine's settings, checked: a value out of range is the caller's error, named."""
+        settings = AdamSettings(
+            learning_rate=self.learning_rate,
+            beta1=self.beta1,
+            beta2=self.beta2,
+            eps=self.eps,
+            weight_decay=self.weight_decay,
+            grad_clip_norm=self.grad_clip_norm,
+        )
+        settings.validate()
+        return settings
 
 
 class OptimizerConfig(_Request):
@@ -312,11 +335,6 @@ class LoadWeightsRequest(_Request):
         if (self.model_id is not None) == creates:
             raise ValueError("load_weights needs either model_id, or session_id together with model_seq_id")
         return self
-
-    @property
-    def creates_model(self) -> bool:
-        """True when the load is the first request of a new training run."""
-        return self.model_id is None
 
 
 class CreateSamplingSessionRequest(_Request):

@@ -1,0 +1,38 @@
+"""Typed errors of autoresearch, in one place: a trial's (a bad config, a broken backend, a run that cannot resume)
+and the study's (an executor, the LLM proposer, a candidate outside the search space, a shared warm-up)."""
+
+
+class TrialError(Exception):
+    """Base class of every error a trial raises on purpose."""
+
+
+class ConfigurationError(TrialError):
+    """A trial config does not validate, or does not fit the data set it runs on."""
+
+
+class CheckpointError(TrialError):
+    """A run directory cannot be resumed: its state is unreadable or it was started with another config."""
+
+
+class BackendStartError(TrialError):
+    """The local training backend did not come up."""
+
+
+class BackendResponseError(TrialError):
+    """The backend answered without something the trial asked for."""
+
+
+class SharedWarmupError(TrialError):
+    """The warm-up every trial starts from could not be run; the study cannot go on without it."""
+
+
+class ProposalError(RuntimeError):
+    """The LLM's reply could not be used (unreachable endpoint, no key, malformed output); the message says why."""
+
+
+class CandidateError(ValueError):
+    """A proposed candidate does not fit the search space; the message says which value and why."""
+
+
+class ExecutorError(TrialError):
+    """The executor could not do what was asked (its API did not answer, or refused)."""
