@@ -142,6 +142,7 @@ class Controller:
             if self._backend_key(url) not in warmups
         }
         relaunched: set[str] = set()
+        limit_s = self.spec.budget.trial_time_limit_s
         for url, run_id in pending.items():
             self._launch_warmup(url, run_id)
         while pending:
@@ -155,20 +156,19 @@ class Controller:
                     self._launch_warmup(url, run_id)
                 elif status.phase in (TrialPhase.DIED, TrialPhase.FAILED):
                     raise SharedWarmupError(f"the shared warm-up {run_id} failed: {status.failure or 'no reason'}")
-                elif status.started_at is not None and time.time() - status.started_at > self._trial_time_limit_s():
+                elif status.started_at is not None and time.time() - status.started_at > limit_s:
                     self._stop(run_id)
-                    raise SharedWarmupError(
-                        f"the shared warm-up {run_id} exceeded the trial time limit of {self._trial_time_limit_s()} s"
-                    )
+                    raise SharedWarmupError(f"the shared warm-up {run_id} exceeded the trial time limit of {limit_s} s")
             self.on_tick(self.study)
             if pending:
                 time.sleep(self.poll_s)
         return {}
 
     def _launch_warmup(self, url: str, run_id: str) -> None:
-        log.info("shared warm-up %s on %s: %d steps", run_id, url, self.spec.warmup_config(run_id).warmup_steps)
+        config = self.spec.warmup_config(run_id)
+        log.info("shared warm-up %s on %s: %d steps", run_id, url, config.warmup_steps)
         try:
-            self.executor.launch(run_id, self.spec.warmup_config(run_id), url)
+            self.executor.launch(run_id, config, url)
         except ExecutorError as error:
             raise SharedWarmupError(f"could not launch the shared warm-up {run_id}: {error}") from None
 
@@ -189,9 +189,6 @@ class Controller:
         """What a backend's warm-up is recorded under: its URL, or 'local' for the one a controller starts itself
         (on another port each run, with the same storage)."""
         return url if self.spec.backend_urls else "local"
-
-    def _trial_time_limit_s(self) -> float:
-        return self.spec.budget.trial_time_limit_s
 
     def baseline(self, state: ControllerState) -> dict:
         """Score the base model once, the number every trial has to beat, while the first trials start (so it does
@@ -267,8 +264,14 @@ class Controller:
             self._fail(trial, f"could not launch: {error}")
 
     def _least_busy_backend(self) -> str:
+        """The backend running the fewest trials; with a shared warm-up, among those that hold one (a backend added
+        to a resumed study gets its warm-up when the next run of the controller starts)."""
+        candidates = self.backend_urls
+        if self.spec.shared_warmup:
+            warmed = self._warmups()
+            candidates = tuple(url for url in candidates if self._backend_key(url) in warmed) or candidates
         running = Counter(t.user_attrs.get("backend_url") for t in self._trials(TrialState.RUNNING))
-        return min(self.backend_urls, key=lambda url: running[url])
+        return min(candidates, key=lambda url: running[url])
 
     def monitor(self, state: ControllerState) -> dict:
         """Follow the running trials until one ends (or none runs): report, prune, time out, reconcile."""

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from autoresearch.errors import ConfigurationError
 from autoresearch.proposer import TrialRecord
+from autoresearch.search import REWARD_PREFIX
 from autoresearch.spec import Pruning, StudySpec
 from autoresearch.trials.config import InitialState
 
@@ -153,7 +154,7 @@ def _summary_row(trial: FrozenTrial) -> dict:
         "held_out_accuracy": trial.values[0],
         "held_out_at_rl_start": gain.at_start,
         "rl_gain": gain.gain,
-        "params": {k: v for k, v in trial.params.items() if not k.startswith("reward.")},
+        "params": {k: v for k, v in trial.params.items() if not k.startswith(REWARD_PREFIX)},
         "reward_spec": json.loads(trial.user_attrs.get("reward_spec", "{}")),
         "run_id": trial.user_attrs.get("run_id"),
         "sampler_path": trial.user_attrs.get("sampler_path"),

@@ -1,25 +1,58 @@
 """Reward components and the reward spec that weighs them.
 
 A reward is a pure function of (example, completion): the spec is data, so an agent can propose a variant as
-JSON and a study can store it. Each component's docstring says how a policy could game it; weigh them so that
-gaming one never beats getting the answer right.
+JSON and a study can store it. Each component computes its value from the `Evidence` the scorer gathered about a
+completion (`value`); its docstring says how a policy could game it; weigh them so that gaming one never beats
+getting the answer right.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from typing import Annotated, Literal, get_args
+from abc import ABC, abstractmethod
+from typing import Annotated, Literal, Protocol, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tasks.text2sql.errors import RewardSpecError
 
 
-class _Component(BaseModel):
+class Evidence(Protocol):
+    """What the scorer knows of one completion, computed when a component first asks for it."""
+
+    @property
+    def completion_chars(self) -> int:
+        """The completion's length in characters."""
+
+    def correct(self, databases: Literal["primary", "all"]) -> bool:
+        """Whether the result matches the gold one on the primary database, or on every variant as well."""
+
+    def result_overlap(self) -> float:
+        """F1 of the predicted result's rows against the gold result's, on the primary database."""
+
+    def parses(self) -> bool:
+        """Whether sqlglot parses the extracted SQL as DuckDB."""
+
+    def executes(self) -> bool:
+        """Whether the extracted SQL ran without error on the primary database."""
+
+    def well_formed(self) -> bool:
+        """One statement DuckDB parses, and the completion stopped cleanly after it."""
+
+    def schema_overlap(self) -> float:
+        """Jaccard overlap of the tables and columns the SQL names with those the gold query names."""
+
+
+class _Component(BaseModel, ABC):
+    """A reward component: its weight, and `value`, what it is worth for one completion before weighting."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     weight: float = Field(1.0, ge=-10.0, le=10.0, description="multiplies the component's value")
+
+    @abstractmethod
+    def value(self, evidence: Evidence) -> float: ...
 
     @field_validator("weight")
     @classmethod
@@ -40,6 +73,9 @@ class ExecutionMatch(_Component):
     kind: Literal["execution_match"] = "execution_match"
     databases: Literal["primary", "all"] = "all"
 
+    def value(self, evidence: Evidence) -> float:
+        return float(evidence.correct(self.databases))
+
 
 class ResultOverlap(_Component):
     """F1 between predicted and gold result rows, in [0, 1]: partial credit for nearly-right answers.
@@ -50,6 +86,9 @@ class ResultOverlap(_Component):
 
     kind: Literal["result_overlap"] = "result_overlap"
 
+    def value(self, evidence: Evidence) -> float:
+        return evidence.result_overlap()
+
 
 class Parses(_Component):
     """1 if sqlglot parses the SQL as DuckDB, else 0.
@@ -58,6 +97,9 @@ class Parses(_Component):
     """
 
     kind: Literal["parses"] = "parses"
+
+    def value(self, evidence: Evidence) -> float:
+        return float(evidence.parses())
 
 
 class Executes(_Component):
@@ -68,6 +110,9 @@ class Executes(_Component):
 
     kind: Literal["executes"] = "executes"
 
+    def value(self, evidence: Evidence) -> float:
+        return float(evidence.executes())
+
 
 class Format(_Component):
     """1 if the completion is one statement DuckDB parses and it stops cleanly (nothing but a fence after it).
@@ -76,6 +121,9 @@ class Format(_Component):
     """
 
     kind: Literal["format"] = "format"
+
+    def value(self, evidence: Evidence) -> float:
+        return float(evidence.well_formed())
 
 
 class LengthPenalty(_Component):
@@ -89,6 +137,10 @@ class LengthPenalty(_Component):
     free_chars: int = Field(400, ge=0, description="completions up to this length are not penalised")
     scale_chars: int = Field(400, gt=0, description="excess characters at which the penalty reaches 1")
 
+    def value(self, evidence: Evidence) -> float:
+        excess = max(0, evidence.completion_chars - self.free_chars)
+        return -min(1.0, excess / self.scale_chars)
+
 
 class SchemaLinking(_Component):
     """Jaccard overlap of the tables and columns the prediction names with those the gold query names.
@@ -97,6 +149,9 @@ class SchemaLinking(_Component):
     """
 
     kind: Literal["schema_linking"] = "schema_linking"
+
+    def value(self, evidence: Evidence) -> float:
+        return evidence.schema_overlap()
 
 
 RewardComponent = Annotated[

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import duckdb
 import sqlglot
@@ -17,16 +18,7 @@ from sqlglot import exp
 from tasks.text2sql.dataset import Example, Text2SqlDataset
 from tasks.text2sql.matching import Comparable, gold_is_ordered, match_on_databases, result_overlap
 from tasks.text2sql.prompts import ParsedCompletion, parse_completion
-from tasks.text2sql.rewards import (
-    Executes,
-    ExecutionMatch,
-    Format,
-    LengthPenalty,
-    Parses,
-    ResultOverlap,
-    RewardSpec,
-    SchemaLinking,
-)
+from tasks.text2sql.rewards import ExecutionMatch, ResultOverlap, RewardSpec
 from tasks.text2sql.sandbox import ExecutionResult, ExecutionStatus, SandboxLimits, SqlSandbox, is_utf8
 
 
@@ -176,11 +168,8 @@ class Scorer:
             correct_all = match_on_databases(gold, [primary, *variants], ordered).correct
         correct = correct_all if needs_all else on_primary.correct
 
-        values: dict[str, float] = {}
-        for component in spec.components:
-            values[component.kind] = component.weight * _component_value(
-                component, example, completion, parsed, gold[0], primary, on_primary.correct, correct_all
-            )
+        evidence = _CompletionEvidence(example, completion, parsed, gold[0], primary, on_primary.correct, correct_all)
+        values = {component.kind: component.weight * component.value(evidence) for component in spec.components}
         return Score(
             reward=sum(values.values()),
             components=values,
@@ -198,29 +187,37 @@ def _no_sql() -> ExecutionResult:
     return ExecutionResult(status=ExecutionStatus.ERROR, error="no SQL found in the completion")
 
 
-def _component_value(
-    component: object,
-    example: Example,
-    completion: str,
-    parsed: ParsedCompletion,
-    gold: Comparable,
-    predicted: Comparable,
-    correct_primary: bool,
-    correct_all: bool,
-) -> float:
-    if isinstance(component, ExecutionMatch):
-        return float(correct_all if component.databases == "all" else correct_primary)
-    if isinstance(component, ResultOverlap):
-        return result_overlap(gold, predicted)
-    if isinstance(component, Parses):
-        return float(parses(parsed.sql))
-    if isinstance(component, Executes):
-        return float(predicted.result.ok)
-    if isinstance(component, Format):
-        return float(parsed.clean_stop and duckdb_parses(parsed.sql))
-    if isinstance(component, LengthPenalty):
-        excess = max(0, len(completion) - component.free_chars)
-        return -min(1.0, excess / component.scale_chars)
-    if isinstance(component, SchemaLinking):
-        return _jaccard(schema_items(parsed.sql), schema_items(example.gold_sql))
-    raise TypeError(f"unknown reward component {component!r}")
+@dataclass(frozen=True)
+class _CompletionEvidence:
+    """What reward components ask of one scored completion (`rewards.Evidence`); each fact is computed only when a
+    component of the spec asks for it."""
+
+    example: Example
+    completion: str
+    parsed: ParsedCompletion
+    gold: Comparable
+    predicted: Comparable
+    correct_primary: bool
+    correct_all: bool
+
+    @property
+    def completion_chars(self) -> int:
+        return len(self.completion)
+
+    def correct(self, databases: Literal["primary", "all"]) -> bool:
+        return self.correct_all if databases == "all" else self.correct_primary
+
+    def result_overlap(self) -> float:
+        return result_overlap(self.gold, self.predicted)
+
+    def parses(self) -> bool:
+        return parses(self.parsed.sql)
+
+    def executes(self) -> bool:
+        return self.predicted.result.ok
+
+    def well_formed(self) -> bool:
+        return self.parsed.clean_stop and duckdb_parses(self.parsed.sql)
+
+    def schema_overlap(self) -> float:
+        return _jaccard(schema_items(self.parsed.sql), schema_items(self.example.gold_sql))

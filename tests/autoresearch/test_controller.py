@@ -24,7 +24,7 @@ from autoresearch.executors import LocalExecutor
 from autoresearch.proposer import LlmProposer
 from autoresearch.search import distributions
 from autoresearch.spec import StudySpec
-from autoresearch.study import open_study, shared_warmup_run_id, shared_warmups
+from autoresearch.study import SHARED_WARMUP_PREFIX, SharedWarmup, open_study, shared_warmup_run_id, shared_warmups
 from autoresearch.trials.config import TrialConfig
 from autoresearch.trials.run_dir import RunDirectory
 
@@ -243,3 +243,18 @@ def test_a_shared_warmup_runs_once_and_every_trial_starts_its_rl_from_it(backend
         Controller(more, study, executor, None, [backend_url], poll_s=0.2).run(checkpointer)
     assert executor.launched == [f"{spec.study}-0002"]
     assert len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))) == 3
+
+
+def test_with_a_shared_warmup_new_trials_go_only_to_backends_that_hold_one(tmp_path: Path) -> None:
+    # Two backends, of which only the second has its warm-up (the first was added to a resumed study): nothing is
+    # launched here, so the URLs need no server behind them.
+    urls = ["http://127.0.0.1:9/", "http://127.0.0.2:9/"]
+    trial = {**tiny_spec(tmp_path, urls[0]).trial, "warmup_steps": 2, "warmup_batch_size": 2}
+    spec = tiny_spec(tmp_path, urls, shared_warmup=True, trial=trial)
+    study = open_study(spec)
+    warmup = SharedWarmup(
+        run_id="w", path="tinker://r:train:0/weights/warmup-000002", examples_seen=4, held_out_accuracy=0
+    )
+    study.set_user_attr(SHARED_WARMUP_PREFIX + urls[1], warmup.model_dump())
+    controller = Controller(spec, study, LocalExecutor(tmp_path / "trials"), None, urls)
+    assert controller._least_busy_backend() == urls[1]
