@@ -86,7 +86,7 @@ class TrialConfig(BaseModel):
     )
     checkpoint_interval: int = Field(10, ge=1, description="save the training state every this many steps")
     init_from: InitialState | None = Field(
-        None, description="start from this saved state (its LoRA shape must match); None: a fresh adapter"
+        None, description="start from this saved state (same LoRA rank; its adapted layers are kept); None: fresh"
     )
 
     # Task.
