@@ -6,9 +6,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 
 from trainer_backend.config import ServerConfig
-from trainer_backend.errors import BackendError
+from trainer_backend.errors import BackendError, UserInputError, describe_validation_error
 from trainer_backend.logs import configure_logging
 from trainer_backend.server import serve
 
@@ -47,7 +48,10 @@ def serve_command(
         "max_queued": max_queued,
         "max_loaded_adapters": max_loaded_adapters,
     }
-    config = ServerConfig(**{k: v for k, v in given.items() if v is not None})
+    try:
+        config = ServerConfig(**{k: v for k, v in given.items() if v is not None})
+    except ValidationError as error:
+        raise UserInputError(describe_validation_error(error, "config")) from None
     configure_logging(log_format)
     serve(config)
 

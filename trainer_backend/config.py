@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from trainer_backend.models.gemma import GEMMA_3_270M
+
+# The Tinker SDK sends only keys that start with `tml-`; a short key is one an attacker could guess.
+API_KEY_PREFIX = "tml-"
+MIN_API_KEY_SECRET_CHARS = 8
 
 
 def default_storage_root() -> Path:
@@ -32,3 +36,17 @@ class ServerConfig(BaseSettings):
     max_loaded_adapters: int = Field(
         32, ge=1, description="training adapters kept loaded; the least recently used others wait on disk"
     )
+
+    @field_validator("api_keys")
+    @classmethod
+    def _usable_keys(cls, keys: list[str]) -> list[str]:
+        for position, key in enumerate(keys, start=1):
+            # The key itself is not echoed: error messages end up in logs.
+            if not key.startswith(API_KEY_PREFIX):
+                raise ValueError(f"API key #{position} does not start with {API_KEY_PREFIX!r}, which the SDK requires")
+            if len(key) - len(API_KEY_PREFIX) < MIN_API_KEY_SECRET_CHARS:
+                raise ValueError(
+                    f"API key #{position} is too short: at least {MIN_API_KEY_SECRET_CHARS} characters after "
+                    f"{API_KEY_PREFIX!r}"
+                )
+        return keys

@@ -6,6 +6,8 @@ are ours. Messages name the problem so a person can act on them.
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
 
 class BackendError(Exception):
     """Base class of every error the server raises on purpose."""
@@ -71,3 +73,8 @@ class DeviceUnavailableError(BackendError, ValueError):
 
     status_code = 400
     category = "user"
+
+
+def describe_validation_error(error: ValidationError, root: str) -> str:
+    """Every bad field and what is wrong with it, without the values given (a body or a key may be secret)."""
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or root}: {e['msg']}" for e in error.errors())

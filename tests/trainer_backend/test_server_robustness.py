@@ -359,6 +359,20 @@ def test_the_command_line_explains_serve() -> None:
     assert "--max-loaded-adapters" in result.stdout and "--max-queued" in result.stdout
 
 
+@pytest.mark.parametrize(
+    ("key", "problem"), [("x", "does not start with 'tml-'"), ("tml-short", "is too short: at least 8 characters")]
+)
+def test_the_server_refuses_a_key_the_sdk_cannot_send_or_anyone_could_guess(key: str, problem: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "trainer_backend", "serve", "--api-key", "tml-a-long-enough-key", "--api-key", key],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert f"API key #2 {problem}" in result.stderr and key not in result.stderr.replace(problem, "")
+
+
 def test_serving_without_keys_is_refused_off_loopback() -> None:
     with pytest.raises(UserInputError, match=r"refusing to serve on 0\.0\.0\.0 without API keys"):
         KeyPolicy().check_bind("0.0.0.0")

@@ -24,7 +24,7 @@ from tinker.proto import tinker_public_pb2 as pb
 
 from trainer_backend.api.metrics import ServiceCollector
 from trainer_backend.auth import KeyPolicy
-from trainer_backend.errors import BackendError, UserInputError
+from trainer_backend.errors import BackendError, UserInputError, describe_validation_error
 from trainer_backend.ledger import FutureRecord, FutureState, ResultFormat
 from trainer_backend.service import Submitted, TrainingService
 from trainer_backend.wire import schemas
@@ -76,8 +76,7 @@ def parse(model: type[Model], body: bytes) -> Model:
     try:
         return model.model_validate_json(body or b"{}")
     except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in error.errors())
-        raise UserInputError(f"invalid {model.__name__}: {problems}") from None
+        raise UserInputError(f"invalid {model.__name__}: {describe_validation_error(error, 'body')}") from None
 
 
 def _owner(request: Request, x_api_key: Annotated[str | None, Header()] = None) -> str:
