@@ -58,7 +58,7 @@ from autoresearch.study import (
     shared_warmups,
 )
 from autoresearch.trials.evaluation import evaluate_checkpoint
-from tasks.text2sql.errors import Text2SqlError
+from tasks.errors import TaskError
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ class Controller:
             return {}
         try:
             report = evaluate_checkpoint(self.spec.trial_config({}), self.backend_urls[0])
-        except (TrialError, Text2SqlError, tinker.TinkerError) as error:
+        except (TrialError, TaskError, tinker.TinkerError) as error:
             log.warning("no baseline for this study: %s", error)
             return {}
         self.study.set_user_attr(BASELINE, report.accuracy)

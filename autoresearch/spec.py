@@ -23,6 +23,7 @@ from autoresearch.trials.config import (
     parse_trial_config,
     read_yaml,
 )
+from tasks.registry import registered_task
 from tasks.text2sql.rewards import ComponentKind
 
 # TrialConfig fields a study may search, and the kind of value each takes.
@@ -39,7 +40,7 @@ SEARCHABLE: dict[str, type] = {
     "normalize_advantages": bool,
 }
 # Fields the study itself sets on every trial; a spec's base trial config may not set them.
-STUDY_OWNED = ("run_id", "steps", "base_model", "eval_split", "eval_size", "eval_seed", "init_from")
+STUDY_OWNED = ("run_id", "steps", "task", "base_model", "eval_split", "eval_size", "eval_seed", "init_from")
 # What a shared warm-up fixes for every trial, so a study that shares one cannot search it.
 FIXED_BY_SHARED_WARMUP = ("warmup_steps", "warmup_learning_rate", "lora_rank")
 
@@ -226,7 +227,7 @@ _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 class StudySpec(_Strict):
     study: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$", description="Optuna study name")
-    task: Literal["text2sql"] = "text2sql"
+    task: str = Field("text2sql", description="the task every trial trains on (a name in tasks.registry)")
     base_model: str = "google/gemma-3-270m"
     backend: str | tuple[str, ...] = Field(
         "local", description="'local' starts one on this machine; else the backend's URL, or a list of them"
@@ -249,6 +250,11 @@ class StudySpec(_Strict):
         description="Optuna RDB storage URL; ${VAR} is read from the environment (a password in a cluster)",
     )
     executor: ExecutorSettings = Field(default_factory=LocalExecutorSettings)
+
+    @field_validator("task")
+    @classmethod
+    def _registered_task(cls, value: str) -> str:
+        return registered_task(value)
 
     @field_validator("backend")
     @classmethod
@@ -294,7 +300,7 @@ class StudySpec(_Strict):
         owned = sorted(set(self.trial) & set(STUDY_OWNED))
         if owned:
             raise ValueError(
-                f"trial: {', '.join(owned)} are set by the study (budget, eval_*, base_model and init_from fields)"
+                f"trial: {', '.join(owned)} are set by the study (its budget, task, base_model, eval_* and init_from)"
             )
         searched = sorted(set(self.trial) & set(self.search_space.params))
         if searched:
@@ -335,6 +341,7 @@ class StudySpec(_Strict):
             **params,
             "base_model": self.base_model,
             "steps": self.budget.steps_per_trial,
+            "task": self.task,
             "eval_split": self.eval_split,
             "eval_size": self.eval_size,
             "eval_seed": self.eval_seed,

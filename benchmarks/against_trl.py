@@ -50,28 +50,26 @@ def measure_trl(model: str, steps: int) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from autoresearch.trials.data import PromptRenderer, split_of
-    from tasks.text2sql.bundled import load_bundled
     from tasks.text2sql.rewards import DEFAULT_REWARD_SPEC
-    from tasks.text2sql.scoring import Scorer
+    from tasks.text2sql.task import Text2SqlTask
     from trainer_backend.models.registry import default_cache_root, resolve_base_model
 
     torch.manual_seed(0)
     folder = resolve_base_model(model, default_cache_root()).folder
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    dataset = load_bundled()
-    renderer = PromptRenderer(dataset, tokenizer, few_shot=0, shots_split="train")
-    examples = {e.id: e for e in split_of(dataset, "train", "train_split")[: PROMPTS_PER_STEP * (steps + 1)]}
+    task = Text2SqlTask.bundled()
+    renderer = PromptRenderer(task, tokenizer, few_shot=0, shots_split="train")
+    examples = {e.id: e for e in split_of(task, "train", "train_split")[: PROMPTS_PER_STEP * (steps + 1)]}
     prompts = Dataset.from_list(
         [
             {"prompt": tokenizer.decode(renderer.prompt(e).tokens, skip_special_tokens=True), "example_id": e.id}
             for e in examples.values()
         ]
     )
-    scorer = Scorer(dataset)
 
     def text_to_sql_reward(prompts: list[str], completions: list[str], example_id: list[str], **_: object) -> list:
         pairs = [(examples[i], c) for i, c in zip(example_id, completions, strict=True)]
-        return [score.reward for score in scorer.score_many(pairs, DEFAULT_REWARD_SPEC)]
+        return [score.reward for score in task.score_batch(pairs, DEFAULT_REWARD_SPEC)]
 
     step_seconds: list[float] = []
 
@@ -115,7 +113,7 @@ def measure_trl(model: str, steps: int) -> dict:
         started = time.perf_counter()
         trainer.train()
         total = time.perf_counter() - started
-    scorer.close()
+    task.close()
     return {"step_seconds": step_seconds, "total_seconds": total}
 
 

@@ -25,8 +25,9 @@ sys.path.insert(0, str(ROOT))
 
 from autoresearch.sdk_logging import quiet_sdk_logs  # noqa: E402
 from autoresearch.trials.config import load_trial_config  # noqa: E402
-from autoresearch.trials.evaluation import HeldOutReport, evaluate_checkpoint  # noqa: E402
+from autoresearch.trials.evaluation import evaluate_checkpoint  # noqa: E402
 from benchmarks.rl_step import GEMMA_TRIAL, server_from, worktree_at  # noqa: E402
+from tasks.report import HeldOutReport  # noqa: E402
 
 
 def measure(tree: Path, workdir: Path, name: str, eval_size: int) -> tuple[float, HeldOutReport]:

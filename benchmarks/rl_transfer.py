@@ -33,13 +33,12 @@ from autoresearch.sdk_logging import quiet_sdk_logs  # noqa: E402
 from autoresearch.trials.backend import api_key  # noqa: E402
 from autoresearch.trials.config import TrialConfig, load_trial_config  # noqa: E402
 from autoresearch.trials.data import PromptRenderer, TrainingOrder, held_out_subset, split_of  # noqa: E402
-from autoresearch.trials.evaluation import HeldOutReport, evaluate_sampler  # noqa: E402
+from autoresearch.trials.evaluation import evaluate_sampler  # noqa: E402
 from autoresearch.trials.paired import compare  # noqa: E402
 from autoresearch.trials.run_dir import RunDirectory  # noqa: E402
-from tasks.text2sql.bundled import load_bundled  # noqa: E402
-from tasks.text2sql.dataset import Example  # noqa: E402
-from tasks.text2sql.rewards import DEFAULT_REWARD_SPEC  # noqa: E402
-from tasks.text2sql.scoring import Scorer  # noqa: E402
+from tasks.interface import TaskExample  # noqa: E402
+from tasks.registry import open_task  # noqa: E402
+from tasks.report import HeldOutReport  # noqa: E402
 
 
 def sampler_for(service: tinker.ServiceClient, path: str) -> tinker.SamplingClient:
@@ -53,8 +52,7 @@ def sampler_for(service: tinker.ServiceClient, path: str) -> tinker.SamplingClie
 def sampled_accuracy(
     sampler: tinker.SamplingClient,
     renderer: PromptRenderer,
-    scorer: Scorer,
-    examples: list[Example],
+    examples: list[TaskExample],
     config: TrialConfig,
     samples: int,
 ) -> float:
@@ -68,8 +66,8 @@ def sampled_accuracy(
         for example, future in zip(examples, futures, strict=True)
         for sequence in future.result().sequences
     ]
-    scores = scorer.score_many(pairs, DEFAULT_REWARD_SPEC)
-    return sum(s.correct for s in scores) / len(scores)
+    marks = renderer.task.judge_batch(pairs)
+    return sum(marks) / len(marks)
 
 
 def main() -> None:
@@ -90,29 +88,29 @@ def main() -> None:
     config = load_trial_config(directory.config_path)
     state = directory.load_state()
     consumed = state.data_position if state is not None else 0
-    dataset = load_bundled()
-    order = TrainingOrder(split_of(dataset, config.train_split, "train_split"), config.seed)
+    task = open_task(config.task)
+    order = TrainingOrder(split_of(task, config.train_split, "train_split"), config.seed)
     question_sets = {
-        "dev": list(held_out_subset(dataset, config.eval_split, args.dev_size or config.eval_size, config.eval_seed)),
+        "dev": list(held_out_subset(task, config.eval_split, args.dev_size or config.eval_size, config.eval_seed)),
         "train-new": order.batch(consumed, args.questions),
     }
     checkpoints = dict(entry.split("=", 1) for entry in args.checkpoint)
     console = Console(width=120)
     greedy: dict[str, dict[str, HeldOutReport]] = {}
     sampled: dict[str, dict[str, float]] = {}
-    with tinker.ServiceClient(base_url=args.backend_url, api_key=api_key()) as service, Scorer(dataset) as scorer:
+    with tinker.ServiceClient(base_url=args.backend_url, api_key=api_key()) as service, task:
         tokenizer = service.create_lora_training_client(base_model=config.base_model, rank=1).result().get_tokenizer()
-        renderer = PromptRenderer(dataset, tokenizer, config.few_shot, config.train_split)
+        renderer = PromptRenderer(task, tokenizer, config.few_shot, config.train_split)
         for name, path in checkpoints.items():
             sampler = sampler_for(service, path)
             for set_name, examples in question_sets.items():
                 with console.status(f"{name}: {set_name}, {len(examples)} questions"):
                     greedy.setdefault(name, {})[set_name] = evaluate_sampler(
-                        sampler, renderer, scorer, examples, set_name, config.max_tokens, config.stop, 0
+                        sampler, renderer, examples, set_name, config.max_tokens, config.stop, 0
                     )
                     if args.samples:
                         sampled.setdefault(name, {})[set_name] = sampled_accuracy(
-                            sampler, renderer, scorer, examples, config, args.samples
+                            sampler, renderer, examples, config, args.samples
                         )
     first = next(iter(checkpoints))
     table = Table(title=f"{args.run_dir.name}: greedy accuracy (and mean sampled accuracy) by question set")

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autoresearch.trials.data import PromptRenderer, TrainingOrder, split_of  # noqa: E402
-from tasks.text2sql.bundled import load_bundled  # noqa: E402
+from tasks.text2sql.task import Text2SqlTask  # noqa: E402
 from trainer_backend.engine.model_engine import ModelEngine  # noqa: E402
 from trainer_backend.engine.prefixes import shared_prefix_groups  # noqa: E402
 from trainer_backend.engine.sampling import SamplingRequest  # noqa: E402
@@ -127,9 +127,9 @@ def main() -> None:
 
     engine = ModelEngine(loaded)
     engine.create_adapter("bench", LoraSettings(rank=LORA_RANK, train_mlp=True, train_attn=True, train_unembed=False))
-    dataset = load_bundled()
-    renderer = PromptRenderer(dataset, loaded.tokenizer, 0, "train")
-    order = TrainingOrder(split_of(dataset, "train", "train_split"), 0)
+    task = Text2SqlTask.bundled()
+    renderer = PromptRenderer(task, loaded.tokenizer, 0, "train")
+    order = TrainingOrder(split_of(task, "train", "train_split"), 0)
     prompts = [renderer.prompt(e).tokens for e in order.batch(0, 8)]
     layers = loaded.model.model.layers
     linear_params = sum(m.weight.numel() for m in layers.modules() if isinstance(m, torch.nn.Linear))

@@ -1,8 +1,9 @@
-"""Shared fixtures: the bundled text-to-SQL data set, built once per machine into the user cache."""
+"""Shared fixtures: the bundled text-to-SQL data set (built once per machine into the user cache) and its task."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import torch
 from tasks.text2sql.bundled import load_bundled
 from tasks.text2sql.dataset import Text2SqlDataset
 from tasks.text2sql.scoring import Scorer
+from tasks.text2sql.task import Text2SqlTask
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # One torch thread per worker: workers each running a thread per core spin against each other.
@@ -19,6 +21,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 @pytest.fixture(scope="session")
 def bundled() -> Text2SqlDataset:
     return load_bundled()
+
+
+@pytest.fixture(scope="session")
+def text2sql(bundled: Text2SqlDataset) -> Iterator[Text2SqlTask]:
+    """The text-to-SQL task over the bundled data, as trials and the command line see it."""
+    with Text2SqlTask(bundled) as task:
+        yield task
 
 
 @pytest.fixture(scope="session")

@@ -1,12 +1,18 @@
-"""`python -m trainer_backend serve …`: run the Tinker-compatible training server."""
+"""`python -m trainer_backend serve …`: run the Tinker-compatible training server.
+
+Its flags are `ServerConfig`'s fields, each with the field's description as help, so the two cannot drift apart; a
+flag left out takes the field's TRAINER_BACKEND_* environment variable, else its default.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated
+import inspect
+import types
+from typing import Annotated, Any, Union, get_args, get_origin
 
 import typer
 from pydantic import ValidationError
+from pydantic.fields import FieldInfo
 
 from trainer_backend.config import ServerConfig
 from trainer_backend.errors import BackendError, UserInputError, describe_validation_error
@@ -15,45 +21,59 @@ from trainer_backend.server import serve
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 
+# A list field is a repeatable flag named for one of its items.
+FLAG_NAMES = {"api_keys": "--api-key"}
+
 
 @app.callback()
 def commands() -> None:
     """Keeps `serve` a named subcommand: typer runs a lone command without its name otherwise."""
 
 
-@app.command(name="serve")
-def serve_command(
-    base_model: Annotated[
-        str | None, typer.Option(help="google/gemma-3-270m, tiny-gemma3, or a local HF folder")
-    ] = None,
-    device: Annotated[str | None, typer.Option(help="auto, cpu, cuda, cuda:N or mps")] = None,
-    host: Annotated[str | None, typer.Option(help="address to bind")] = None,
-    port: Annotated[int | None, typer.Option(help="port to bind")] = None,
-    storage_root: Annotated[Path | None, typer.Option(help="checkpoints, ledger and runs live here")] = None,
-    api_key: Annotated[list[str] | None, typer.Option(help="an accepted API key (repeat for several)")] = None,
-    max_queued: Annotated[int | None, typer.Option(help="queued requests before clients get 429")] = None,
-    max_loaded_adapters: Annotated[
-        int | None, typer.Option(help="training adapters kept loaded; the least recently used others wait on disk")
-    ] = None,
-    log_format: Annotated[str, typer.Option(help="text, or json for log collectors")] = "text",
-) -> None:
+def _without_none(annotation: Any) -> Any:
+    """`X` for an annotation `X | None`; the flag's own None already means "not given"."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        rest = [arg for arg in get_args(annotation) if arg is not type(None)]
+        return rest[0] if len(rest) == 1 else annotation
+    return annotation
+
+
+def _option(name: str, field: FieldInfo) -> inspect.Parameter:
+    default = field.get_default(call_default_factory=True)
+    shown = "" if default in (None, []) else f" (default: {default})"
+    option = typer.Option(
+        FLAG_NAMES.get(name, "--" + name.replace("_", "-")), help=f"{field.description}{shown}", show_default=False
+    )
+    return inspect.Parameter(
+        name,
+        inspect.Parameter.KEYWORD_ONLY,
+        default=None,
+        annotation=Annotated[_without_none(field.annotation) | None, option],
+    )
+
+
+def serve_command(log_format: str = "text", **given: Any) -> None:
     """Serve one base model to many LoRA training clients over the Tinker API."""
-    given = {
-        "base_model": base_model,
-        "device": device,
-        "host": host,
-        "port": port,
-        "storage_root": storage_root,
-        "api_keys": api_key or None,
-        "max_queued": max_queued,
-        "max_loaded_adapters": max_loaded_adapters,
-    }
     try:
-        config = ServerConfig(**{k: v for k, v in given.items() if v is not None})
+        config = ServerConfig(**{name: value for name, value in given.items() if value not in (None, [])})
     except ValidationError as error:
         raise UserInputError(describe_validation_error(error, "config")) from None
     configure_logging(log_format)
     serve(config)
+
+
+serve_command.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [
+        *(_option(name, field) for name, field in ServerConfig.model_fields.items()),
+        inspect.Parameter(
+            "log_format",
+            inspect.Parameter.KEYWORD_ONLY,
+            default="text",
+            annotation=Annotated[str, typer.Option(help="text, or json for log collectors")],
+        ),
+    ]
+)
+app.command(name="serve")(serve_command)
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from trainer_backend.errors import BackendError, ConflictError, OverloadedError, ServerError
 from trainer_backend.ledger import Ledger, ResultFormat
@@ -35,7 +35,7 @@ Outcome = tuple[bytes, ResultFormat] | BackendError
 # may call the pause callback between its steps: the scheduler then runs other tenants' ready operations that may
 # interleave (their results do not depend on the long call) before the call goes on.
 PauseCallback = Callable[[], None]
-BatchRunner = Callable[[Sequence["Operation"], PauseCallback], Sequence[Outcome]]
+BatchRunner = Callable[[Sequence["Operation[Any]"], PauseCallback], Sequence[Outcome]]
 # Which tenant's ready operation runs next: the least recently served tenant's (the server's policy), or the one that
 # arrived first (kept to measure what the policy buys: benchmarks/fairness.py).
 SchedulingPolicy = Literal["least_recently_served", "fifo"]
@@ -43,8 +43,13 @@ SchedulingPolicy = Literal["least_recently_served", "fifo"]
 MAX_BATCH_OPERATIONS = 64
 
 
+PayloadT = TypeVar("PayloadT")
+
+
 @dataclass
-class Operation:
+class Operation(Generic[PayloadT]):
+    """One queued request; a batch kind's operations carry a payload of that kind's type for its runner."""
+
     request_id: str
     kind: str
     # The tenant whose order and fairness this operation counts toward: a model id or a sampling session.
@@ -54,7 +59,8 @@ class Operation:
     # Position in the lane's order; None for operations that need no ordering (sampling).
     seq_id: int | None = None
     batch_kind: str | None = None
-    payload: object = None
+    # What the batch kind's runner runs (the service's ForwardBackwardCall or pending sample); None with `work`.
+    payload: PayloadT | None = None
     # May run while a long batch pauses (a training step may run inside a long generation; nothing that adds or
     # removes adapters may).
     interleaves: bool = False
@@ -165,11 +171,12 @@ class Scheduler:
         """Called with (start, end) monotonic times after each operation, for duty-cycle accounting."""
         self._busy_listeners.append(listener)
 
-    def submit(self, operation: Operation) -> None:
+    def submit(self, operation: Operation[Any]) -> None:
         """Queue an operation; raises OverloadedError when the queues are full (the client backs off)."""
         batched = operation.batch_kind is not None
-        if (operation.work is None) != batched or (batched and operation.batch_kind not in self._batch_runners):
-            raise ValueError(f"operation {operation.kind} needs either work or a batch kind with a runner")
+        runnable = operation.payload is not None and operation.batch_kind in self._batch_runners
+        if (operation.work is None) != batched or (batched and not runnable):
+            raise ValueError(f"operation {operation.kind} needs either work or a batch kind with a runner and payload")
         with self._condition:
             if self._queued() >= self.max_queued:
                 raise OverloadedError(f"the server has {self.max_queued} operations queued; retry shortly")
@@ -378,6 +385,10 @@ class Scheduler:
             return outcomes
         except BackendError as error:
             return [error] * len(batch)
-        except Exception as error:  # the worker must survive anything one request provokes
-            log.exception("operation %s (%s) failed", first.request_id, first.kind)
-            return [ServerError(f"internal error in {first.kind}: {error}")] * len(batch)
+        except Exception:  # the worker must survive anything one request provokes
+            log.exception("operation(s) %s (%s) failed", ", ".join(op.request_id for op in batch), first.kind)
+            # The exception's text stays in the log: it may name server paths or, in a batch, other tenants' ids.
+            return [
+                ServerError(f"internal error in {op.kind}; the server's log has the details of request {op.request_id}")
+                for op in batch
+            ]

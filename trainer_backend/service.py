@@ -282,9 +282,11 @@ class TrainingService:
         )
         return Submitted(record, model_id=batch.model_id)
 
-    def _run_forward_backward(self, operations: Sequence[Operation], _pause: PauseCallback) -> list[Outcome]:
+    def _run_forward_backward(
+        self, operations: Sequence[Operation[ForwardBackwardCall]], _pause: PauseCallback
+    ) -> list[Outcome]:
         """The scheduler's batch runner for training passes: the next request of several clients in one pass."""
-        calls: list[ForwardBackwardCall] = [op.payload for op in operations]
+        calls = [op.payload for op in operations if op.payload is not None]
         outcomes: list[Outcome] = []
         for call, result in zip(calls, self.engine.forward_backward_batch(calls), strict=True):
             if isinstance(result, BackendError):
@@ -452,12 +454,12 @@ class TrainingService:
         ids = [f"{record.request_id}-{i}" for i in range(request.num_samples)]
         return Submitted(record, sample_sequence_ids=ids)
 
-    def _run_samples(self, operations: Sequence[Operation], pause: PauseCallback) -> list[Outcome]:
+    def _run_samples(self, operations: Sequence[Operation[_PendingSample]], pause: PauseCallback) -> list[Outcome]:
         """The scheduler's batch runner for sampling: every pending request, of any weights, in one batch.
 
         The generation pauses every few tokens for other tenants' training steps.
         """
-        pending: list[_PendingSample] = [op.payload for op in operations]
+        pending = [op.payload for op in operations if op.payload is not None]
         outcomes: list[Outcome] = []
         for item, result in zip(pending, self.engine.sample_batch([p.call for p in pending], pause), strict=True):
             if isinstance(result, SamplingInputError):

@@ -1,8 +1,9 @@
 """RL trials: a GRPO-style loop over the Tinker API that trains a LoRA adapter and reports a held-out score."""
 
 from autoresearch.trials.config import TrialConfig, load_trial_config, parse_trial_config
-from autoresearch.trials.evaluation import HeldOutReport, evaluate_checkpoint
+from autoresearch.trials.evaluation import evaluate_checkpoint
 from autoresearch.trials.rl_loop import EvalCallback, TrialResult, run_trial
+from tasks.report import HeldOutReport
 
 __all__ = [
     "EvalCallback",

@@ -17,8 +17,7 @@ from autoresearch.trials.backend import backend_for
 from autoresearch.trials.config import load_trial_config, parse_trial_config
 from autoresearch.trials.evaluation import evaluate_checkpoint
 from autoresearch.trials.rl_loop import DEFAULT_RUN_DIR, run_trial
-from tasks.text2sql.dataset import Difficulty
-from tasks.text2sql.errors import Text2SqlError
+from tasks.errors import TaskError
 
 app = typer.Typer(add_completion=False, help=__doc__)
 
@@ -34,7 +33,7 @@ def trial(
     progress: Annotated[bool, typer.Option(help="live progress bar (else log lines)")] = True,
     baseline: Annotated[bool, typer.Option(help="only score the base model on the held-out subset")] = False,
 ) -> None:
-    """Train a LoRA adapter with RL on text-to-SQL and report its held-out execution accuracy."""
+    """Train a LoRA adapter with RL on the config's task and report its held-out accuracy."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     quiet_sdk_logs()
     trial_config = load_trial_config(config)
@@ -62,14 +61,14 @@ def trial(
     typer.echo(f"results in {result.run_dir}; sampler weights {result.sampler_path}")
 
 
-def _by_difficulty(accuracies: dict[Difficulty, float | None]) -> str:
-    return ", ".join(f"{d.value} {'-' if a is None else f'{a:.3f}'}" for d, a in accuracies.items())
+def _by_difficulty(accuracies: dict[str, float | None]) -> str:
+    return ", ".join(f"{d} {'-' if a is None else f'{a:.3f}'}" for d, a in accuracies.items())
 
 
 def main() -> None:
     try:
         app(prog_name="python -m autoresearch.trials")
-    except (TrialError, Text2SqlError) as error:
+    except (TrialError, TaskError) as error:
         typer.echo(f"error: {error}", err=True)
         raise SystemExit(1) from None
 

@@ -10,6 +10,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from autoresearch.errors import ConfigurationError
+from tasks.registry import registered_task
 from tasks.text2sql.rewards import COMPONENT_KINDS, DEFAULT_REWARD_SPEC, RewardSpec
 
 LossName = Literal["importance_sampling", "ppo", "cispo", "dro"]
@@ -39,7 +40,7 @@ class InitialState(BaseModel):
 
 
 class TrialConfig(BaseModel):
-    """One RL trial: a LoRA adapter trained with a GRPO-style loop on text-to-SQL, scored on a held-out split."""
+    """One RL trial: a LoRA adapter trained with a GRPO-style loop on a task, scored on a held-out split."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -90,6 +91,7 @@ class TrialConfig(BaseModel):
     )
 
     # Task.
+    task: str = Field("text2sql", description="the task its data, prompts and scoring come from (tasks.registry)")
     reward_spec: RewardSpec = Field(DEFAULT_REWARD_SPEC, description="the training reward")
     few_shot: int = Field(1, ge=0, le=8, description="solved examples shown before each question")
     train_split: str = Field("train", min_length=1, description="split that prompts and few-shot examples come from")
@@ -111,6 +113,11 @@ class TrialConfig(BaseModel):
         if not math.isfinite(value):
             raise ValueError("must be a finite number")
         return value
+
+    @field_validator("task")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        return registered_task(value)
 
     @model_validator(mode="after")
     def _consistent(self) -> TrialConfig:

@@ -8,10 +8,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from autoresearch.errors import ConfigurationError
-from tasks.text2sql.dataset import Example, Text2SqlDataset
-from tasks.text2sql.errors import DatasetError
-from tasks.text2sql.evaluation import few_shot_examples
-from tasks.text2sql.prompts import render_prompt
+from tasks.errors import SplitError
+from tasks.interface import AnyTask, TaskExample
 
 
 class Tokenizer(Protocol):
@@ -26,16 +24,17 @@ class Tokenizer(Protocol):
 class Prompt:
     """A question rendered for the model, and its token ids (the base model's tokenizer, BOS included)."""
 
-    example: Example
+    example: TaskExample
     tokens: tuple[int, ...]
 
 
-def split_of(dataset: Text2SqlDataset, name: str, field: str) -> tuple[Example, ...]:
-    """A split of the data set; raises ConfigurationError naming the config field and the splits that exist."""
+def split_of(task: AnyTask, name: str, field: str) -> tuple[TaskExample, ...]:
+    """A split of the task's data; raises ConfigurationError naming the config field and the splits that exist."""
     try:
-        return dataset.split(name)
-    except DatasetError:
-        raise ConfigurationError(f"{field}: no split {name!r} (splits: {', '.join(sorted(dataset.splits))})") from None
+        return task.split(name)
+    except SplitError:
+        splits = ", ".join(sorted(task.split_names))
+        raise ConfigurationError(f"{field}: no split {name!r} (splits: {splits})") from None
 
 
 class TrainingOrder:
@@ -44,7 +43,7 @@ class TrainingOrder:
     A position indexes the endless stream of epochs, so a resumed run only needs the position it stopped at.
     """
 
-    def __init__(self, examples: Sequence[Example], seed: int) -> None:
+    def __init__(self, examples: Sequence[TaskExample], seed: int) -> None:
         if not examples:
             raise ConfigurationError("train_split: no training examples are left once the few-shot ones are removed")
         self.examples = tuple(examples)
@@ -58,7 +57,7 @@ class TrainingOrder:
             self._permutations[epoch] = tuple(indices)
         return self._permutations[epoch]
 
-    def batch(self, position: int, size: int) -> list[Example]:
+    def batch(self, position: int, size: int) -> list[TaskExample]:
         """The `size` examples from `position` on."""
         return [
             self.examples[self._permutation(epoch)[index]]
@@ -66,40 +65,40 @@ class TrainingOrder:
         ]
 
 
-def held_out_subset(dataset: Text2SqlDataset, split: str, size: int, seed: int) -> tuple[Example, ...]:
-    """A fixed sample of the held-out split, in the split's own order.
+def held_out_subset(task: AnyTask, split: str, size: int, seed: int) -> tuple[TaskExample, ...]:
+    """The task's fixed sample of a held-out split (the same for every trial of that split, size and seed).
 
     Raises:
         ConfigurationError: the split does not exist or has fewer than `size` examples.
     """
-    examples = split_of(dataset, split, "eval_split")
-    if size > len(examples):
-        raise ConfigurationError(f"eval_size: {size} exceeds the {len(examples)} examples of split {split!r}")
-    chosen = sorted(random.Random(f"held-out:{seed}").sample(range(len(examples)), size))
-    return tuple(examples[i] for i in chosen)
+    examples = split_of(task, split, "eval_split")
+    try:
+        return task.held_out_subset(split, size, seed)
+    except SplitError:
+        raise ConfigurationError(f"eval_size: {size} exceeds the {len(examples)} examples of split {split!r}") from None
 
 
 class PromptRenderer:
     """Renders questions with the task's prompt and few-shot examples, and tokenizes prompts and answers."""
 
-    def __init__(self, dataset: Text2SqlDataset, tokenizer: Tokenizer, few_shot: int, shots_split: str) -> None:
-        split_of(dataset, shots_split, "train_split")
-        self.dataset = dataset
+    def __init__(self, task: AnyTask, tokenizer: Tokenizer, few_shot: int, shots_split: str) -> None:
+        split_of(task, shots_split, "train_split")
+        self.task = task
         self.tokenizer = tokenizer
-        self.shots = tuple(few_shot_examples(dataset, few_shot, split=shots_split))
+        self.shots = task.few_shot_examples(few_shot, shots_split)
 
     @property
     def shot_ids(self) -> frozenset[str]:
         """Examples shown as few-shot; training on them would reward copying the prompt."""
-        return frozenset(shot.example.id for shot in self.shots)
+        return frozenset(shot.id for shot in self.shots)
 
-    def prompt(self, example: Example) -> Prompt:
-        text = render_prompt(example, self.dataset.database(example.db_id).path, self.shots)
+    def prompt(self, example: TaskExample) -> Prompt:
+        text = self.task.render_prompt(example, self.shots)
         return Prompt(example=example, tokens=tuple(self.tokenizer.encode(text)))
 
-    def gold_completion(self, example: Example) -> tuple[int, ...]:
-        """The gold SQL as the model should continue the prompt's final 'SQL:' (as the few-shot blocks show it)."""
-        return tuple(self.tokenizer.encode(f" {example.gold_sql};", add_special_tokens=False))
+    def gold_completion(self, example: TaskExample) -> tuple[int, ...]:
+        """The tokens of the task's gold completion, as the model should continue the prompt."""
+        return tuple(self.tokenizer.encode(self.task.gold_completion(example), add_special_tokens=False))
 
     def decode(self, tokens: Sequence[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)

@@ -11,7 +11,7 @@ import math
 
 from pydantic import BaseModel, ConfigDict
 
-from autoresearch.trials.evaluation import HeldOutReport
+from tasks.report import HeldOutReport
 
 
 class PairedComparison(BaseModel):

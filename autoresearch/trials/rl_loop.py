@@ -1,12 +1,13 @@
 """The trial: a GRPO-style RL loop over the Tinker API, from a config to a held-out score.
 
 A fresh LoRA adapter (or the weights of `init_from`) first learns the answer format from `warmup_steps` of
-cross-entropy on gold SQL; held-out accuracy is measured where RL starts, every `eval_interval` steps and at the
-end, and the first and last evaluations are compared question by question. Each RL step: sample, with the sampler of
-the weights the last step left, a group of completions for each prompt of the batch, score them with the task's
-reward spec, turn rewards into group-relative advantages (minus a per-token KL penalty against the base model when
-asked), and send one forward_backward, one optim_step and the next sampler's weights back to back. Only the official
-`tinker` SDK is used, so the same loop runs against the local backend, a cluster or any Tinker service.
+cross-entropy on the task's gold completions; held-out accuracy is measured where RL starts, every
+`eval_interval` steps and at the end, and the first and last evaluations are compared question by question. Each RL
+step: sample, with the sampler of the weights the last step left, a group of completions for each prompt of the
+batch, score them with the task under the reward spec, turn rewards into group-relative advantages (minus a
+per-token KL penalty against the base model when asked), and send one forward_backward, one optim_step and the next
+sampler's weights back to back. Only the official `tinker` SDK is used, so the same loop runs against the local
+backend, a cluster or any Tinker service.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from autoresearch.trials.backend import api_key, backend_for
 from autoresearch.trials.config import InitialState, TrialConfig
 from autoresearch.trials.data import PromptRenderer, TrainingOrder, held_out_subset, split_of
 from autoresearch.trials.datums import supervised_datum
-from autoresearch.trials.evaluation import HeldOutReport, evaluate_sampler
+from autoresearch.trials.evaluation import evaluate_sampler
 from autoresearch.trials.metrics import StepMetrics, summarize_groups
 from autoresearch.trials.paired import PairedComparison, compare
 from autoresearch.trials.plot import plot_run
@@ -33,9 +34,9 @@ from autoresearch.trials.progress import TrialProgress
 from autoresearch.trials.rollouts import derived_seed, sample_groups, score_groups
 from autoresearch.trials.run_dir import RunDirectory, RunState
 from autoresearch.trials.training_batch import build_training_batch, select_samples
-from tasks.text2sql.bundled import load_bundled
-from tasks.text2sql.dataset import Difficulty, Text2SqlDataset
-from tasks.text2sql.scoring import Scorer
+from tasks.interface import AnyTask
+from tasks.registry import open_task
+from tasks.report import HeldOutReport
 
 DEFAULT_RUN_DIR = Path(".data/trials")
 
@@ -53,7 +54,7 @@ class TrialResult(BaseModel):
     steps_completed: int
     # The last held-out evaluation, the trial's objective.
     held_out_accuracy: float
-    held_out_by_difficulty: dict[Difficulty, float | None]
+    held_out_by_difficulty: dict[str, float | None]
     # Held-out accuracy after each evaluated step.
     held_out_history: dict[int, float]
     # What RL did: the evaluation where it started (after any warm-up) against the last one, question by question;
@@ -103,11 +104,10 @@ def run_trial(
             return stored
         # Asked for more steps than the run finished with: it goes on from its final checkpoint.
         state = state.model_copy(update={"finished": False, "sampler_path": None})
-    dataset = load_bundled()
     with (
         backend_for(config.base_model, backend_url, directory.backend_root) as url,
         tinker.ServiceClient(base_url=url, api_key=api_key()) as service,
-        Scorer(dataset) as scorer,
+        open_task(config.task) as task,
         TrialProgress(str(config.run_id), progress) as view,
     ):
         training, state, resumed_from_step = _start_or_resume(service, config, state)
@@ -115,7 +115,7 @@ def run_trial(
         directory.metrics.keep_until(state.step)
         directory.evals.keep_until(state.step)
         directory.warmup.keep_until(state.warmup_steps_done)
-        trial = _Trial(config, directory, dataset, service, training, scorer, view, on_eval)
+        trial = _Trial(config, directory, task, service, training, view, on_eval)
         return trial.run(state, resumed_from_step, started)
 
 
@@ -181,23 +181,22 @@ class _Trial:
         self,
         config: TrialConfig,
         directory: RunDirectory,
-        dataset: Text2SqlDataset,
+        task: AnyTask,
         service: tinker.ServiceClient,
         training: tinker.TrainingClient,
-        scorer: Scorer,
         view: TrialProgress,
         on_eval: EvalCallback | None,
     ) -> None:
         self.config = config
         self.directory = directory
         self.training = training
-        self.scorer = scorer
+        self.task = task
         self.view = view
         self.on_eval = on_eval
-        self.renderer = PromptRenderer(dataset, training.get_tokenizer(), config.few_shot, config.train_split)
-        train_examples = split_of(dataset, config.train_split, "train_split")
+        self.renderer = PromptRenderer(task, training.get_tokenizer(), config.few_shot, config.train_split)
+        train_examples = split_of(task, config.train_split, "train_split")
         self.order = TrainingOrder([e for e in train_examples if e.id not in self.renderer.shot_ids], config.seed)
-        self.held_out = held_out_subset(dataset, config.eval_split, config.eval_size, config.eval_seed)
+        self.held_out = held_out_subset(task, config.eval_split, config.eval_size, config.eval_seed)
         self.base_sampler = (
             service.create_sampling_client(base_model=config.base_model).result() if config.kl_coef > 0 else None
         )
@@ -249,7 +248,8 @@ class _Trial:
         )
 
     def _warmup(self, state: RunState) -> RunState:
-        """Cross-entropy on gold SQL (prompt positions weighted 0), then a checkpoint; redone whole if interrupted."""
+        """Cross-entropy on gold completions (prompt positions weighted 0), then a checkpoint; redone whole if
+        interrupted."""
         config, training = self.config, self.training
         position = state.data_position
         batch_size = config.warmup_batch_size or config.batch_size
@@ -296,7 +296,7 @@ class _Trial:
             sampler, prompts, config.group_size, params, self.renderer, include_prompt_logprobs=config.loss == "dro"
         )
         sampling_s = time.monotonic() - sampling_started
-        groups = score_groups(groups, self.scorer, config.reward_spec)
+        groups = score_groups(groups, self.task, config.reward_spec)
         samples = select_samples(groups, config.normalize_advantages)
         base_logprobs = self._base_logprobs([(s.group.prompt.tokens, s.completion.tokens) for s in samples])
         batch = build_training_batch(samples, base_logprobs, config.kl_coef)
@@ -344,7 +344,7 @@ class _Trial:
     def _evaluate(self, sampler: tinker.SamplingClient, step: int) -> HeldOutReport:
         config = self.config
         report = evaluate_sampler(
-            sampler, self.renderer, self.scorer, self.held_out, config.eval_split, config.max_tokens, config.stop, step
+            sampler, self.renderer, self.held_out, config.eval_split, config.max_tokens, config.stop, step
         )
         self.directory.evals.append(report.model_dump(mode="json"))
         self.view.held_out(report)

@@ -1,4 +1,4 @@
-"""Sampling groups of completions from the current policy and scoring them with the task's reward spec."""
+"""Sampling groups of completions from the current policy and scoring them with the task under a reward spec."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from tinker import types
 
 from autoresearch.errors import BackendResponseError
 from autoresearch.trials.data import Prompt, PromptRenderer
-from tasks.text2sql.rewards import RewardSpec
-from tasks.text2sql.scoring import Score, Scorer
+from tasks.interface import AnyTask, CompletionScore
 
 
 def derived_seed(*parts: object) -> int:
@@ -36,7 +35,7 @@ class Group:
 
     prompt: Prompt
     completions: tuple[Completion, ...]
-    scores: tuple[Score, ...] = ()
+    scores: tuple[CompletionScore, ...] = ()
     # The sampler's log-probs of the prompt tokens (first None), when asked for.
     prompt_logprobs: tuple[float | None, ...] | None = None
 
@@ -79,8 +78,8 @@ def sample_groups(
     return groups
 
 
-def score_groups(groups: Sequence[Group], scorer: Scorer, spec: RewardSpec) -> list[Group]:
-    """The groups with every completion scored under `spec` (on the scorer's threads)."""
+def score_groups(groups: Sequence[Group], task: AnyTask, reward_spec: object) -> list[Group]:
+    """The groups with every completion scored by the task under `reward_spec`, all in one batch."""
     items = [(group.prompt.example, c.text) for group in groups for c in group.completions]
-    scores = iter(scorer.score_many(items, spec))
+    scores = iter(task.score_batch(items, reward_spec))
     return [replace(group, scores=tuple(next(scores) for _ in group.completions)) for group in groups]

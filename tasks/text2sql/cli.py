@@ -11,23 +11,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tasks.errors import TaskError
+from tasks.report import HeldOutReport
 from tasks.text2sql.bundled import load_bundled
 from tasks.text2sql.dataset import Difficulty, Text2SqlDataset
-from tasks.text2sql.errors import Text2SqlError
-from tasks.text2sql.evaluation import (
-    EvaluationReport,
-    Model,
-    OpenAICompatibleModel,
-    evaluate,
-    few_shot_examples,
-    garbage_model,
-    gold_model,
-)
+from tasks.text2sql.evaluation import Model, OpenAICompatibleModel, evaluate, garbage_model, gold_model
 from tasks.text2sql.generation.build import QUESTIONS_DIR, write_question_files
-from tasks.text2sql.prompts import render_prompt
 from tasks.text2sql.rewards import DEFAULT_REWARD_SPEC, RewardSpec
-from tasks.text2sql.scoring import Scorer
 from tasks.text2sql.spider import load_bird, load_spider
+from tasks.text2sql.task import Text2SqlTask
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 console = Console()
@@ -70,22 +62,17 @@ def _counts_table(dataset: Text2SqlDataset) -> Table:
     return table
 
 
-def _report_table(report: EvaluationReport, title: str) -> Table:
+def _report_table(report: HeldOutReport, title: str) -> Table:
     table = Table(title=title)
     table.add_column("difficulty")
     table.add_column("correct", justify="right")
     table.add_column("total", justify="right")
     table.add_column("accuracy", justify="right")
-    for difficulty in Difficulty:
-        accuracy = report.accuracy_of(difficulty)
-        table.add_row(
-            difficulty.value,
-            str(report.correct[difficulty]),
-            str(report.total[difficulty]),
-            "-" if accuracy is None else f"{accuracy:.1%}",
-        )
-    total = sum(report.total.values())
-    table.add_row("all", str(sum(report.correct.values())), str(total), f"{report.accuracy:.1%}", style="bold")
+    for difficulty, accuracy in report.accuracy_by_difficulty.items():
+        correct, total = report.counts(difficulty)
+        table.add_row(difficulty, str(correct), str(total), "-" if accuracy is None else f"{accuracy:.1%}")
+    correct = sum(answer.correct for answer in report.answers)
+    table.add_row("all", str(correct), str(len(report.answers)), f"{report.accuracy:.1%}", style="bold")
     return table
 
 
@@ -125,7 +112,8 @@ def evaluate_command(
         chosen = OpenAICompatibleModel(base_url=base_url, model=model_name, api=api)
     else:
         chosen = gold_model if model is Reference.gold else garbage_model
-    report = evaluate(dataset, split, chosen, limit=limit, few_shot=few_shot)
+    with Text2SqlTask(dataset) as task:
+        report = evaluate(task, split, chosen, limit=limit, few_shot=few_shot)
     console.print(_report_table(report, f"{model.value} on {dataset.name}/{split}"))
 
 
@@ -138,21 +126,20 @@ def demo(
     dataset = load_bundled()
     console.print(_counts_table(dataset))
     example = dataset.split("dev")[0]
-    database = dataset.database(example.db_id)
-    console.rule("a prompt (one few-shot example)")
-    console.print(render_prompt(example, database.path, few_shot_examples(dataset, 1)), markup=False)
-    console.rule(f"rewards under {spec.to_json()}")
-    candidates = {
-        "gold": f"{example.gold_sql};",
-        "gold, then rambling": f"{example.gold_sql};\nQuestion: what else?",
-        "wrong filter": example.gold_sql.replace("=", "<>", 1) + ";",
-        "not SQL": "The answer is 42.",
-        "hostile": "SELECT * FROM read_csv('/etc/passwd');",
-    }
-    table = Table("completion", "reward", "correct", "status", *(c.kind for c in spec.components))
-    with Scorer(dataset) as scorer:
-        for name, completion in candidates.items():
-            score = scorer.score(example, completion, spec)
+    with Text2SqlTask(dataset) as task:
+        console.rule("a prompt (one few-shot example)")
+        console.print(task.render_prompt(example, task.few_shot_examples(1, "train")), markup=False)
+        console.rule(f"rewards under {spec.to_json()}")
+        candidates = {
+            "gold": f"{example.gold_sql};",
+            "gold, then rambling": f"{example.gold_sql};\nQuestion: what else?",
+            "wrong filter": example.gold_sql.replace("=", "<>", 1) + ";",
+            "not SQL": "The answer is 42.",
+            "hostile": "SELECT * FROM read_csv('/etc/passwd');",
+        }
+        table = Table("completion", "reward", "correct", "status", *(c.kind for c in spec.components))
+        scores = task.score_group(example, list(candidates.values()), spec)
+        for name, score in zip(candidates, scores, strict=True):
             table.add_row(
                 name,
                 f"{score.reward:.3f}",
@@ -160,17 +147,17 @@ def demo(
                 score.status.value,
                 *(f"{score.components[c.kind]:.3f}" for c in spec.components),
             )
-    console.print(f"question: {example.question}\ngold: {example.gold_sql}")
-    console.print(table)
-    for reference, model in (("gold", gold_model), ("garbage", garbage_model)):
-        report = evaluate(dataset, "dev", model)
-        console.print(_report_table(report, f"reference '{reference}' on bundled/dev"))
+        console.print(f"question: {example.question}\ngold: {example.gold_sql}")
+        console.print(table)
+        for reference, model in (("gold", gold_model), ("garbage", garbage_model)):
+            report = evaluate(task, "dev", model)
+            console.print(_report_table(report, f"reference '{reference}' on bundled/dev"))
 
 
 def main() -> None:
     """Entry point: errors the user can fix are printed as one line, not a traceback."""
     try:
         app(prog_name="text2sql")
-    except Text2SqlError as error:
+    except TaskError as error:
         console.print(f"[red]error:[/red] {error}")
         raise SystemExit(1) from None

@@ -18,14 +18,11 @@ from dataclasses import dataclass
 
 import tinker
 
-from tasks.text2sql.bundled import load_bundled
 from tasks.text2sql.dataset import Database, Example, Text2SqlDataset
 from tasks.text2sql.errors import CookbookSetupError
-from tasks.text2sql.evaluation import few_shot_examples
-from tasks.text2sql.prompts import FewShot, render_prompt
 from tasks.text2sql.rewards import DEFAULT_REWARD_SPEC, RewardSpec
 from tasks.text2sql.sandbox import ExecutionStatus
-from tasks.text2sql.scoring import Scorer
+from tasks.text2sql.task import Text2SqlTask
 
 INSTALL_HINT = (
     'pip install -e ".[cookbook]" && pip install --no-deps tinker-cookbook==0.6.1 tml-renderers==0.2.1 '
@@ -61,13 +58,14 @@ _EVAL_SUBSET_SEED = 0
 
 
 @functools.cache
-def shared_scorer(database: Database) -> Scorer:
-    """One scorer per database and process, so gold results are computed once and group builders stay picklable.
+def shared_task(database: Database) -> Text2SqlTask:
+    """The task over one database, one per database and process, so gold results are computed once and group
+    builders stay picklable.
 
-    The cookbook may pickle group builders to rollout workers; a scorer holds connections and threads, so builders
-    carry the database and look the scorer up here, in whichever process runs the env.
+    The cookbook may pickle group builders to rollout workers; a task's scorer holds connections and threads, so
+    builders carry the database and look the task up here, in whichever process runs the env.
     """
-    return Scorer(Text2SqlDataset(name=database.db_id, splits={}, databases={database.db_id: database}))
+    return Text2SqlTask(Text2SqlDataset(name=database.db_id, splits={}, databases={database.db_id: database}))
 
 
 class Text2SqlEnv(Env):
@@ -97,7 +95,8 @@ class Text2SqlEnv(Env):
         # The assistant message without the renderer's stop text: that is the completion the reward is defined on.
         completion = renderers.get_text_content(message)
         # Execution can take up to the sandbox's time limit; off the event loop, the other rollouts keep sampling.
-        score = await asyncio.to_thread(shared_scorer(self.database).score, self.example, completion, self.reward_spec)
+        task = shared_task(self.database)
+        [score] = await asyncio.to_thread(task.score_group, self.example, [completion], self.reward_spec)
         metrics: Metrics = {"execution_match": float(score.correct)}
         metrics.update({f"reward/{kind}": value for kind, value in score.components.items()})
         metrics.update({f"status/{status.value}": float(score.status is status) for status in ExecutionStatus})
@@ -143,16 +142,16 @@ class Text2SqlRLDataset(RLDataset):
 
     def __init__(
         self,
-        dataset: Text2SqlDataset,
+        task: Text2SqlTask,
         examples: Sequence[Example],
         batch_size: int,
         group_size: int,
         renderer: renderers.Renderer,
         reward_spec: RewardSpec,
-        few_shot: Sequence[FewShot] = (),
+        few_shot: Sequence[Example] = (),
         few_shot_count: int = 0,
     ) -> None:
-        self.dataset = dataset
+        self.task = task
         self.examples = tuple(examples)
         self.batch_size = batch_size
         self.group_size = group_size
@@ -170,13 +169,12 @@ class Text2SqlRLDataset(RLDataset):
         return math.ceil(len(self.examples) / self.batch_size)
 
     def _group_builder(self, example: Example) -> Text2SqlGroupBuilder:
-        database = self.dataset.database(example.db_id)
         # A question never appears among its own solved examples.
-        shots = [shot for shot in self.few_shot if shot.example.id != example.id][: self.few_shot_count]
+        shots = [shot for shot in self.few_shot if shot.id != example.id][: self.few_shot_count]
         return Text2SqlGroupBuilder(
             example=example,
-            prompt=render_prompt(example, database.path, shots),
-            database=database,
+            prompt=self.task.render_prompt(example, shots),
+            database=self.task.dataset.database(example.db_id),
             renderer=self.renderer,
             reward_spec=self.reward_spec,
             group_size=self.group_size,
@@ -218,24 +216,24 @@ class Text2SqlDatasetBuilder(RLDatasetBuilder):
     async def __call__(self) -> tuple[Text2SqlRLDataset, Text2SqlRLDataset | None]:
         """Load the data (building the databases on first use) and the renderer.
 
-        Raises DatasetError for an unknown split and CookbookSetupError for a renderer that does not fit the
+        Raises SplitError for an unknown split and CookbookSetupError for a renderer that does not fit the
         tokenizer.
         """
-        dataset = load_bundled()
-        train_examples = list(dataset.split(self.split))
+        task = Text2SqlTask.bundled()
+        train_examples = list(task.split(self.split))
         random.Random(self.seed).shuffle(train_examples)
         renderer = self._renderer()
         # One more than asked, so that a question drawn as a shot can be left out of its own prompt.
-        shots = few_shot_examples(dataset, self.few_shot + 1) if self.few_shot else []
+        shots = task.few_shot_examples(self.few_shot + 1, "train") if self.few_shot else ()
 
         def rl_dataset(examples: Sequence[Example], group_size: int) -> Text2SqlRLDataset:
             return Text2SqlRLDataset(
-                dataset, examples, self.batch_size, group_size, renderer, self.reward_spec, shots, self.few_shot
+                task, examples, self.batch_size, group_size, renderer, self.reward_spec, shots, self.few_shot
             )
 
         if self.eval_split is None:
             return rl_dataset(train_examples, self.group_size), None
-        eval_examples = list(dataset.split(self.eval_split))
+        eval_examples = list(task.split(self.eval_split))
         if self.eval_limit is not None:
             eval_examples = random.Random(_EVAL_SUBSET_SEED).sample(
                 eval_examples, min(self.eval_limit, len(eval_examples))

@@ -1,7 +1,9 @@
 """Typed errors of the text-to-SQL task, so callers can tell bad input from bad data."""
 
+from tasks.errors import TaskError
 
-class Text2SqlError(Exception):
+
+class Text2SqlError(TaskError):
     """Base class of every error this task raises on purpose."""
 
 

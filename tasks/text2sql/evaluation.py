@@ -1,20 +1,18 @@
 """Execution accuracy of any model on a split, by difficulty (`python -m tasks.text2sql evaluate`): an
-OpenAI-compatible endpoint, or the gold and garbage references; and the few-shot examples prompts show."""
+OpenAI-compatible endpoint, or the gold and garbage references."""
 
 from __future__ import annotations
 
-import itertools
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import httpx
 from rich.progress import Progress
 
-from tasks.text2sql.dataset import Difficulty, Example, Text2SqlDataset
-from tasks.text2sql.prompts import FewShot, render_prompt
-from tasks.text2sql.rewards import DEFAULT_REWARD_SPEC
-from tasks.text2sql.scoring import Scorer
+from tasks.report import HeldOutReport
+from tasks.text2sql.dataset import Example
+from tasks.text2sql.task import Text2SqlTask
 
 
 @dataclass(frozen=True)
@@ -27,58 +25,29 @@ class PromptedExample:
 Model = Callable[[Sequence[PromptedExample]], list[str]]
 
 
-@dataclass
-class EvaluationReport:
-    split: str
-    correct: dict[Difficulty, int] = field(default_factory=lambda: dict.fromkeys(Difficulty, 0))
-    total: dict[Difficulty, int] = field(default_factory=lambda: dict.fromkeys(Difficulty, 0))
-
-    @property
-    def accuracy(self) -> float:
-        total = sum(self.total.values())
-        return sum(self.correct.values()) / total if total else 0.0
-
-    def accuracy_of(self, difficulty: Difficulty) -> float | None:
-        return self.correct[difficulty] / self.total[difficulty] if self.total[difficulty] else None
-
-
-def few_shot_examples(dataset: Text2SqlDataset, count: int, split: str = "train") -> list[FewShot]:
-    """`count` examples from a split other than the evaluated one, cycling through the difficulties."""
-    pools = {d: [e for e in dataset.split(split) if e.difficulty is d] for d in Difficulty}
-    rounds = itertools.zip_longest(*pools.values())
-    ordered = [e for round_ in rounds for e in round_ if e is not None]
-    return [FewShot(e, dataset.database(e.db_id).path) for e in ordered[:count]]
-
-
 def evaluate(
-    dataset: Text2SqlDataset,
+    task: Text2SqlTask,
     split: str,
     model: Model,
     limit: int | None = None,
     few_shot: int = 0,
     batch_size: int = 8,
     show_progress: bool = True,
-) -> EvaluationReport:
-    """Greedy answers from `model` on a split, scored by execution match over every database variant."""
-    examples = dataset.split(split)[:limit]
-    shots = few_shot_examples(dataset, few_shot) if few_shot else []
-    report = EvaluationReport(split=split)
-    with Scorer(dataset) as scorer, Progress(disable=not show_progress, transient=True) as progress:
-        task = progress.add_task(f"evaluating on {split}", total=len(examples))
+) -> HeldOutReport:
+    """Greedy answers from `model` on a split, judged as trials judge them (execution match on every variant).
+
+    The few-shot examples come from the training split.
+    """
+    examples = task.split(split)[:limit]
+    shots = task.few_shot_examples(few_shot, "train") if few_shot else ()
+    completions: list[str] = []
+    with Progress(disable=not show_progress, transient=True) as progress:
+        bar = progress.add_task(f"evaluating on {split}", total=len(examples))
         for start in range(0, len(examples), batch_size):
-            batch = [
-                PromptedExample(e, render_prompt(e, dataset.database(e.db_id).path, shots))
-                for e in examples[start : start + batch_size]
-            ]
-            completions = model(batch)
-            scores = scorer.score_many(
-                [(p.example, c) for p, c in zip(batch, completions, strict=True)], DEFAULT_REWARD_SPEC
-            )
-            for item, score in zip(batch, scores, strict=True):
-                report.total[item.example.difficulty] += 1
-                report.correct[item.example.difficulty] += score.correct
-            progress.advance(task, len(batch))
-    return report
+            batch = [PromptedExample(e, task.render_prompt(e, shots)) for e in examples[start : start + batch_size]]
+            completions += model(batch)
+            progress.advance(bar, len(batch))
+    return task.report(split, examples, completions)
 
 
 def gold_model(batch: Sequence[PromptedExample]) -> list[str]:

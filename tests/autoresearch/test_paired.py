@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from autoresearch.trials.evaluation import HeldOutAnswer, HeldOutReport
 from autoresearch.trials.paired import compare, mcnemar_exact_p
+from tasks.report import HeldOutAnswer, HeldOutReport
 from tasks.text2sql.dataset import Difficulty
 
 

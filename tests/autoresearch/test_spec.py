@@ -21,6 +21,7 @@ def test_the_shipped_specs_load_and_make_valid_trial_configs(name: str) -> None:
     config = spec.trial_config({}, run_id="t-0")
     assert config.steps == spec.budget.steps_per_trial and config.base_model == spec.base_model
     assert config.eval_split == spec.eval_split and config.eval_size == spec.eval_size and config.run_id == "t-0"
+    assert config.task == spec.task == "text2sql"
 
 
 def test_a_proposal_fills_the_base_trial_config(tmp_path: Path) -> None:
@@ -61,6 +62,8 @@ def write(tmp_path: Path, **changes: object) -> Path:
         ({"search_space__reward__components__execution_match": {"low": 0, "high": 1}}, "always in the reward"),
         ({"search_space__reward__components__style": {"low": 0, "high": 1}}, "style"),
         ({"trial__steps": 5}, "steps are set by the study"),
+        ({"task": "chess"}, "task: no task 'chess'; tasks: text2sql"),
+        ({"trial__task": "text2sql"}, "task are set by the study"),
         ({"trial__init_from": {"path": "tinker://r/weights/w", "examples_seen": 0}}, "init_from are set by the study"),
         ({"shared_warmup": True}, "shared_warmup: the base trial config has no warm-up"),
         (

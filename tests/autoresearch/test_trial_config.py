@@ -11,6 +11,7 @@ from autoresearch.trials.config import TrialConfig, load_trial_config, parse_tri
 from autoresearch.trials.data import TrainingOrder, held_out_subset
 from autoresearch.trials.run_dir import RunDirectory
 from tasks.text2sql.dataset import Text2SqlDataset
+from tasks.text2sql.task import Text2SqlTask
 
 EXPERIMENTS = Path(__file__).parents[2] / "experiments" / "trials"
 
@@ -35,6 +36,7 @@ def test_the_shipped_configs_validate() -> None:
         ({"run_id": "../escape"}, "run_id: String should match pattern"),
         ({"reward_spec": {"components": [{"kind": "vibes"}]}}, "reward component kinds: execution_match"),
         ({"reward_spec": {"components": [{"kind": "format", "wieght": 1}]}}, "components.0.format.wieght: unknown"),
+        ({"task": "chess"}, "task: no task 'chess'; tasks: text2sql"),
     ],
 )
 def test_an_invalid_config_is_refused_naming_the_field(fields: dict, message: str) -> None:
@@ -71,11 +73,13 @@ def test_the_training_order_is_fixed_by_the_seed_and_covers_each_epoch(bundled: 
     assert order.batch(10, 10) != first_epoch  # the next epoch is another permutation
 
 
-def test_the_held_out_subset_is_fixed_and_refuses_more_than_the_split(bundled: Text2SqlDataset) -> None:
-    subset = held_out_subset(bundled, "dev", 8, seed=0)
-    assert subset == held_out_subset(bundled, "dev", 8, seed=0)
-    assert {e.id for e in subset} <= {e.id for e in bundled.split("dev")}
+def test_the_held_out_subset_is_fixed_and_refuses_more_than_the_split(text2sql: Text2SqlTask) -> None:
+    subset = held_out_subset(text2sql, "dev", 8, seed=0)
+    assert subset == held_out_subset(text2sql, "dev", 8, seed=0)
+    assert subset != held_out_subset(text2sql, "dev", 8, seed=1)
+    assert {e.id for e in subset} <= {e.id for e in text2sql.split("dev")}
+    # The task's errors become the trial's, naming the config field.
     with pytest.raises(ConfigurationError, match="eval_size: 10000 exceeds the 332 examples"):
-        held_out_subset(bundled, "dev", 10_000, seed=0)
+        held_out_subset(text2sql, "dev", 10_000, seed=0)
     with pytest.raises(ConfigurationError, match="eval_split: no split 'validation'"):
-        held_out_subset(bundled, "validation", 8, seed=0)
+        held_out_subset(text2sql, "validation", 8, seed=0)

@@ -13,13 +13,15 @@ import pytest
 
 from autoresearch.errors import ConfigurationError
 from autoresearch.trials.config import InitialState, TrialConfig
-from autoresearch.trials.evaluation import HeldOutReport, evaluate_checkpoint
+from autoresearch.trials.evaluation import evaluate_checkpoint
 from autoresearch.trials.paired import compare
 from autoresearch.trials.rl_loop import run_trial
 from autoresearch.trials.run_dir import RunDirectory
+from tasks.report import HeldOutReport
 from tasks.text2sql.dataset import Text2SqlDataset
 from tasks.text2sql.rewards import DEFAULT_REWARD_SPEC
 from tasks.text2sql.scoring import Scorer
+from tasks.text2sql.task import Text2SqlTask
 
 STEP_KEYS = {
     "step",
@@ -52,7 +54,12 @@ def assert_scored_by_the_matcher(report: HeldOutReport, scorer: Scorer, bundled:
 
 
 def test_a_trial_trains_evaluates_checkpoints_and_plots(
-    tiny_trial_config: TrialConfig, backend_url: str, tmp_path: Path, scorer: Scorer, bundled: Text2SqlDataset
+    tiny_trial_config: TrialConfig,
+    backend_url: str,
+    tmp_path: Path,
+    scorer: Scorer,
+    bundled: Text2SqlDataset,
+    text2sql: Text2SqlTask,
 ) -> None:
     config = tiny_trial_config.model_copy(update={"run_id": "complete"})
     reports: list[HeldOutReport] = []
@@ -93,7 +100,7 @@ def test_a_trial_trains_evaluates_checkpoints_and_plots(
     assert json.loads(directory.result_path.read_text())["held_out_accuracy"] == result.held_out_accuracy
 
     # The controller's standalone evaluation of the final weights answers as the trial's last evaluation did.
-    again = evaluate_checkpoint(config, backend_url, model_path=result.sampler_path, dataset=bundled)
+    again = evaluate_checkpoint(config, backend_url, model_path=result.sampler_path, task=text2sql)
     assert [a.completion for a in again.answers] == [a.completion for a in reports[-1].answers]
 
     # Finished: asking again returns the stored result without touching a backend.

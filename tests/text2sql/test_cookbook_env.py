@@ -25,6 +25,7 @@ from tinker_cookbook.rl import train
 from tinker_cookbook.rl.types import StepResult
 from tinker_cookbook.tokenizer_utils import Tokenizer, register_tokenizer, unregister_tokenizer
 
+from tasks.errors import SplitError
 from tasks.text2sql.cookbook import (
     BASE_MODEL_RENDERER,
     Text2SqlDatasetBuilder,
@@ -32,7 +33,7 @@ from tasks.text2sql.cookbook import (
     Text2SqlGroupBuilder,
     Text2SqlRLDataset,
 )
-from tasks.text2sql.errors import CookbookSetupError, DatasetError
+from tasks.text2sql.errors import CookbookSetupError
 from tasks.text2sql.rewards import ExecutionMatch, Format, LengthPenalty, ResultOverlap, RewardSpec
 from trainer_backend.config import ServerConfig
 from trainer_backend.models.tiny import TINY_MODEL_NAME, train_tiny_tokenizer
@@ -116,7 +117,7 @@ def test_the_held_out_split_is_the_test_dataset_with_one_rollout_per_question(to
 
 def test_few_shot_prompts_never_show_the_question_being_asked(tokenizer: Tokenizer) -> None:
     train_dataset, _ = build(few_shot=2)
-    shown = train_dataset.few_shot[0].example
+    shown = train_dataset.few_shot[0]
     position = train_dataset.examples.index(shown)
     group = train_dataset.get_batch(position // 2)[position % 2]
     assert group.example == shown
@@ -157,7 +158,7 @@ def test_a_renderer_that_does_not_fit_the_tokenizer_is_refused_by_name(tokenizer
 
 
 def test_an_unknown_split_names_the_splits_that_exist(tokenizer: Tokenizer) -> None:
-    with pytest.raises(DatasetError, match="dev"):
+    with pytest.raises(SplitError, match=r"no split .validation.*dev"):
         build(split="validation")
 
 

@@ -14,19 +14,22 @@ import pytest
 
 from tasks.text2sql.dataset import Difficulty, Text2SqlDataset
 from tasks.text2sql.evaluation import OpenAICompatibleModel, evaluate, garbage_model, gold_model
+from tasks.text2sql.task import Text2SqlTask
 
 
-def test_the_gold_reference_scores_100_percent_on_dev(bundled: Text2SqlDataset) -> None:
-    report = evaluate(bundled, "dev", gold_model, show_progress=False)
+def test_the_gold_reference_scores_100_percent_on_dev(text2sql: Text2SqlTask) -> None:
+    report = evaluate(text2sql, "dev", gold_model, show_progress=False)
     assert report.accuracy == 1.0
-    assert sum(report.total.values()) == len(bundled.split("dev"))
-    assert all(report.accuracy_of(d) == 1.0 for d in Difficulty)
+    assert len(report.answers) == len(text2sql.split("dev"))
+    assert all(report.accuracy_by_difficulty[d] == 1.0 for d in Difficulty)
+    easy = sum(e.difficulty is Difficulty.EASY for e in text2sql.split("dev"))
+    assert report.counts(Difficulty.EASY) == (easy, easy)
 
 
-def test_the_garbage_reference_scores_0_percent_on_dev(bundled: Text2SqlDataset) -> None:
-    report = evaluate(bundled, "dev", garbage_model, show_progress=False)
+def test_the_garbage_reference_scores_0_percent_on_dev(text2sql: Text2SqlTask) -> None:
+    report = evaluate(text2sql, "dev", garbage_model, show_progress=False)
     assert report.accuracy == 0.0
-    assert sum(report.total.values()) == len(bundled.split("dev"))
+    assert len(report.answers) == len(text2sql.split("dev"))
 
 
 @pytest.fixture
@@ -67,12 +70,12 @@ def endpoint(answer_key: dict[str, str]) -> Iterator[tuple[str, list[dict]]]:
 
 
 def test_an_openai_compatible_endpoint_is_evaluated_over_http(
-    bundled: Text2SqlDataset, endpoint: tuple[str, list[dict]], monkeypatch: pytest.MonkeyPatch
+    text2sql: Text2SqlTask, endpoint: tuple[str, list[dict]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url, requests = endpoint
     monkeypatch.setenv("TEST_ENDPOINT_KEY", "sk-test")
     model = OpenAICompatibleModel(base_url=url, model="stand-in", api_key_env="TEST_ENDPOINT_KEY")
-    report = evaluate(bundled, "dev", model, limit=12, few_shot=2, show_progress=False)
+    report = evaluate(text2sql, "dev", model, limit=12, few_shot=2, show_progress=False)
     assert report.accuracy == 0.5
     assert len(requests) == 12
     assert requests[0]["path"] == "/v1/completions"

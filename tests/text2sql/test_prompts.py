@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from tasks.text2sql.dataset import Text2SqlDataset
-from tasks.text2sql.evaluation import few_shot_examples
 from tasks.text2sql.prompts import parse_completion, render_prompt, schema_ddl, tables_used
+from tasks.text2sql.task import Text2SqlTask
 
 
 def test_plain_statement_with_semicolon_stops_cleanly() -> None:
@@ -62,14 +62,15 @@ def test_prompt_shows_schema_question_and_ends_where_the_answer_goes(bundled: Te
     assert "FOREIGN KEY" in prompt
 
 
-def test_few_shot_blocks_show_only_the_tables_their_query_uses(bundled: Text2SqlDataset) -> None:
-    example = bundled.split("dev")[0]
-    shots = few_shot_examples(bundled, 4)
-    assert len({s.example.difficulty for s in shots}) == 4
-    assert all(s.example in bundled.split("train") for s in shots)
-    prompt = render_prompt(example, bundled.database(example.db_id).path, shots)
+def test_few_shot_blocks_show_only_the_tables_their_query_uses(text2sql: Text2SqlTask) -> None:
+    example = text2sql.split("dev")[0]
+    shots = text2sql.few_shot_examples(4, "train")
+    assert len({s.difficulty for s in shots}) == 4
+    assert all(s in text2sql.split("train") for s in shots)
+    prompt = text2sql.render_prompt(example, shots)
     for shot in shots:
-        assert f"SQL: {shot.example.gold_sql};" in prompt
+        assert f"SQL: {shot.gold_sql};" in prompt
     first_block = prompt.split("Question:")[0]
-    shown = {name for name, _ in schema_ddl(shots[0].db_path) if f"CREATE TABLE {name} " in first_block}
-    assert shown == tables_used(shots[0].example.gold_sql)
+    first_schema = text2sql.dataset.database(shots[0].db_id).path
+    shown = {name for name, _ in schema_ddl(first_schema) if f"CREATE TABLE {name} " in first_block}
+    assert shown == tables_used(shots[0].gold_sql)

@@ -3,9 +3,12 @@ answers each would get alone."""
 
 from __future__ import annotations
 
+import time
+
 import tinker
-from conftest import LOGPROB_ROUNDING, TINY, datum_for
+from conftest import LOGPROB_ROUNDING, TINY, RawApi, datum_for, request_id_of
 from tinker import types
+from tinker.proto.response_conv import deserialize_proto_response
 
 from trainer_backend.server import RunningServer
 
@@ -48,3 +51,50 @@ def test_queued_samples_of_several_weights_batch_and_match_their_answers_alone(
             assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < LOGPROB_ROUNDING
     # The weights differ, so the batch really mixed adapters: greedy answers to one prompt are not all the same.
     assert len({tuple(together[i * 6].sequences[0].tokens) for i in range(3)}) > 1
+
+
+def test_weights_deleted_while_their_request_waits_fail_that_request_alone(server: RunningServer) -> None:
+    """Key B queues a sample on its sampler weights in the same batch as key A's samples, then deletes the weights:
+    B's request fails with an error that names neither A's nor any server path; A's requests are answered."""
+    key_a, key_b = "tml-tenant-a-deletes", "tml-tenant-b-deletes"
+    with tinker.ServiceClient(base_url=server.url, api_key=key_b) as client_b:
+        training_b = client_b.create_lora_training_client(base_model=TINY, rank=4, seed=3).result()
+        path_b = training_b.save_weights_for_sampler("doomed").result().path
+    api_a, api_b = RawApi(server.url, key_a), RawApi(server.url, key_b)
+    prompt = types.ModelInput.from_ints([5, 9, 14])
+    greedy = types.SamplingParams(max_tokens=8, temperature=0.0)
+
+    def sample(api: RawApi, params: types.SamplingParams, **weights: str) -> str:
+        request = types.SampleRequest(num_samples=2, prompt=prompt, sampling_params=params, **weights)
+        return request_id_of(api.post("/asample", request))
+
+    def answer(api: RawApi, request_id: str) -> list[list[int]]:
+        reply = api.result(request_id)
+        assert reply.status_code == 200, reply.text
+        return [s.tokens for s in deserialize_proto_response(reply.content, types.SampleResponse).sequences]
+
+    alone = answer(api_a, sample(api_a, greedy, base_model=TINY))
+    batches_before = server.service.scheduler.stats().batched_operations
+    # A long request keeps the device busy while the others queue behind it, and the weights go meanwhile.
+    long_one = sample(api_a, types.SamplingParams(max_tokens=400, stop=[]), base_model=TINY)
+    deadline = time.monotonic() + 10
+    while long_one not in server.service.scheduler.stats().running and time.monotonic() < deadline:
+        time.sleep(0.005)
+    queued_a = [sample(api_a, greedy, base_model=TINY) for _ in range(3)]
+    queued_b = sample(api_b, greedy, model_path=path_b)
+    rest_b = tinker.RestClient(base_url=server.url, api_key=key_b)
+    rest_b.delete_checkpoint_from_tinker_path(path_b).result()
+
+    failed = api_b.result(queued_b).json()
+    assert failed["category"] == "user", failed
+    message = failed["error"]
+    storage = str(server.service.checkpoints.root.parent)
+    assert "deleted" in message and storage not in message and "tenant-a" not in message
+    assert [answer(api_a, request_id) for request_id in queued_a] == [alone] * 3
+    assert len(answer(api_a, long_one)) == 2
+    # The requests did queue together: B's was resolved inside a batch with A's. (The scheduler counts a batch once
+    # it has recorded its outcomes, a moment after their futures finish.)
+    deadline = time.monotonic() + 10
+    while server.service.scheduler.stats().batched_operations - batches_before < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.service.scheduler.stats().batched_operations - batches_before >= 4

@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tinker import types
 
 from trainer_backend.auth import KeyPolicy
+from trainer_backend.config import ServerConfig
 from trainer_backend.errors import UserInputError
 from trainer_backend.server import RunningServer, running_server
 from trainer_backend.wire.proto import PROTOBUF_CONTENT_TYPE
@@ -355,8 +356,13 @@ def test_the_command_line_explains_serve() -> None:
         [sys.executable, "-m", "trainer_backend", "serve", "--help"], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
-    assert "--api-key" in result.stdout and "--storage-root" in result.stdout
-    assert "--max-loaded-adapters" in result.stdout and "--max-queued" in result.stdout
+    # Every config field is a flag (derived from the config, so none is forgotten), its help the field's own.
+    help_text = " ".join(result.stdout.replace("│", " ").split())
+    for name, field in ServerConfig.model_fields.items():
+        flag = "--api-key" if name == "api_keys" else "--" + name.replace("_", "-")
+        assert f"{flag} " in help_text, flag
+        assert " ".join(field.description.split()[:3]) in help_text, name
+    assert "(default: 1024)" in help_text  # max_queued's default
 
 
 @pytest.mark.parametrize(

@@ -130,9 +130,11 @@ def create_app(service: TrainingService, policy: KeyPolicy, long_poll_s: float =
         return JSONResponse({"error": str(error), "category": error.category}, status_code=error.status_code)
 
     @app.exception_handler(Exception)
-    async def unexpected_error(_: Request, error: Exception) -> JSONResponse:
-        log.exception("unhandled error")
-        return JSONResponse({"error": f"internal error: {error}", "category": "server"}, status_code=500)
+    async def unexpected_error(request: Request, _: Exception) -> JSONResponse:
+        log.exception("unhandled error in %s %s", request.method, request.url.path)
+        # The exception's text stays in the log: it may name server paths.
+        message = "internal error; the server's log has the details"
+        return JSONResponse({"error": message, "category": "server"}, status_code=500)
 
     app.state.policy = policy
     api = "/api/v1"

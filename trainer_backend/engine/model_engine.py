@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from torch import Tensor
 
 from trainer_backend.engine.adapters import AdapterPool
@@ -361,29 +362,55 @@ class ModelEngine:
         """
         outcomes: list[SamplingResult | SamplingInputError] = []
         for batch in _sampling_batches(calls):
-            jobs = [
-                SamplingJob(
-                    request=call.request,
-                    adapter=None if call.weights_folder is None else self._sampler_adapter(call.weights_folder),
-                    eos_token_ids=self.loaded.eos_token_ids if call.stop_at_eos else (),
-                )
-                for call in batch
-            ]
-            model = self.adapters.peft_model or self.adapters.base_model
-            outcomes += sample_batch(model, jobs, self._decode, self.loaded.max_context_length, pause)
+            # Each call's weights are resolved on their own: weights deleted while their request waited fail that
+            # request alone, never the other tenants' requests of the batch.
+            batch_outcomes: list[SamplingResult | SamplingInputError | None] = [None] * len(batch)
+            jobs, runnable = [], []
+            for index, call in enumerate(batch):
+                try:
+                    adapter = None if call.weights_folder is None else self._sampler_adapter(call.weights_folder)
+                except SamplingInputError as error:
+                    batch_outcomes[index] = error
+                    continue
+                eos = self.loaded.eos_token_ids if call.stop_at_eos else ()
+                jobs.append(SamplingJob(request=call.request, adapter=adapter, eos_token_ids=eos))
+                runnable.append(index)
+            if jobs:
+                model = self.adapters.peft_model or self.adapters.base_model
+                results = sample_batch(model, jobs, self._decode, self.loaded.max_context_length, pause)
+                for index, result in zip(runnable, results, strict=True):
+                    batch_outcomes[index] = result
+            outcomes += [outcome for outcome in batch_outcomes if outcome is not None]
         return outcomes
 
     def _decode(self, tokens: Sequence[int]) -> str:
         return self.loaded.tokenizer.decode(list(tokens), skip_special_tokens=False)
 
     def _sampler_adapter(self, folder: Path) -> str:
+        """The loaded adapter of the sampler weights in `folder`, loading them on first use.
+
+        Raises:
+            SamplingInputError: the weights are gone or unreadable (deleted after the request was queued); the
+                message names no server path.
+        """
         key = folder.resolve()
-        stamp = (folder / "adapter_model.safetensors").stat().st_mtime_ns
+        try:
+            stamp = (folder / "adapter_model.safetensors").stat().st_mtime_ns
+        except OSError:
+            raise SamplingInputError("the sampler weights were deleted before this request ran") from None
         name = "sampler-" + hashlib.sha256(f"{key}:{stamp}".encode()).hexdigest()[:16]
         if name in self._sampler_adapters:
             self._sampler_adapters.move_to_end(name)
             return name
-        self.adapters.load(name, folder, with_optimizer=False, trainable=False)
+        try:
+            self.adapters.load(name, folder, with_optimizer=False, trainable=False)
+        except (OSError, ValueError, SafetensorError, UserInputError) as error:
+            # Deleted while loading, or not weights of this model: take back what was half added.
+            if name in self.adapters:
+                self.adapters.delete(name)
+            if isinstance(error, UserInputError):
+                raise SamplingInputError(str(error)) from None
+            raise SamplingInputError("the sampler weights were deleted or damaged before this request ran") from None
         self._sampler_adapters[name] = str(key)
         while len(self._sampler_adapters) > SAMPLER_ADAPTERS_KEPT:
             evicted, _ = self._sampler_adapters.popitem(last=False)

@@ -1,0 +1,130 @@
+"""What a trial asks of a task: the interface every task implements, and nothing else.
+
+Trials (`autoresearch.trials`), the tinker-cookbook environment and a task's command line render prompts and score
+completions through it only, so a second task drops in by implementing this class and registering itself in
+`tasks.registry`. Names end in the shape they hold: `_G` one entry per completion of a group, `_B` one per item of
+a batch.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any, Generic, Protocol, TypeVar
+
+from tasks.errors import SplitError
+from tasks.report import HeldOutAnswer, HeldOutReport
+
+
+class TaskExample(Protocol):
+    """What every task's example has: an id, and the difficulty level held-out accuracy is broken down by."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def difficulty(self) -> str: ...
+
+
+class CompletionScore(Protocol):
+    """What every task's score of one completion has."""
+
+    @property
+    def reward(self) -> float:
+        """The reward the completion earns under the spec it was scored with."""
+
+    @property
+    def correct(self) -> bool:
+        """Whether the completion answers its example correctly."""
+
+    @property
+    def components(self) -> Mapping[str, float]:
+        """Each weighted reward component's value before weighting, by kind."""
+
+
+ExampleT = TypeVar("ExampleT", bound=TaskExample)
+RewardSpecT = TypeVar("RewardSpecT")
+
+
+class Task(ABC, Generic[ExampleT, RewardSpecT]):
+    """A task's data, prompts and scoring; a context manager, as scoring may hold workers and connections."""
+
+    name: str
+
+    @property
+    @abstractmethod
+    def split_names(self) -> tuple[str, ...]:
+        """The splits the task's data has."""
+
+    @property
+    @abstractmethod
+    def difficulty_levels(self) -> tuple[str, ...]:
+        """Every difficulty level an example can have, easiest first."""
+
+    @abstractmethod
+    def split(self, name: str) -> tuple[ExampleT, ...]:
+        """The examples of a split, in a fixed order; raises SplitError naming the splits that exist."""
+
+    @abstractmethod
+    def few_shot_examples(self, count: int, split: str) -> tuple[ExampleT, ...]:
+        """`count` solved examples of `split` that prompts may show before a question."""
+
+    @abstractmethod
+    def render_prompt(self, example: ExampleT, shots: Sequence[ExampleT] = ()) -> str:
+        """The prompt the model continues to answer `example`, showing `shots` solved first."""
+
+    @abstractmethod
+    def gold_completion(self, example: ExampleT) -> str:
+        """The continuation of the prompt that answers `example` right (what a supervised warm-up trains on)."""
+
+    @abstractmethod
+    def score_batch(self, items_B: Sequence[tuple[ExampleT, str]], reward_spec: RewardSpecT) -> list[CompletionScore]:
+        """The score of each (example, completion) under `reward_spec`, in order."""
+
+    @abstractmethod
+    def judge_batch(self, items_B: Sequence[tuple[ExampleT, str]]) -> list[bool]:
+        """Whether each completion answers its example correctly by the task's held-out measure, whatever reward a
+        trial trains on, so a reward variant can only raise it by making the model answer better."""
+
+    def close(self) -> None:
+        """Release what scoring holds; the default holds nothing."""
+
+    def __enter__(self) -> Task[ExampleT, RewardSpecT]:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def score_group(
+        self, example: ExampleT, completions_G: Sequence[str], reward_spec: RewardSpecT
+    ) -> list[CompletionScore]:
+        """The score of each completion of one example's group under `reward_spec`."""
+        return self.score_batch([(example, completion) for completion in completions_G], reward_spec)
+
+    def held_out_subset(self, split: str, size: int, seed: int) -> tuple[ExampleT, ...]:
+        """A sample of `size` examples of `split` fixed by `seed`, in the split's own order.
+
+        Raises:
+            SplitError: the split does not exist or has fewer than `size` examples.
+        """
+        examples = self.split(split)
+        if size > len(examples):
+            raise SplitError(f"{size} examples asked of split {split!r}, which has {len(examples)}")
+        chosen = sorted(random.Random(f"held-out:{seed}").sample(range(len(examples)), size))
+        return tuple(examples[i] for i in chosen)
+
+    def report(
+        self, split: str, examples_B: Sequence[ExampleT], completions_B: Sequence[str], step: int = 0
+    ) -> HeldOutReport:
+        """The held-out report of one completion per example, judged by `judge_batch`."""
+        items = list(zip(examples_B, completions_B, strict=True))
+        answers = [
+            HeldOutAnswer(example_id=e.id, difficulty=e.difficulty, completion=c, correct=correct)
+            for (e, c), correct in zip(items, self.judge_batch(items), strict=True)
+        ]
+        return HeldOutReport.of(answers, split, self.difficulty_levels, step)
+
+
+# A task of any example and reward-spec types, as code that only passes them between its methods sees it.
+AnyTask = Task[Any, Any]

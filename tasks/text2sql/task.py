@@ -1,0 +1,78 @@
+"""Text-to-SQL as a `Task`: questions over DuckDB databases, answered with one SQL query, scored by execution."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from tasks.errors import SplitError
+from tasks.interface import Task
+from tasks.text2sql.bundled import load_bundled
+from tasks.text2sql.dataset import Difficulty, Example, Text2SqlDataset
+from tasks.text2sql.prompts import FewShot, render_prompt
+from tasks.text2sql.rewards import DEFAULT_REWARD_SPEC, RewardSpec
+from tasks.text2sql.scoring import Score, Scorer
+
+
+class Text2SqlTask(Task[Example, RewardSpec]):
+    """A text-to-SQL data set; the prompt shows the schema and the question and ends with 'SQL:'.
+
+    Held-out answers are judged by execution match on every database variant (test-suite matching). Completions
+    are scored on a `Scorer` made on first use, so a task that only renders prompts holds no workers.
+    """
+
+    name = "text2sql"
+
+    def __init__(self, dataset: Text2SqlDataset) -> None:
+        self.dataset = dataset
+        self._scorer: Scorer | None = None
+
+    @classmethod
+    def bundled(cls) -> Text2SqlTask:
+        """The task over the data set that ships with the project (its databases built on first use)."""
+        return cls(load_bundled())
+
+    @property
+    def split_names(self) -> tuple[str, ...]:
+        return tuple(self.dataset.splits)
+
+    @property
+    def difficulty_levels(self) -> tuple[str, ...]:
+        return tuple(Difficulty)
+
+    @property
+    def scorer(self) -> Scorer:
+        """The scorer this task's completions are scored on (gold results cached across calls)."""
+        if self._scorer is None:
+            self._scorer = Scorer(self.dataset)
+        return self._scorer
+
+    def split(self, name: str) -> tuple[Example, ...]:
+        if name not in self.dataset.splits:
+            raise SplitError(f"no split {name!r} in data set {self.dataset.name!r}; splits: {sorted(self.split_names)}")
+        return self.dataset.splits[name]
+
+    def few_shot_examples(self, count: int, split: str) -> tuple[Example, ...]:
+        """The first `count` examples of `split`, cycling through the difficulties so that shots show each."""
+        pools = [[e for e in self.split(split) if e.difficulty is d] for d in Difficulty]
+        ordered = [e for round_ in itertools.zip_longest(*pools) for e in round_ if e is not None]
+        return tuple(ordered[:count])
+
+    def render_prompt(self, example: Example, shots: Sequence[Example] = ()) -> str:
+        few_shot = [FewShot(shot, self.dataset.database(shot.db_id).path) for shot in shots]
+        return render_prompt(example, self.dataset.database(example.db_id).path, few_shot)
+
+    def gold_completion(self, example: Example) -> str:
+        # As the few-shot blocks show it: after 'SQL:', a space, the query and the ';' that stops sampling.
+        return f" {example.gold_sql};"
+
+    def score_batch(self, items_B: Sequence[tuple[Example, str]], reward_spec: RewardSpec) -> list[Score]:
+        return self.scorer.score_many(items_B, reward_spec)
+
+    def judge_batch(self, items_B: Sequence[tuple[Example, str]]) -> list[bool]:
+        return [score.correct for score in self.score_batch(items_B, DEFAULT_REWARD_SPEC)]
+
+    def close(self) -> None:
+        if self._scorer is not None:
+            self._scorer.close()
+            self._scorer = None

@@ -1,0 +1,127 @@
+"""A trial reaches its task through `tasks.interface` alone: a second task, registered by name, trains and is
+evaluated by the trial's own loop on the tiny model, with no text-to-SQL code involved."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from autoresearch.trials.config import TrialConfig
+from autoresearch.trials.rl_loop import run_trial
+from autoresearch.trials.run_dir import RunDirectory
+from tasks import registry
+from tasks.errors import SplitError
+from tasks.interface import Task
+
+WORDS = ("apple", "river", "stone", "cloud", "tiger", "maple", "ocean", "piano", "lemon", "ember", "frost", "grape")
+
+
+@dataclass(frozen=True)
+class Word:
+    id: str
+    word: str
+    difficulty: str
+
+
+@dataclass(frozen=True)
+class EchoScore:
+    reward: float
+    correct: bool
+    components: dict[str, float]
+
+
+class EchoTask(Task[Word, object]):
+    """Repeat a word: a task as small as a task can be, standing in for any task that is not text-to-SQL."""
+
+    name = "echo"
+
+    def __init__(self) -> None:
+        words = [Word(f"w{i}", word, "short" if len(word) <= 5 else "long") for i, word in enumerate(WORDS)]
+        self.splits = {"train": tuple(words[:8]), "dev": tuple(words[8:])}
+        self.scored: list[tuple[str, str]] = []
+        self.judged: list[tuple[str, str]] = []
+        self.closed = False
+
+    @property
+    def split_names(self) -> tuple[str, ...]:
+        return tuple(self.splits)
+
+    @property
+    def difficulty_levels(self) -> tuple[str, ...]:
+        return ("short", "long")
+
+    def split(self, name: str) -> tuple[Word, ...]:
+        if name not in self.splits:
+            raise SplitError(f"no split {name!r}")
+        return self.splits[name]
+
+    def few_shot_examples(self, count: int, split: str) -> tuple[Word, ...]:
+        return self.split(split)[:count]
+
+    def render_prompt(self, example: Word, shots: Sequence[Word] = ()) -> str:
+        solved = "".join(f"Repeat: {shot.word}\nAnswer:{self.gold_completion(shot)}\n" for shot in shots)
+        return f"{solved}Repeat: {example.word}\nAnswer:"
+
+    def gold_completion(self, example: Word) -> str:
+        return f" {example.word};"
+
+    def score_batch(self, items_B: Sequence[tuple[Word, str]], reward_spec: object) -> list[EchoScore]:
+        self.scored += [(e.id, c) for e, c in items_B]
+        marks = [c.strip().rstrip(";").strip() == e.word for e, c in items_B]
+        return [EchoScore(float(m), m, {"exact": float(m)}) for m in marks]
+
+    def judge_batch(self, items_B: Sequence[tuple[Word, str]]) -> list[bool]:
+        self.judged += [(e.id, c) for e, c in items_B]
+        return [c.strip().rstrip(";").strip() == e.word for e, c in items_B]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_second_task_trains_and_is_evaluated_through_the_interface_alone(
+    backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opened: list[EchoTask] = []
+
+    def open_echo() -> EchoTask:
+        opened.append(EchoTask())
+        return opened[-1]
+
+    monkeypatch.setitem(registry.TASKS, "echo", open_echo)
+    monkeypatch.delitem(registry.TASKS, "text2sql")  # nothing of text-to-SQL may be opened
+    config = TrialConfig(
+        run_id="echo",
+        task="echo",
+        base_model="tiny-gemma3",
+        lora_rank=4,
+        batch_size=2,
+        group_size=2,
+        max_tokens=6,
+        steps=2,
+        warmup_steps=1,
+        warmup_batch_size=3,
+        few_shot=1,
+        eval_size=3,
+        eval_interval=1,
+        checkpoint_interval=2,
+    )
+    result = run_trial(config, backend_url, tmp_path, progress=False)
+
+    [task] = opened
+    assert task.closed
+    assert result.steps_completed == 2 and set(result.held_out_by_difficulty) == {"short", "long"}
+    train_ids = {w.id for w in task.splits["train"]} - {"w0"}  # w0 is the prompts' solved example
+    dev_ids = {w.id for w in task.splits["dev"]}
+    # Every sampled completion of the 2 RL steps was scored by the task, on training questions only...
+    assert len(task.scored) == 2 * config.batch_size * config.group_size
+    assert {example_id for example_id, _ in task.scored} <= train_ids
+    # ...and the held-out subset was judged by it where RL started and after each step, on dev questions only.
+    assert len(task.judged) == 3 * config.eval_size
+    assert {example_id for example_id, _ in task.judged} <= dev_ids
+    evals = RunDirectory(tmp_path / "echo").evals.read()
+    assert [e["step"] for e in evals] == [0, 1, 2]
+    assert [a["completion"] for a in evals[-1]["answers"]] == [c for _, c in task.judged[-config.eval_size :]]
+    assert result.held_out_accuracy == evals[-1]["accuracy"]
