@@ -13,10 +13,12 @@ from rich.table import Table
 
 from tasks.errors import TaskError
 from tasks.report import HeldOutReport
+from tasks.text2sql.agentic.episode import EpisodeLimits
 from tasks.text2sql.bundled import load_bundled
-from tasks.text2sql.dataset import Difficulty, Text2SqlDataset
+from tasks.text2sql.dataset import Difficulty, Example, Text2SqlDataset
 from tasks.text2sql.evaluation import Model, OpenAICompatibleModel, evaluate, garbage_model, gold_model
 from tasks.text2sql.generation.build import QUESTIONS_DIR, write_question_files
+from tasks.text2sql.prompts import tables_used
 from tasks.text2sql.rewards import DEFAULT_REWARD_SPEC, RewardSpec
 from tasks.text2sql.spider import load_bird, load_spider
 from tasks.text2sql.task import Text2SqlTask
@@ -117,13 +119,65 @@ def evaluate_command(
     console.print(_report_table(report, f"{model.value} on {dataset.name}/{split}"))
 
 
+# The agentic demo's reward: the answer, and how the episode went (SkyRL-SQL's -1 for no answer).
+AGENTIC_DEMO_SPEC = (
+    '{"components": [{"kind": "execution_match"}, {"kind": "executes", "weight": 0.1}, '
+    '{"kind": "turn_penalty", "weight": 0.05}, {"kind": "failed_exploration", "weight": 0.1}, '
+    '{"kind": "unanswered", "weight": 1.0}]}'
+)
+
+
+def _agentic_demo(task: Text2SqlTask, example: Example, spec: RewardSpec) -> None:
+    """Scripted policies through the agentic environment: their transcripts and rewards."""
+    limits = EpisodeLimits(max_turns=3)
+    console.rule("an agentic prompt (one solved example, which explores once)")
+    console.print(task.agentic_prompt(example, task.few_shot_examples(1, "train"), limits), markup=False)
+    table = sorted(tables_used(example.gold_sql))[0]
+    policies = {
+        "explores, then answers": [f"Explore: SELECT * FROM {table} LIMIT 3;", f"Answer: {example.gold_sql};"],
+        "a refused and a broken exploration, then a wrong answer": [
+            "Explore: SELECT * FROM read_csv('/etc/passwd');",
+            f"Explore: SELECT no_such_column FROM {table};",
+            "Answer: SELECT 1;",
+        ],
+        "never answers": [f"Explore: SELECT COUNT(*) FROM {table};"] * limits.max_turns,
+        "malformed": ["I would look at the data first."],
+    }
+    rewards = Table("policy", "reward", "correct", "turns", *(c.kind for c in spec.components))
+    for name, turns in policies.items():
+        episode = task.episode(example, limits)
+        for turn in turns:
+            if episode.done:
+                break
+            episode.step(turn)
+        console.rule(f"transcript: {name}")
+        console.print(episode.transcript(), markup=False)
+        [score] = task.score_episodes([episode], spec)
+        rewards.add_row(
+            name,
+            f"{score.reward:.3f}",
+            str(score.correct),
+            str(len(episode.turns)),
+            *(f"{score.components[c.kind]:.3f}" for c in spec.components),
+        )
+    console.print(f"question: {example.question}\ngold: {example.gold_sql}")
+    console.print(rewards)
+
+
 @app.command()
 def demo(
-    reward_spec: Annotated[str, typer.Option(help="reward spec as JSON")] = DEFAULT_REWARD_SPEC.to_json(),
+    reward_spec: Annotated[str | None, typer.Option(help="reward spec as JSON")] = None,
+    agentic: Annotated[bool, typer.Option(help="the agentic environment: explorations, then an answer")] = False,
 ) -> None:
-    """Tour of the task: the data, a prompt, rewards for a few completions, and the reference baselines."""
-    spec = RewardSpec.parse(reward_spec)
+    """Tour of the task: the data, a prompt, rewards for a few completions, and the reference baselines (with
+    --agentic: scripted episodes of the agentic environment, their transcripts and rewards)."""
+    default = AGENTIC_DEMO_SPEC if agentic else DEFAULT_REWARD_SPEC.to_json()
+    spec = RewardSpec.parse(reward_spec or default)
     dataset = load_bundled()
+    if agentic:
+        with Text2SqlTask(dataset) as task:
+            _agentic_demo(task, dataset.split("dev")[0], spec)
+        return
     console.print(_counts_table(dataset))
     example = dataset.split("dev")[0]
     with Text2SqlTask(dataset) as task:

@@ -2,7 +2,8 @@
 
 Any cookbook recipe trains on it by passing `Text2SqlDatasetBuilder` as `rl.train.Config.dataset_builder`. Each
 env shows the task's own prompt (instruction, schema, question) through a cookbook renderer and scores the
-completion with a `RewardSpec`, so the cookbook's loop optimises exactly the reward our own loops do.
+completion with a `RewardSpec`, so the cookbook's loop optimises exactly the reward our own loops do. With
+`agentic=True` each env is a multi-turn episode: exploratory queries, their results as user turns, then an answer.
 
 Needs the optional `cookbook` extra, which pip cannot resolve on its own (see INSTALL_HINT).
 """
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 import tinker
 
+from tasks.text2sql.agentic.episode import EpisodeLimits
 from tasks.text2sql.dataset import Database, Example, Text2SqlDataset
 from tasks.text2sql.errors import CookbookSetupError
 from tasks.text2sql.rewards import DEFAULT_REWARD_SPEC, RewardSpec
@@ -110,6 +112,69 @@ class Text2SqlEnv(Env):
         )
 
 
+class Text2SqlAgenticEnv(Env):
+    """One question over several turns: the policy may run exploratory queries and read their results (each as a
+    user turn) before it answers; the reward comes at the end (agentic/episode.py has the rules)."""
+
+    def __init__(
+        self,
+        example: Example,
+        prompt: str,
+        database: Database,
+        renderer: renderers.Renderer,
+        reward_spec: RewardSpec,
+        limits: EpisodeLimits,
+    ) -> None:
+        self.example = example
+        self.database = database
+        self.renderer = renderer
+        self.reward_spec = reward_spec
+        # The prompt ends where the policy's first turn starts; in a chat the renderer adds that break itself.
+        self.messages: list[renderers.Message] = [{"role": "user", "content": prompt.rstrip("\n")}]
+        self.episode = shared_task(database).episode(example, limits)
+
+    async def initial_observation(self) -> tuple[Observation, StopCondition]:
+        """The task's agentic prompt as the user turn, rendered for generation."""
+        return self.renderer.build_generation_prompt(self.messages), self.renderer.get_stop_sequences()
+
+    async def step(self, action: Action, *, extra: ActionExtra | None = None) -> StepResult:
+        """Take one turn: an exploration's result comes back as the next user turn; an answer, a malformed turn or
+        the turn limit ends the episode with its reward.
+
+        Metrics at the end: `execution_match`, `reward/<kind>` for each weighted component, `turns`,
+        `failed_explorations` and `answered`.
+        """
+        message, _ = self.renderer.parse_response(action)
+        # An exploratory query runs for up to the sandbox's time limit: off the event loop.
+        observation = await asyncio.to_thread(self.episode.step, renderers.get_text_content(message))
+        if observation is not None:
+            self.messages += [message, {"role": "user", "content": observation.strip()}]
+            return StepResult(
+                reward=0.0,
+                episode_done=False,
+                next_observation=self.renderer.build_generation_prompt(self.messages),
+                next_stop_condition=self.renderer.get_stop_sequences(),
+            )
+        task = shared_task(self.database)
+        [score] = await asyncio.to_thread(task.score_episodes, [self.episode], self.reward_spec)
+        facts = self.episode.facts()
+        metrics: Metrics = {
+            "execution_match": float(score.correct),
+            "turns": float(facts.turns),
+            "failed_explorations": float(facts.failed_explorations),
+            "answered": float(facts.answered),
+        }
+        metrics.update({f"reward/{kind}": value for kind, value in score.components.items()})
+        return StepResult(
+            reward=score.reward,
+            episode_done=True,
+            next_observation=tinker.ModelInput.empty(),
+            next_stop_condition=self.renderer.get_stop_sequences(),
+            metrics=metrics,
+            logs={"example": self.example.id, "transcript": self.episode.transcript()},
+        )
+
+
 @dataclass(frozen=True)
 class Text2SqlGroupBuilder(EnvGroupBuilder):
     """`group_size` envs on one question; the cookbook centres rewards within the group (GRPO-style)."""
@@ -120,9 +185,18 @@ class Text2SqlGroupBuilder(EnvGroupBuilder):
     renderer: renderers.Renderer
     reward_spec: RewardSpec
     group_size: int
+    # The agentic environment's limits; None for single-turn envs.
+    agentic: EpisodeLimits | None = None
 
     async def make_envs(self) -> Sequence[Env]:
         """`group_size` fresh envs for this builder's question."""
+        if self.agentic is not None:
+            return [
+                Text2SqlAgenticEnv(
+                    self.example, self.prompt, self.database, self.renderer, self.reward_spec, self.agentic
+                )
+                for _ in range(self.group_size)
+            ]
         return [
             Text2SqlEnv(self.example, self.prompt, self.database, self.renderer, self.reward_spec)
             for _ in range(self.group_size)
@@ -150,8 +224,10 @@ class Text2SqlRLDataset(RLDataset):
         reward_spec: RewardSpec,
         few_shot: Sequence[Example] = (),
         few_shot_count: int = 0,
+        agentic: EpisodeLimits | None = None,
     ) -> None:
         self.task = task
+        self.agentic = agentic
         self.examples = tuple(examples)
         self.batch_size = batch_size
         self.group_size = group_size
@@ -171,13 +247,18 @@ class Text2SqlRLDataset(RLDataset):
     def _group_builder(self, example: Example) -> Text2SqlGroupBuilder:
         # A question never appears among its own solved examples.
         shots = [shot for shot in self.few_shot if shot.id != example.id][: self.few_shot_count]
+        if self.agentic is not None:
+            prompt = self.task.agentic_prompt(example, shots, self.agentic)
+        else:
+            prompt = self.task.render_prompt(example, shots)
         return Text2SqlGroupBuilder(
             example=example,
-            prompt=self.task.render_prompt(example, shots),
+            prompt=prompt,
             database=self.task.dataset.database(example.db_id),
             renderer=self.renderer,
             reward_spec=self.reward_spec,
             group_size=self.group_size,
+            agentic=self.agentic,
         )
 
 
@@ -212,6 +293,9 @@ class Text2SqlDatasetBuilder(RLDatasetBuilder):
     few_shot: int = chz.field(default=0, validator=chz.validators.ge(0))
     # Shuffles the order of training questions.
     seed: int = 0
+    # The agentic environment: exploratory queries, then an answer, in at most `max_turns` turns.
+    agentic: bool = False
+    max_turns: int = chz.field(default=4, validator=chz.validators.ge(2))
 
     async def __call__(self) -> tuple[Text2SqlRLDataset, Text2SqlRLDataset | None]:
         """Load the data (building the databases on first use) and the renderer.
@@ -226,9 +310,11 @@ class Text2SqlDatasetBuilder(RLDatasetBuilder):
         # One more than asked, so that a question drawn as a shot can be left out of its own prompt.
         shots = task.few_shot_examples(self.few_shot + 1, "train") if self.few_shot else ()
 
+        limits = EpisodeLimits(max_turns=self.max_turns) if self.agentic else None
+
         def rl_dataset(examples: Sequence[Example], group_size: int) -> Text2SqlRLDataset:
             return Text2SqlRLDataset(
-                task, examples, self.batch_size, group_size, renderer, self.reward_spec, shots, self.few_shot
+                task, examples, self.batch_size, group_size, renderer, self.reward_spec, shots, self.few_shot, limits
             )
 
         if self.eval_split is None:

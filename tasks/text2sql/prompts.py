@@ -73,7 +73,8 @@ class FewShot:
     db_path: Path
 
 
-def _schema_block(db_path: Path, only: set[str] | None = None) -> str:
+def schema_block(db_path: Path, only: set[str] | None = None) -> str:
+    """The CREATE TABLE statements of a database, or of the tables in `only` (lowercased names)."""
     return "\n".join(ddl for name, ddl in schema_ddl(db_path) if only is None or name.lower() in only)
 
 
@@ -86,12 +87,12 @@ def render_prompt(example: Example, db_path: Path, few_shot: Sequence[FewShot] =
     for shot in few_shot:
         parts += [
             "Schema:",
-            _schema_block(shot.db_path, tables_used(shot.example.gold_sql)),
+            schema_block(shot.db_path, tables_used(shot.example.gold_sql)),
             f"Question: {shot.example.question}",
             f"SQL: {shot.example.gold_sql};",
             "",
         ]
-    parts += ["Schema:", _schema_block(db_path), f"Question: {example.question}"]
+    parts += ["Schema:", schema_block(db_path), f"Question: {example.question}"]
     if example.evidence:
         parts.append(f"Hint: {example.evidence}")
     parts.append("SQL:")

@@ -1,6 +1,7 @@
 """Reward components and the reward spec that weighs them.
 
-A reward is a pure function of (example, completion): the spec is data, so an agent can propose a variant as
+A reward is a pure function of (example, completion, and in the agentic environment how the episode went: its
+`EpisodeFacts`): the spec is data, so an agent can propose a variant as
 JSON and a study can store it. Each component computes its value from the `Evidence` the scorer gathered about a
 completion (`value`); its docstring says how a policy could game it; weigh them so that gaming one never beats
 getting the answer right.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Annotated, Literal, Protocol, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -18,8 +20,28 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tasks.text2sql.errors import RewardSpecError
 
 
+@dataclass(frozen=True)
+class EpisodeFacts:
+    """How an answer was reached: in one turn, or after exploratory queries (the agentic environment)."""
+
+    # Policy turns, the final answer's included.
+    turns: int = 1
+    # Exploratory queries that did not run to a result (an error, a refusal, a timeout).
+    failed_explorations: int = 0
+    # The episode ended with a final answer, not with a malformed turn or at the turn limit.
+    answered: bool = True
+
+
+# A single-turn completion: one turn, always taken as the answer (its form is `format`'s business).
+SINGLE_TURN = EpisodeFacts()
+
+
 class Evidence(Protocol):
     """What the scorer knows of one completion, computed when a component first asks for it."""
+
+    @property
+    def episode(self) -> EpisodeFacts:
+        """How the answer was reached (SINGLE_TURN outside the agentic environment)."""
 
     @property
     def completion_chars(self) -> int:
@@ -154,12 +176,69 @@ class SchemaLinking(_Component):
         return evidence.schema_overlap()
 
 
+class TurnPenalty(_Component):
+    """-(turns - 1): minus one for each exploratory turn before the answer (0 in a single-turn task).
+
+    Use a positive weight: the value itself is negative. Gaming: answering at once avoids it, which is the
+    single-turn policy; a weight near ExecutionMatch's teaches the model never to look at the data.
+    """
+
+    kind: Literal["turn_penalty"] = "turn_penalty"
+
+    def value(self, evidence: Evidence) -> float:
+        return float(-(evidence.episode.turns - 1))
+
+
+class FailedExploration(_Component):
+    """Minus one for each exploratory query that failed (an error, a refusal, a timeout).
+
+    Use a positive weight. Gaming: exploring with trivial queries (`SELECT 1`) never fails; TurnPenalty
+    prices those turns.
+    """
+
+    kind: Literal["failed_exploration"] = "failed_exploration"
+
+    def value(self, evidence: Evidence) -> float:
+        return float(-evidence.episode.failed_explorations)
+
+
+class Unanswered(_Component):
+    """-1 when the episode ended without a final answer (a malformed turn, or the turn limit), else 0.
+
+    Use a positive weight (SkyRL-SQL's -1 for a malformed episode is weight 1). Gaming: any answer escapes it,
+    right or wrong; it only pays to answer at all.
+    """
+
+    kind: Literal["unanswered"] = "unanswered"
+
+    def value(self, evidence: Evidence) -> float:
+        return 0.0 if evidence.episode.answered else -1.0
+
+
 RewardComponent = Annotated[
-    ExecutionMatch | ResultOverlap | Parses | Executes | Format | LengthPenalty | SchemaLinking,
+    ExecutionMatch
+    | ResultOverlap
+    | Parses
+    | Executes
+    | Format
+    | LengthPenalty
+    | SchemaLinking
+    | TurnPenalty
+    | FailedExploration
+    | Unanswered,
     Field(discriminator="kind"),
 ]
 ComponentKind = Literal[
-    "execution_match", "result_overlap", "parses", "executes", "format", "length_penalty", "schema_linking"
+    "execution_match",
+    "result_overlap",
+    "parses",
+    "executes",
+    "format",
+    "length_penalty",
+    "schema_linking",
+    "turn_penalty",
+    "failed_exploration",
+    "unanswered",
 ]
 COMPONENT_KINDS: tuple[str, ...] = get_args(ComponentKind)
 

@@ -18,7 +18,7 @@ from sqlglot import exp
 from tasks.text2sql.dataset import Example, Text2SqlDataset
 from tasks.text2sql.matching import Comparable, gold_is_ordered, match_on_databases, result_overlap
 from tasks.text2sql.prompts import ParsedCompletion, parse_completion
-from tasks.text2sql.rewards import ExecutionMatch, ResultOverlap, RewardSpec
+from tasks.text2sql.rewards import SINGLE_TURN, EpisodeFacts, ExecutionMatch, ResultOverlap, RewardSpec
 from tasks.text2sql.sandbox import ExecutionResult, ExecutionStatus, SandboxLimits, SqlSandbox, is_utf8
 
 
@@ -148,8 +148,9 @@ class Scorer:
             self._predicted.put(key, result)
         return result
 
-    def score(self, example: Example, completion: str, spec: RewardSpec) -> Score:
-        """Score one completion for one example under a reward spec."""
+    def score(self, example: Example, completion: str, spec: RewardSpec, episode: EpisodeFacts = SINGLE_TURN) -> Score:
+        """Score one completion for one example under a reward spec; `episode` says how the completion was
+        reached (the final answer of an agentic episode, or a single turn)."""
         parsed = parse_completion(completion)
         gold = self._gold_comparable(example)
         paths = self.dataset.database(example.db_id).all_paths
@@ -168,7 +169,9 @@ class Scorer:
             correct_all = match_on_databases(gold, [primary, *variants], ordered).correct
         correct = correct_all if needs_all else on_primary.correct
 
-        evidence = _CompletionEvidence(example, completion, parsed, gold[0], primary, on_primary.correct, correct_all)
+        evidence = _CompletionEvidence(
+            example, completion, parsed, gold[0], primary, on_primary.correct, correct_all, episode
+        )
         values = {component.kind: component.weight * component.value(evidence) for component in spec.components}
         return Score(
             reward=sum(values.values()),
@@ -199,6 +202,7 @@ class _CompletionEvidence:
     predicted: Comparable
     correct_primary: bool
     correct_all: bool
+    episode: EpisodeFacts
 
     @property
     def completion_chars(self) -> int:

@@ -7,8 +7,11 @@ from collections.abc import Sequence
 
 from tasks.errors import SplitError
 from tasks.interface import Task
+from tasks.text2sql.agentic.episode import Episode, EpisodeLimits
+from tasks.text2sql.agentic.prompts import demonstration, render_agentic_prompt
 from tasks.text2sql.bundled import load_bundled
 from tasks.text2sql.dataset import Difficulty, Example, Text2SqlDataset
+from tasks.text2sql.errors import Text2SqlError
 from tasks.text2sql.prompts import FewShot, render_prompt
 from tasks.text2sql.rewards import DEFAULT_REWARD_SPEC, RewardSpec
 from tasks.text2sql.scoring import Score, Scorer
@@ -71,6 +74,23 @@ class Text2SqlTask(Task[Example, RewardSpec]):
 
     def judge_batch(self, items_B: Sequence[tuple[Example, str]]) -> list[bool]:
         return [score.correct for score in self.score_batch(items_B, DEFAULT_REWARD_SPEC)]
+
+    # --- the agentic environment: episodes of exploratory queries, then an answer ---------------------------
+
+    def agentic_prompt(self, example: Example, shots: Sequence[Example], limits: EpisodeLimits) -> str:
+        """The prompt of an episode on `example`: the format, `shots` solved by exploring once, the question."""
+        shown = [demonstration(s, self.dataset.database(s.db_id).path, self.scorer.sandbox, limits) for s in shots]
+        return render_agentic_prompt(example, self.dataset.database(example.db_id).path, shown, limits)
+
+    def episode(self, example: Example, limits: EpisodeLimits) -> Episode:
+        """A fresh episode on `example`; its explorations run in the reward's sandbox on the primary database."""
+        return Episode(example, self.dataset.database(example.db_id).path, self.scorer.sandbox, limits)
+
+    def score_episodes(self, episodes_B: Sequence[Episode], reward_spec: RewardSpec) -> list[Score]:
+        """Each finished episode's reward: its final answer scored as a completion, and how the episode went."""
+        if any(not episode.done for episode in episodes_B):
+            raise Text2SqlError("only finished episodes are scored")
+        return [self.scorer.score(e.example, e.final_completion(), reward_spec, e.facts()) for e in episodes_B]
 
     def close(self) -> None:
         if self._scorer is not None:

@@ -7,6 +7,7 @@ import importlib
 import json
 import logging
 import pickle
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,12 +29,14 @@ from tinker_cookbook.tokenizer_utils import Tokenizer, register_tokenizer, unreg
 from tasks.errors import SplitError
 from tasks.text2sql.cookbook import (
     BASE_MODEL_RENDERER,
+    Text2SqlAgenticEnv,
     Text2SqlDatasetBuilder,
     Text2SqlEnv,
     Text2SqlGroupBuilder,
     Text2SqlRLDataset,
 )
 from tasks.text2sql.errors import CookbookSetupError
+from tasks.text2sql.prompts import tables_used
 from tasks.text2sql.rewards import ExecutionMatch, Format, LengthPenalty, ResultOverlap, RewardSpec
 from trainer_backend.config import ServerConfig
 from trainer_backend.models.tiny import TINY_MODEL_NAME, train_tiny_tokenizer
@@ -103,6 +106,28 @@ def test_garbage_earns_nothing(tokenizer: Tokenizer) -> None:
     assert result.reward == 0.0
     assert result.metrics["execution_match"] == 0.0
     assert result.metrics["status/ok"] == 0.0
+
+
+def test_an_agentic_env_shows_each_exploration_as_a_user_turn_and_rewards_the_answer(tokenizer: Tokenizer) -> None:
+    spec = RewardSpec.parse({"components": [{"kind": "execution_match"}, {"kind": "turn_penalty", "weight": 0.1}]})
+    group = build(agentic=True, max_turns=3, few_shot=1, reward_spec=spec)[0].get_batch(0)[0]
+    [env, _] = asyncio.run(group.make_envs())
+    assert isinstance(env, Text2SqlAgenticEnv)
+    observation, _ = asyncio.run(env.initial_observation())
+    prompt = tokenizer.decode(observation.to_ints())
+    assert "up to 2 exploratory queries" in prompt and "Explore: SELECT * FROM" in prompt
+    assert prompt.endswith(f"Question: {env.example.question}\n\nAssistant:")
+    table = sorted(tables_used(env.example.gold_sql))[0]
+    explored = step_with(env, tokenizer, f"Explore: SELECT COUNT(*) AS n FROM {table};")
+    assert not explored.episode_done and explored.reward == 0.0
+    shown = tokenizer.decode(explored.next_observation.to_ints())
+    # The conversation so far, then the query's result (a row count) as the next user turn.
+    assert shown.startswith(prompt)
+    assert re.search(r"\n\nUser: Result:\nn\n\d+\n\nAssistant:$", shown), shown[-200:]
+    answered = step_with(env, tokenizer, f"Answer: {env.example.gold_sql};")
+    assert answered.episode_done and answered.reward == pytest.approx(1.0 - 0.1)
+    assert answered.metrics["turns"] == 2.0 and answered.metrics["answered"] == 1.0
+    assert answered.logs["transcript"].startswith("Explore: SELECT COUNT(*)")
 
 
 def test_the_held_out_split_is_the_test_dataset_with_one_rollout_per_question(tokenizer: Tokenizer) -> None:
@@ -183,8 +208,9 @@ def root_logging_restored() -> Iterator[None]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("agentic", [False, True], ids=["single-turn", "agentic"])
 def test_the_cookbooks_own_rl_loop_trains_on_the_task_against_our_backend(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, root_logging_restored: None
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, root_logging_restored: None, agentic: bool
 ) -> None:
     monkeypatch.setenv("TINKER_API_KEY", "tml-tests")
     monkeypatch.setenv("TINKER_TELEMETRY", "0")
@@ -210,6 +236,8 @@ def test_the_cookbooks_own_rl_loop_trains_on_the_task_against_our_backend(
                     # A random model never answers right; a length penalty from the first character gives the
                     # group different rewards, so each step is a real importance-sampling update.
                     reward_spec=RewardSpec(components=(ExecutionMatch(), LengthPenalty(free_chars=0, scale_chars=100))),
+                    agentic=agentic,
+                    max_turns=2,
                 ),
                 model_name=TINY_MODEL_NAME,
                 recipe_name="text2sql_cookbook_test",
@@ -232,8 +260,12 @@ def test_the_cookbooks_own_rl_loop_trains_on_the_task_against_our_backend(
     assert [row["step"] for row in trained] == [0, 1]
     for row in trained:
         assert row["env/all/total_episodes"] == 4
-        assert row["env/all/reward/length_penalty"] < 0
         assert "env/all/execution_match" in row
+        if agentic:
+            # Every episode took one or two turns (an exploration, then the limit or an answer).
+            assert 1.0 <= row["env/all/turns"] <= 2.0 and "env/all/answered" in row
+        else:
+            assert row["env/all/reward/length_penalty"] < 0
         # Sampled logprobs and the training forward's agree: the loop stays on-policy against our backend.
         assert abs(row["optim/kl_sample_train_v1"]) < 1e-3
     evaluated = [row for row in rows if "test/env/all/execution_match" in row]

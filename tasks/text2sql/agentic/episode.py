@@ -1,0 +1,113 @@
+"""One agentic episode: a question, the policy's turns, and what each exploratory query returned.
+
+The episode ends at a final answer, at a malformed turn, or when the policy has used `max_turns` turns without
+answering. Exploratory queries run in the reward's own sandbox (read-only, its time, memory and row limits) on the
+question's primary database; a refused or failing query is shown as an error and the episode goes on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tasks.text2sql.agentic.turns import ObservationLimits, ParsedTurn, TurnKind, parse_turn, render_result
+from tasks.text2sql.dataset import Example
+from tasks.text2sql.errors import Text2SqlError
+from tasks.text2sql.rewards import EpisodeFacts
+from tasks.text2sql.sandbox import ExecutionStatus, SqlSandbox
+
+# The cue shown when one turn is left, so that a policy which reads it answers rather than runs out.
+LAST_TURN_CUE = "One turn left: answer now."
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    """How long an episode may run and how much each exploration may show."""
+
+    max_turns: int = 4
+    # Rows an exploratory query fetches (beyond the shown ones they are only counted).
+    rows_fetched: int = 50
+    observation: ObservationLimits = field(default_factory=ObservationLimits)
+
+    def __post_init__(self) -> None:
+        if self.max_turns < 1 or self.rows_fetched < 1:
+            raise Text2SqlError(
+                f"episode limits must be positive: max_turns {self.max_turns}, rows {self.rows_fetched}"
+            )
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One policy turn: what it wrote, what it asked for, and what the environment answered."""
+
+    text: str
+    parsed: ParsedTurn
+    # The environment's reply to an exploration ("" after the final turn).
+    observation: str = ""
+    # How the exploratory query ended; None for an answer or a malformed turn.
+    status: ExecutionStatus | None = None
+
+
+class Episode:
+    """The state of one episode; `step` takes the policy's next turn and returns what it reads next."""
+
+    def __init__(self, example: Example, db_path: Path, sandbox: SqlSandbox, limits: EpisodeLimits) -> None:
+        self.example = example
+        self.db_path = db_path
+        self.sandbox = sandbox
+        self.limits = limits
+        self.turns: list[Turn] = []
+
+    @property
+    def done(self) -> bool:
+        if not self.turns:
+            return False
+        return self.turns[-1].parsed.kind is not TurnKind.EXPLORE or len(self.turns) >= self.limits.max_turns
+
+    @property
+    def answer(self) -> str | None:
+        """The final answer's SQL; None while running, or when the episode ended without one."""
+        if self.turns and self.turns[-1].parsed.kind is TurnKind.ANSWER:
+            return self.turns[-1].parsed.sql
+        return None
+
+    def step(self, text: str) -> str | None:
+        """Take the policy's next turn; return the text it reads before its next turn, or None once it is over.
+
+        Raises:
+            Text2SqlError: the episode is already over.
+        """
+        if self.done:
+            raise Text2SqlError(f"the episode of {self.example.id} is over; it takes no more turns")
+        parsed = parse_turn(text)
+        if parsed.kind is not TurnKind.EXPLORE:
+            self.turns.append(Turn(text, parsed))
+            return None
+        result = self.sandbox.execute(self.db_path, parsed.sql, max_rows=self.limits.rows_fetched)
+        observation = render_result(result, self.limits.observation)
+        if len(self.turns) + 2 == self.limits.max_turns:
+            observation += "\n" + LAST_TURN_CUE
+        self.turns.append(Turn(text, parsed, observation, result.status))
+        return None if self.done else f"\n{observation}\n"
+
+    def facts(self) -> EpisodeFacts:
+        """How the episode went, for the reward's episode components."""
+        explorations = [t for t in self.turns if t.parsed.kind is TurnKind.EXPLORE]
+        return EpisodeFacts(
+            turns=len(self.turns),
+            failed_explorations=sum(t.status is not ExecutionStatus.OK for t in explorations),
+            answered=self.answer is not None,
+        )
+
+    def final_completion(self) -> str:
+        """The final answer as a single-turn completion (what the reward's SQL components score); "" if none."""
+        return f" {self.answer};" if self.answer is not None else ""
+
+    def transcript(self) -> str:
+        """Every turn and observation, as the policy wrote and read them."""
+        parts = []
+        for turn in self.turns:
+            parts.append(turn.text)
+            if turn.observation:
+                parts.append(f"\n{turn.observation}\n")
+        return "".join(parts)
