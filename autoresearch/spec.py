@@ -38,11 +38,14 @@ SEARCHABLE: dict[str, type] = {
     "kl_coef": float,
     "loss": str,
     "normalize_advantages": bool,
+    "mode": str,
+    "max_turns": int,
 }
 # Fields the study itself sets on every trial; a spec's base trial config may not set them.
 STUDY_OWNED = ("run_id", "steps", "task", "base_model", "eval_split", "eval_size", "eval_seed", "init_from")
 # What a shared warm-up fixes for every trial, so a study that shares one cannot search it.
-FIXED_BY_SHARED_WARMUP = ("warmup_steps", "warmup_learning_rate", "lora_rank")
+# (The mode too: a warm-up teaches the answer format of one mode.)
+FIXED_BY_SHARED_WARMUP = ("warmup_steps", "warmup_learning_rate", "lora_rank", "mode")
 
 
 class _Strict(BaseModel):

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
-from tasks.errors import SplitError
+from tasks.errors import SplitError, TaskError
 from tasks.report import HeldOutAnswer, HeldOutReport
 
 
@@ -41,6 +41,23 @@ class CompletionScore(Protocol):
     @property
     def components(self) -> Mapping[str, float]:
         """Each weighted reward component's value before weighting, by kind."""
+
+
+class Episode(Protocol):
+    """A multi-turn attempt at one example (a task's agentic mode): the policy writes a turn, the task answers."""
+
+    @property
+    def example(self) -> TaskExample: ...
+
+    @property
+    def done(self) -> bool:
+        """Whether the episode takes no more turns."""
+
+    def step(self, text: str) -> str | None:
+        """Take the policy's next turn; return the text the policy reads before its next turn, None once over."""
+
+    def transcript(self) -> str:
+        """Every turn and what the task answered, as the policy wrote and read them."""
 
 
 ExampleT = TypeVar("ExampleT", bound=TaskExample)
@@ -86,6 +103,38 @@ class Task(ABC, Generic[ExampleT, RewardSpecT]):
     def judge_batch(self, items_B: Sequence[tuple[ExampleT, str]]) -> list[bool]:
         """Whether each completion answers its example correctly by the task's held-out measure, whatever reward a
         trial trains on, so a reward variant can only raise it by making the model answer better."""
+
+    # --- the agentic mode: episodes of several turns; a task without one refuses ---------------------------
+
+    def agentic_prompt(self, example: ExampleT, shots: Sequence[ExampleT], max_turns: int) -> str:
+        """The prompt of an episode on `example` of at most `max_turns` turns, with `shots` solved first."""
+        raise TaskError(f"task {self.name!r} has no agentic mode")
+
+    def agentic_gold_completion(self, example: ExampleT) -> str:
+        """The turn that answers `example` right at once, after its agentic prompt (a warm-up's target)."""
+        raise TaskError(f"task {self.name!r} has no agentic mode")
+
+    def episode(self, example: ExampleT, max_turns: int) -> Episode:
+        """A fresh episode on `example` of at most `max_turns` turns."""
+        raise TaskError(f"task {self.name!r} has no agentic mode")
+
+    def score_episodes(self, episodes_B: Sequence[Episode], reward_spec: RewardSpecT) -> list[CompletionScore]:
+        """The reward of each finished episode under `reward_spec`."""
+        raise TaskError(f"task {self.name!r} has no agentic mode")
+
+    def judge_episodes(self, episodes_B: Sequence[Episode]) -> list[bool]:
+        """Whether each finished episode answered its example correctly, by the task's held-out measure."""
+        raise TaskError(f"task {self.name!r} has no agentic mode")
+
+    def report_episodes(self, split: str, episodes_B: Sequence[Episode], step: int = 0) -> HeldOutReport:
+        """The held-out report of finished episodes, each answer's completion its transcript."""
+        answers = [
+            HeldOutAnswer(
+                example_id=e.example.id, difficulty=e.example.difficulty, completion=e.transcript(), correct=correct
+            )
+            for e, correct in zip(episodes_B, self.judge_episodes(episodes_B), strict=True)
+        ]
+        return HeldOutReport.of(answers, split, self.difficulty_levels, step)
 
     def close(self) -> None:
         """Release what scoring holds; the default holds nothing."""

@@ -92,6 +92,10 @@ class TrialConfig(BaseModel):
 
     # Task.
     task: str = Field("text2sql", description="the task its data, prompts and scoring come from (tasks.registry)")
+    mode: Literal["single_turn", "agentic"] = Field(
+        "single_turn", description="one completion per question, or episodes that explore before they answer"
+    )
+    max_turns: int = Field(4, ge=2, le=16, description="turns of an agentic episode, its answer included")
     reward_spec: RewardSpec = Field(DEFAULT_REWARD_SPEC, description="the training reward")
     few_shot: int = Field(1, ge=0, le=8, description="solved examples shown before each question")
     train_split: str = Field("train", min_length=1, description="split that prompts and few-shot examples come from")
@@ -132,6 +136,12 @@ class TrialConfig(BaseModel):
                 raise ValueError(f"loss_fn_config: {key!r} must be a finite number")
         if self.eval_split == self.train_split:
             raise ValueError(f"eval_split: must differ from train_split ({self.train_split!r}); it is held out")
+        if self.mode == "agentic" and self.loss == "dro":
+            # DRO's penalty acts on every position, the task's observations included, whose log-probs no sampler
+            # gave: it would train the model to predict the database's answers.
+            raise ValueError("mode: agentic episodes cannot train with loss 'dro' (its penalty covers observations)")
+        if self.mode == "agentic" and self.kl_coef > 0:
+            raise ValueError("mode: agentic episodes have no KL penalty yet; set kl_coef to 0")
         return self
 
 

@@ -81,10 +81,14 @@ def held_out_subset(task: AnyTask, split: str, size: int, seed: int) -> tuple[Ta
 class PromptRenderer:
     """Renders questions with the task's prompt and few-shot examples, and tokenizes prompts and answers."""
 
-    def __init__(self, task: AnyTask, tokenizer: Tokenizer, few_shot: int, shots_split: str) -> None:
+    def __init__(
+        self, task: AnyTask, tokenizer: Tokenizer, few_shot: int, shots_split: str, max_turns: int | None = None
+    ) -> None:
+        """`max_turns` renders the task's agentic prompt, for episodes of at most that many turns."""
         split_of(task, shots_split, "train_split")
         self.task = task
         self.tokenizer = tokenizer
+        self.max_turns = max_turns
         self.shots = task.few_shot_examples(few_shot, shots_split)
 
     @property
@@ -93,12 +97,20 @@ class PromptRenderer:
         return frozenset(shot.id for shot in self.shots)
 
     def prompt(self, example: TaskExample) -> Prompt:
-        text = self.task.render_prompt(example, self.shots)
+        if self.max_turns is None:
+            text = self.task.render_prompt(example, self.shots)
+        else:
+            text = self.task.agentic_prompt(example, self.shots, self.max_turns)
         return Prompt(example=example, tokens=tuple(self.tokenizer.encode(text)))
 
     def gold_completion(self, example: TaskExample) -> tuple[int, ...]:
-        """The tokens of the task's gold completion, as the model should continue the prompt."""
-        return tuple(self.tokenizer.encode(self.task.gold_completion(example), add_special_tokens=False))
+        """The tokens of the task's gold completion, as the model should continue the prompt (in the agentic mode,
+        a first turn that answers at once)."""
+        if self.max_turns is None:
+            text = self.task.gold_completion(example)
+        else:
+            text = self.task.agentic_gold_completion(example)
+        return tuple(self.tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, tokens: Sequence[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)

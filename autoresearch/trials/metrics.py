@@ -46,6 +46,7 @@ class BatchSummary:
     reward_std: float
     reward_components: dict[str, float]
     accuracy: float
+    # Tokens the policy sampled (an episode's observations are not counted).
     completion_tokens: int
     completions: int
 
@@ -59,6 +60,6 @@ def summarize_groups(groups: Sequence[Group]) -> BatchSummary:
         reward_std=statistics.pstdev(rewards),
         reward_components={kind: statistics.fmean(s.components[kind] for s in scores) for kind in kinds},
         accuracy=statistics.fmean(float(s.correct) for s in scores),
-        completion_tokens=sum(len(c.tokens) for group in groups for c in group.completions),
+        completion_tokens=sum(c.trained_tokens for group in groups for c in group.completions),
         completions=len(scores),
     )

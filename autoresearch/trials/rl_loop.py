@@ -26,6 +26,7 @@ from autoresearch.trials.backend import api_key, backend_for
 from autoresearch.trials.config import InitialState, TrialConfig
 from autoresearch.trials.data import PromptRenderer, TrainingOrder, held_out_subset, split_of
 from autoresearch.trials.datums import supervised_datum
+from autoresearch.trials.episodes import sample_episode_groups
 from autoresearch.trials.evaluation import evaluate_sampler
 from autoresearch.trials.metrics import StepMetrics, summarize_groups
 from autoresearch.trials.paired import PairedComparison, compare
@@ -193,7 +194,8 @@ class _Trial:
         self.task = task
         self.view = view
         self.on_eval = on_eval
-        self.renderer = PromptRenderer(task, training.get_tokenizer(), config.few_shot, config.train_split)
+        max_turns = config.max_turns if config.mode == "agentic" else None
+        self.renderer = PromptRenderer(task, training.get_tokenizer(), config.few_shot, config.train_split, max_turns)
         train_examples = split_of(task, config.train_split, "train_split")
         self.order = TrainingOrder([e for e in train_examples if e.id not in self.renderer.shot_ids], config.seed)
         self.held_out = held_out_subset(task, config.eval_split, config.eval_size, config.eval_seed)
@@ -291,12 +293,19 @@ class _Trial:
             for i in range(len(prompts))
         ]
         sampling_started = time.monotonic()
-        # DRO's penalty also acts on prompt positions, so they need the sampler's own log-probs (datums.rl_datum).
-        groups = sample_groups(
-            sampler, prompts, config.group_size, params, self.renderer, include_prompt_logprobs=config.loss == "dro"
-        )
-        sampling_s = time.monotonic() - sampling_started
-        groups = score_groups(groups, self.task, config.reward_spec)
+        if config.mode == "agentic":
+            # Episodes are scored as they end: sampling and scoring are one phase.
+            groups = sample_episode_groups(
+                sampler, prompts, config.group_size, params, self.renderer, config.max_turns, config.reward_spec
+            )
+            sampling_s = time.monotonic() - sampling_started
+        else:
+            # DRO's penalty also acts on prompt positions, so they need the sampler's own log-probs (datums.rl_datum).
+            groups = sample_groups(
+                sampler, prompts, config.group_size, params, self.renderer, include_prompt_logprobs=config.loss == "dro"
+            )
+            sampling_s = time.monotonic() - sampling_started
+            groups = score_groups(groups, self.task, config.reward_spec)
         samples = select_samples(groups, config.normalize_advantages)
         base_logprobs = self._base_logprobs([(s.group.prompt.tokens, s.completion.tokens) for s in samples])
         batch = build_training_batch(samples, base_logprobs, config.kl_coef)

@@ -27,6 +27,12 @@ class Completion:
     tokens: tuple[int, ...]
     logprobs: tuple[float, ...]
     text: str
+    # Which tokens the policy sampled, and so trains on; None: all. An episode's observations are not trained.
+    trained: tuple[bool, ...] | None = None
+
+    @property
+    def trained_tokens(self) -> int:
+        return len(self.tokens) if self.trained is None else sum(self.trained)
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,10 @@ def build_training_batch(
     datums, kl_sum = [], 0.0
     for index, sample in enumerate(samples):
         completion = sample.completion
-        if base_logprobs is None:
+        if completion.trained is not None:
+            # An episode: its turns carry the advantage, the task's observations between them none.
+            advantages_T = [sample.advantage if trained else 0.0 for trained in completion.trained]
+        elif base_logprobs is None:
             advantages_T = [sample.advantage] * len(completion.tokens)
         else:
             advantages_T = kl_penalized_advantages(sample.advantage, completion.logprobs, base_logprobs[index], kl_coef)
@@ -70,7 +73,7 @@ def build_training_batch(
                 sample.group.prompt_logprobs,
             )
         )
-    tokens = sum(len(s.completion.tokens) for s in samples)
+    tokens = sum(s.completion.trained_tokens for s in samples)
     return TrainingBatch(
         datums=datums,
         groups_kept=len({id(s.group) for s in samples}),

@@ -13,7 +13,6 @@ from rich.table import Table
 
 from tasks.errors import TaskError
 from tasks.report import HeldOutReport
-from tasks.text2sql.agentic.episode import EpisodeLimits
 from tasks.text2sql.bundled import load_bundled
 from tasks.text2sql.dataset import Difficulty, Example, Text2SqlDataset
 from tasks.text2sql.evaluation import Model, OpenAICompatibleModel, evaluate, garbage_model, gold_model
@@ -129,9 +128,9 @@ AGENTIC_DEMO_SPEC = (
 
 def _agentic_demo(task: Text2SqlTask, example: Example, spec: RewardSpec) -> None:
     """Scripted policies through the agentic environment: their transcripts and rewards."""
-    limits = EpisodeLimits(max_turns=3)
+    max_turns = 3
     console.rule("an agentic prompt (one solved example, which explores once)")
-    console.print(task.agentic_prompt(example, task.few_shot_examples(1, "train"), limits), markup=False)
+    console.print(task.agentic_prompt(example, task.few_shot_examples(1, "train"), max_turns), markup=False)
     table = sorted(tables_used(example.gold_sql))[0]
     policies = {
         "explores, then answers": [f"Explore: SELECT * FROM {table} LIMIT 3;", f"Answer: {example.gold_sql};"],
@@ -140,12 +139,12 @@ def _agentic_demo(task: Text2SqlTask, example: Example, spec: RewardSpec) -> Non
             f"Explore: SELECT no_such_column FROM {table};",
             "Answer: SELECT 1;",
         ],
-        "never answers": [f"Explore: SELECT COUNT(*) FROM {table};"] * limits.max_turns,
+        "never answers": [f"Explore: SELECT COUNT(*) FROM {table};"] * max_turns,
         "malformed": ["I would look at the data first."],
     }
     rewards = Table("policy", "reward", "correct", "turns", *(c.kind for c in spec.components))
     for name, turns in policies.items():
-        episode = task.episode(example, limits)
+        episode = task.episode(example, max_turns)
         for turn in turns:
             if episode.done:
                 break

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import tinker
 
-from tasks.text2sql.agentic.episode import EpisodeLimits
 from tasks.text2sql.dataset import Database, Example, Text2SqlDataset
 from tasks.text2sql.errors import CookbookSetupError
 from tasks.text2sql.rewards import DEFAULT_REWARD_SPEC, RewardSpec
@@ -123,7 +122,7 @@ class Text2SqlAgenticEnv(Env):
         database: Database,
         renderer: renderers.Renderer,
         reward_spec: RewardSpec,
-        limits: EpisodeLimits,
+        max_turns: int,
     ) -> None:
         self.example = example
         self.database = database
@@ -131,7 +130,7 @@ class Text2SqlAgenticEnv(Env):
         self.reward_spec = reward_spec
         # The prompt ends where the policy's first turn starts; in a chat the renderer adds that break itself.
         self.messages: list[renderers.Message] = [{"role": "user", "content": prompt.rstrip("\n")}]
-        self.episode = shared_task(database).episode(example, limits)
+        self.episode = shared_task(database).episode(example, max_turns)
 
     async def initial_observation(self) -> tuple[Observation, StopCondition]:
         """The task's agentic prompt as the user turn, rendered for generation."""
@@ -185,15 +184,15 @@ class Text2SqlGroupBuilder(EnvGroupBuilder):
     renderer: renderers.Renderer
     reward_spec: RewardSpec
     group_size: int
-    # The agentic environment's limits; None for single-turn envs.
-    agentic: EpisodeLimits | None = None
+    # The agentic environment's turn limit; None for single-turn envs.
+    agentic_turns: int | None = None
 
     async def make_envs(self) -> Sequence[Env]:
         """`group_size` fresh envs for this builder's question."""
-        if self.agentic is not None:
+        if self.agentic_turns is not None:
             return [
                 Text2SqlAgenticEnv(
-                    self.example, self.prompt, self.database, self.renderer, self.reward_spec, self.agentic
+                    self.example, self.prompt, self.database, self.renderer, self.reward_spec, self.agentic_turns
                 )
                 for _ in range(self.group_size)
             ]
@@ -224,10 +223,10 @@ class Text2SqlRLDataset(RLDataset):
         reward_spec: RewardSpec,
         few_shot: Sequence[Example] = (),
         few_shot_count: int = 0,
-        agentic: EpisodeLimits | None = None,
+        agentic_turns: int | None = None,
     ) -> None:
         self.task = task
-        self.agentic = agentic
+        self.agentic_turns = agentic_turns
         self.examples = tuple(examples)
         self.batch_size = batch_size
         self.group_size = group_size
@@ -247,8 +246,8 @@ class Text2SqlRLDataset(RLDataset):
     def _group_builder(self, example: Example) -> Text2SqlGroupBuilder:
         # A question never appears among its own solved examples.
         shots = [shot for shot in self.few_shot if shot.id != example.id][: self.few_shot_count]
-        if self.agentic is not None:
-            prompt = self.task.agentic_prompt(example, shots, self.agentic)
+        if self.agentic_turns is not None:
+            prompt = self.task.agentic_prompt(example, shots, self.agentic_turns)
         else:
             prompt = self.task.render_prompt(example, shots)
         return Text2SqlGroupBuilder(
@@ -258,7 +257,7 @@ class Text2SqlRLDataset(RLDataset):
             renderer=self.renderer,
             reward_spec=self.reward_spec,
             group_size=self.group_size,
-            agentic=self.agentic,
+            agentic_turns=self.agentic_turns,
         )
 
 
@@ -310,11 +309,19 @@ class Text2SqlDatasetBuilder(RLDatasetBuilder):
         # One more than asked, so that a question drawn as a shot can be left out of its own prompt.
         shots = task.few_shot_examples(self.few_shot + 1, "train") if self.few_shot else ()
 
-        limits = EpisodeLimits(max_turns=self.max_turns) if self.agentic else None
+        agentic_turns = self.max_turns if self.agentic else None
 
         def rl_dataset(examples: Sequence[Example], group_size: int) -> Text2SqlRLDataset:
             return Text2SqlRLDataset(
-                task, examples, self.batch_size, group_size, renderer, self.reward_spec, shots, self.few_shot, limits
+                task,
+                examples,
+                self.batch_size,
+                group_size,
+                renderer,
+                self.reward_spec,
+                shots,
+                self.few_shot,
+                agentic_turns,
             )
 
         if self.eval_split is None:

@@ -181,9 +181,15 @@ class Scorer:
             sql=parsed.sql,
         )
 
-    def score_many(self, items: Sequence[tuple[Example, str]], spec: RewardSpec) -> list[Score]:
-        """Score several completions on the scorer's threads (DuckDB releases the GIL while it runs)."""
-        return list(self._pool.map(lambda item: self.score(item[0], item[1], spec), items))
+    def score_many(
+        self, items: Sequence[tuple[Example, str]], spec: RewardSpec, episodes: Sequence[EpisodeFacts] | None = None
+    ) -> list[Score]:
+        """Score several completions on the scorer's threads (DuckDB releases the GIL while it runs); `episodes`
+        says how each was reached (single turns when None)."""
+        facts = episodes if episodes is not None else [SINGLE_TURN] * len(items)
+        if len(facts) != len(items):
+            raise ValueError(f"{len(facts)} episodes for {len(items)} completions")
+        return list(self._pool.map(lambda item, fact: self.score(item[0], item[1], spec, fact), items, facts))
 
 
 def _no_sql() -> ExecutionResult:

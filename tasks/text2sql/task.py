@@ -7,8 +7,10 @@ from collections.abc import Sequence
 
 from tasks.errors import SplitError
 from tasks.interface import Task
-from tasks.text2sql.agentic.episode import Episode, EpisodeLimits
+from tasks.text2sql.agentic.episode import Episode as Text2SqlEpisode
+from tasks.text2sql.agentic.episode import EpisodeLimits
 from tasks.text2sql.agentic.prompts import demonstration, render_agentic_prompt
+from tasks.text2sql.agentic.turns import ANSWER
 from tasks.text2sql.bundled import load_bundled
 from tasks.text2sql.dataset import Difficulty, Example, Text2SqlDataset
 from tasks.text2sql.errors import Text2SqlError
@@ -77,20 +79,30 @@ class Text2SqlTask(Task[Example, RewardSpec]):
 
     # --- the agentic environment: episodes of exploratory queries, then an answer ---------------------------
 
-    def agentic_prompt(self, example: Example, shots: Sequence[Example], limits: EpisodeLimits) -> str:
+    def agentic_prompt(self, example: Example, shots: Sequence[Example], max_turns: int) -> str:
         """The prompt of an episode on `example`: the format, `shots` solved by exploring once, the question."""
+        limits = EpisodeLimits(max_turns=max_turns)
         shown = [demonstration(s, self.dataset.database(s.db_id).path, self.scorer.sandbox, limits) for s in shots]
         return render_agentic_prompt(example, self.dataset.database(example.db_id).path, shown, limits)
 
-    def episode(self, example: Example, limits: EpisodeLimits) -> Episode:
-        """A fresh episode on `example`; its explorations run in the reward's sandbox on the primary database."""
-        return Episode(example, self.dataset.database(example.db_id).path, self.scorer.sandbox, limits)
+    def agentic_gold_completion(self, example: Example) -> str:
+        return f"{ANSWER} {example.gold_sql};"
 
-    def score_episodes(self, episodes_B: Sequence[Episode], reward_spec: RewardSpec) -> list[Score]:
+    def episode(self, example: Example, max_turns: int) -> Text2SqlEpisode:
+        """A fresh episode on `example`; its explorations run in the reward's sandbox on the primary database."""
+        path = self.dataset.database(example.db_id).path
+        return Text2SqlEpisode(example, path, self.scorer.sandbox, EpisodeLimits(max_turns=max_turns))
+
+    def score_episodes(self, episodes_B: Sequence[Text2SqlEpisode], reward_spec: RewardSpec) -> list[Score]:
         """Each finished episode's reward: its final answer scored as a completion, and how the episode went."""
         if any(not episode.done for episode in episodes_B):
             raise Text2SqlError("only finished episodes are scored")
-        return [self.scorer.score(e.example, e.final_completion(), reward_spec, e.facts()) for e in episodes_B]
+        return self.scorer.score_many(
+            [(e.example, e.final_completion()) for e in episodes_B], reward_spec, [e.facts() for e in episodes_B]
+        )
+
+    def judge_episodes(self, episodes_B: Sequence[Text2SqlEpisode]) -> list[bool]:
+        return [score.correct for score in self.score_episodes(episodes_B, DEFAULT_REWARD_SPEC)]
 
     def close(self) -> None:
         if self._scorer is not None:

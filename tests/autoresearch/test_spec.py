@@ -32,6 +32,8 @@ def test_a_proposal_fills_the_base_trial_config(tmp_path: Path) -> None:
     assert [c.kind for c in config.reward_spec.components] == ["execution_match", "format"]
     with pytest.raises(ConfigurationError, match="batch_size"):
         spec.trial_config({"batch_size": 0})
+    agentic = spec.trial_config({"mode": "agentic", "max_turns": 3})
+    assert (agentic.mode, agentic.max_turns) == ("agentic", 3)
 
 
 def write(tmp_path: Path, **changes: object) -> Path:
@@ -76,6 +78,16 @@ def write(tmp_path: Path, **changes: object) -> Path:
             "lora_rank are fixed by the shared warm-up",
         ),
         ({"shared_warmup": True, "trial__warmup_steps": 2}, "batch_size is searched; set trial.warmup_batch_size"),
+        (
+            {
+                "shared_warmup": True,
+                "trial__warmup_steps": 2,
+                "trial__warmup_batch_size": 2,
+                "search_space__params__mode": {"choices": ["single_turn", "agentic"]},
+            },
+            "mode are fixed by the shared warm-up",
+        ),
+        ({"search_space__params__mode": {"choices": ["agentic", 3]}}, "mode: every choice must be a str"),
         ({"trial__batch_size": 2}, "batch_size are searched"),
         ({"trial__lora_rank": 0}, "lora_rank"),
         ({"trial__colour": "red"}, "colour: unknown field"),

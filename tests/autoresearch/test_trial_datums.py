@@ -99,3 +99,23 @@ def test_a_batch_with_a_kl_penalty_reports_the_mean_log_ratio() -> None:
     assert batch.kl == pytest.approx(0.375)
     assert lists(batch.datums[0])["advantages"] == pytest.approx([0.0, 0.0, 0.5 - 0.1, 0.5 - 0.05])
     assert lists(batch.datums[1])["advantages"] == pytest.approx([0.0, 0.0, -0.5 - 0.1, -0.5 - 0.05])
+
+
+def test_an_episode_trains_its_turns_and_not_the_observations_between_them() -> None:
+    # Turn (20, 21), observation (90, 91, 92), turn (22,): only the three sampled tokens carry the advantage.
+    trained = (True, True, False, False, False, True)
+    episodes = tuple(
+        Completion(
+            tokens=(20, 21, 90, 91, 92, 22), logprobs=(-0.5, -0.5, 0.0, 0.0, 0.0, -0.25), text="", trained=trained
+        )
+        for _ in range(2)
+    )
+    scores = tuple(Score(r, {"execution_match": r}, r == 1.0, ExecutionStatus.OK, "") for r in (1.0, 0.0))
+    batch = build_training_batch(
+        select_samples([Group(Prompt(EXAMPLE, (10, 11)), episodes, scores)], normalize_std=False), None, 0.0
+    )
+    assert batch.completion_tokens == 2 * 3
+    first = lists(batch.datums[0])
+    assert first["target_tokens"] == [11, 20, 21, 90, 91, 92, 22]
+    assert first["advantages"] == [0.0, 0.5, 0.5, 0.0, 0.0, 0.0, 0.5]
+    assert first["logprobs"] == [0.0, -0.5, -0.5, 0.0, 0.0, 0.0, -0.25]

@@ -45,7 +45,7 @@ def flights(text2sql: Text2SqlTask) -> Example:
 def test_a_policy_that_explores_then_answers_reads_the_data_and_gets_its_reward(
     text2sql: Text2SqlTask, flights: Example
 ) -> None:
-    episode = text2sql.episode(flights, EpisodeLimits(max_turns=4))
+    episode = text2sql.episode(flights, 4)
     seen = episode.step("Explore: SELECT distance_km, duration_minutes FROM flights ORDER BY distance_km DESC;")
     assert seen is not None and seen.startswith("\nResult:\ndistance_km | duration_minutes\n")
     # Five rows shown of the 50 fetched, and a count of the rest.
@@ -67,7 +67,7 @@ def test_a_policy_that_explores_then_answers_reads_the_data_and_gets_its_reward(
 def test_a_hostile_or_broken_exploration_is_shown_as_an_error_and_the_episode_goes_on(
     text2sql: Text2SqlTask, flights: Example
 ) -> None:
-    episode = text2sql.episode(flights, EpisodeLimits(max_turns=3))
+    episode = text2sql.episode(flights, 3)
     hostile = episode.step("Explore: SELECT * FROM read_csv('/etc/passwd');")
     assert hostile is not None and LAST_TURN_CUE not in hostile
     assert hostile is not None and hostile.startswith("\nError: ") and "root:" not in hostile
@@ -86,7 +86,7 @@ def test_a_hostile_or_broken_exploration_is_shown_as_an_error_and_the_episode_go
 def test_a_policy_that_never_answers_ends_at_the_turn_limit_unanswered(
     text2sql: Text2SqlTask, flights: Example
 ) -> None:
-    episode = text2sql.episode(flights, EpisodeLimits(max_turns=3))
+    episode = text2sql.episode(flights, 3)
     assert episode.step("Explore: SELECT COUNT(*) FROM flights;") is not None
     assert episode.step("Explore: SELECT COUNT(*) FROM airlines;") is not None
     assert episode.step("Explore: SELECT COUNT(*) FROM airports;") is None
@@ -102,7 +102,7 @@ def test_a_policy_that_never_answers_ends_at_the_turn_limit_unanswered(
 
 @pytest.mark.parametrize("turn", ["The answer is 42.", "Explore:", "SQL: SELECT 1;", ""])
 def test_a_malformed_turn_ends_the_episode_unanswered(text2sql: Text2SqlTask, flights: Example, turn: str) -> None:
-    episode = text2sql.episode(flights, EpisodeLimits(max_turns=4))
+    episode = text2sql.episode(flights, 4)
     assert episode.step(turn) is None
     assert episode.done and episode.answer is None
     [score] = text2sql.score_episodes([episode], EPISODE_REWARD)
@@ -110,7 +110,7 @@ def test_a_malformed_turn_ends_the_episode_unanswered(text2sql: Text2SqlTask, fl
 
 
 def test_unfinished_episodes_are_not_scored(text2sql: Text2SqlTask, flights: Example) -> None:
-    episode = text2sql.episode(flights, EpisodeLimits())
+    episode = text2sql.episode(flights, 4)
     with pytest.raises(Text2SqlError, match="only finished episodes"):
         text2sql.score_episodes([episode], EPISODE_REWARD)
 
@@ -156,14 +156,13 @@ def test_single_turn_completions_have_no_episode_penalties(scorer: Scorer, fligh
 def test_the_prompt_demonstrates_an_exploration_as_the_policy_will_see_it(
     text2sql: Text2SqlTask, flights: Example
 ) -> None:
-    limits = EpisodeLimits(max_turns=4)
     shots = text2sql.few_shot_examples(2, "train")
-    prompt = text2sql.agentic_prompt(flights, shots, limits)
+    prompt = text2sql.agentic_prompt(flights, shots, 4)
     assert "up to 3 exploratory queries" in prompt
     assert prompt.endswith(f"Question: {flights.question}\n")
     for shot in shots:
         table = sorted(tables_used(shot.gold_sql))[0]
-        seen = text2sql.episode(shot, limits).step(f"Explore: SELECT * FROM {table} LIMIT 3;")
+        seen = text2sql.episode(shot, 4).step(f"Explore: SELECT * FROM {table} LIMIT 3;")
         assert f"Explore: SELECT * FROM {table} LIMIT 3;{seen}Answer: {shot.gold_sql};" in prompt
 
 
