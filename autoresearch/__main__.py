@@ -15,8 +15,8 @@ import optuna
 import typer
 from rich.console import Console
 
-from autoresearch.checkpointing import open_checkpointer
 from autoresearch.controller import Controller
+from autoresearch.controller_state import open_controller_state
 from autoresearch.errors import ProposalError, TrialError
 from autoresearch.executors import LocalExecutor, TrialExecutor
 from autoresearch.proposer import LlmProposer
@@ -59,7 +59,7 @@ def autoresearch(
         study = open_study(spec)
         with (
             _backends(spec, folder) as backend_urls,
-            open_checkpointer(spec.storage_url(), folder) as checkpointer,
+            open_controller_state(spec.storage_url(), folder) as checkpointer,
             StudyView(progress, console) as view,
         ):
             executor = _executor(spec, folder, run_root)

@@ -10,7 +10,7 @@ class ConfigurationError(TrialError):
     """A trial config does not validate, or does not fit the data set it runs on."""
 
 
-class CheckpointError(TrialError):
+class ResumeError(TrialError):
     """A run directory cannot be resumed: its state is unreadable or it was started with another config."""
 
 

@@ -10,7 +10,9 @@ learned:
 - `dev`: the trial's own held-out questions (its config's eval split and seed; `--dev-size` of them), greedy;
 - `train-new`: the next `--questions` questions of the trial's training order after those it consumed (never
   trained or rewarded on; the same databases), greedy;
-- with `--samples K`, the same two sets again, K completions each at the trial's temperature, scored as the mean
+- with `--split NAME` (repeatable), the whole of another split, greedy: `--split test` scores the split no recipe
+  was ever chosen on, the unbiased check of a recipe picked by its dev score;
+- with `--samples K`, the same sets again, K completions each at the trial's temperature, scored as the mean
   accuracy of the samples: what the training reward sees. A gain there without one in greedy accuracy is RL
   making the sampled answers more like the greedy one (sharper), not making the greedy answer better.
 Every checkpoint is compared with the first, question by question (McNemar's exact test on the greedy answers).
@@ -78,6 +80,7 @@ def main() -> None:
     parser.add_argument("--dev-size", type=int, help="held-out questions (default: the trial's eval_size)")
     parser.add_argument("--questions", type=int, default=200, help="new questions of the training databases")
     parser.add_argument("--samples", type=int, default=0, help="also the mean accuracy of K samples per question")
+    parser.add_argument("--split", action="append", default=[], help="also the whole of this split (e.g. test)")
     args = parser.parse_args()
     quiet_sdk_logs()
 
@@ -93,6 +96,7 @@ def main() -> None:
     question_sets = {
         "dev": list(held_out_subset(task, config.eval_split, args.dev_size or config.eval_size, config.eval_seed)),
         "train-new": order.batch(consumed, args.questions),
+        **{name: list(split_of(task, name, "--split")) for name in args.split},
     }
     checkpoints = dict(entry.split("=", 1) for entry in args.checkpoint)
     console = Console(width=120)

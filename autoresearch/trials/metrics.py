@@ -31,6 +31,8 @@ class StepMetrics:
     # Completion tokens sampled per second of sampling.
     tokens_per_s: float
     step_time_s: float
+    # Policy turns per episode in the agentic mode; None for single-turn completions.
+    turns_mean: float | None = None
 
     def to_record(self) -> dict:
         record = asdict(self)
@@ -49,6 +51,7 @@ class BatchSummary:
     # Tokens the policy sampled (an episode's observations are not counted).
     completion_tokens: int
     completions: int
+    turns_mean: float
 
 
 def summarize_groups(groups: Sequence[Group]) -> BatchSummary:
@@ -62,4 +65,5 @@ def summarize_groups(groups: Sequence[Group]) -> BatchSummary:
         accuracy=statistics.fmean(float(s.correct) for s in scores),
         completion_tokens=sum(c.trained_tokens for group in groups for c in group.completions),
         completions=len(scores),
+        turns_mean=statistics.fmean(c.turns for group in groups for c in group.completions),
     )

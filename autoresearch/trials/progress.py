@@ -58,6 +58,8 @@ class TrialProgress:
             f"loss {'-' if metrics.loss is None else f'{metrics.loss:+.4f}'}  "
             f"{metrics.tokens_per_s:.0f} tok/s  {metrics.step_time_s:.1f} s/step{self._held_out}"
         )
+        if metrics.turns_mean is not None:
+            figures = f"turns {metrics.turns_mean:.2f}  " + figures
         self._progress.update(self._task, completed=metrics.step, figures=figures)
         if not self.enabled:
             log.info("%s: step %d  %s", self.run_id, metrics.step, figures)

@@ -91,7 +91,7 @@ def run_trial(
 
     Raises:
         ConfigurationError: the config does not fit the data set (a missing split, too large an eval_size).
-        CheckpointError: the run directory holds another config or an unreadable state.
+        ResumeError: the run directory holds another config or an unreadable state.
         BackendStartError: the local backend did not come up.
     """
     started = time.monotonic()
@@ -334,6 +334,7 @@ class _Trial:
             completion_tokens_mean=summary.completion_tokens / summary.completions,
             tokens_per_s=summary.completion_tokens / sampling_s if sampling_s > 0 else 0.0,
             step_time_s=time.monotonic() - step_started,
+            turns_mean=summary.turns_mean if config.mode == "agentic" else None,
         )
         return metrics, sampler
 

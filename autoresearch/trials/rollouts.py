@@ -34,6 +34,13 @@ class Completion:
     def trained_tokens(self) -> int:
         return len(self.tokens) if self.trained is None else sum(self.trained)
 
+    @property
+    def turns(self) -> int:
+        """Policy turns: the runs of sampled tokens (1 for a single-turn completion)."""
+        if self.trained is None:
+            return 1
+        return sum(1 for i, trained in enumerate(self.trained) if trained and (i == 0 or not self.trained[i - 1]))
+
 
 @dataclass(frozen=True)
 class Group:

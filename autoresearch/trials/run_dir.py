@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from autoresearch.errors import CheckpointError
+from autoresearch.errors import ResumeError
 from autoresearch.trials.config import RESUMABLE_CHANGES, TrialConfig, parse_trial_config
 
 
@@ -88,14 +88,14 @@ class RunDirectory:
         """The saved state, or None for a run that never saved one.
 
         Raises:
-            CheckpointError: the state file is unreadable.
+            ResumeError: the state file is unreadable.
         """
         if not self.state_path.exists():
             return None
         try:
             return RunState.model_validate_json(self.state_path.read_text())
         except ValidationError as error:
-            raise CheckpointError(f"{self.state_path} is unreadable: {error}") from None
+            raise ResumeError(f"{self.state_path} is unreadable: {error}") from None
 
     def save_state(self, state: RunState) -> None:
         _write_atomically(self.state_path, state.model_dump_json(indent=2))
@@ -104,7 +104,7 @@ class RunDirectory:
         """Write the config of a new run, or check that a resumed run's config only changes what may change.
 
         Raises:
-            CheckpointError: naming each field that differs from the config the run was started with.
+            ResumeError: naming each field that differs from the config the run was started with.
         """
         self.root.mkdir(parents=True, exist_ok=True)
         if not self.config_path.exists():
@@ -114,7 +114,7 @@ class RunDirectory:
         before, now = started.model_dump(mode="json"), config.model_dump(mode="json")
         changed = sorted(k for k in now if now[k] != before[k] and k not in RESUMABLE_CHANGES)
         if changed:
-            raise CheckpointError(
+            raise ResumeError(
                 f"run {config.run_id!r} was started with another config: {', '.join(changed)} differ "
                 f"(only {', '.join(sorted(RESUMABLE_CHANGES))} may change on resume); use a new run_id"
             )

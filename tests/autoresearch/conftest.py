@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from support.backends import tiny_server_config
 
 from autoresearch.trials.config import TrialConfig, load_trial_config
-from trainer_backend.config import ServerConfig
 from trainer_backend.server import running_server
-
-os.environ.setdefault("TINKER_TELEMETRY", "0")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 TINY_CONFIG = Path(__file__).parents[2] / "experiments" / "trials" / "text2sql_tiny.yaml"
 
@@ -26,9 +22,7 @@ def backend_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     One torch thread: with a pytest-xdist worker per core, torch's default of one OpenMP thread per core in every
     worker makes the workers' threads spin against each other, and the trials run 5-10 times slower.
     """
-    config = ServerConfig(
-        base_model="tiny-gemma3", device="cpu", storage_root=tmp_path_factory.mktemp("backend"), port=0, long_poll_s=5.0
-    )
+    config = tiny_server_config(tmp_path_factory.mktemp("backend"))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from loopback import free_port
+from support.loopback import free_port
 
 
 def postgres_bin() -> Path | None:

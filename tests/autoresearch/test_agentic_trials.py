@@ -65,7 +65,7 @@ def test_an_agentic_trial_trains_and_evaluates_episodes(
     directory = RunDirectory(tmp_path / "agentic")
     metrics = directory.metrics.read()
     assert [m["step"] for m in metrics] == [1, 2]
-    assert all(m["completion_tokens_mean"] > 0 for m in metrics)
+    assert all(m["completion_tokens_mean"] > 0 and 1 <= m["turns_mean"] <= 2 for m in metrics)
     evals = directory.evals.read()
     assert evals[-1]["step"] == 2 and len(evals[-1]["answers"]) == 3
     assert json.loads(directory.result_path.read_text())["held_out_accuracy"] == evals[-1]["accuracy"]

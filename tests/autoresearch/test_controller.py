@@ -18,8 +18,8 @@ from optuna.trial import TrialState
 from optuna_dashboard import get_note
 from scripted_llm import scripted_llm
 
-from autoresearch.checkpointing import open_checkpointer
 from autoresearch.controller import Controller
+from autoresearch.controller_state import open_controller_state
 from autoresearch.executors import LocalExecutor
 from autoresearch.proposer import LlmProposer
 from autoresearch.search import distributions
@@ -66,7 +66,7 @@ def test_a_study_runs_its_budget_with_llm_proposals_rejections_pruning_and_notes
         study = open_study(spec)
         executor = LocalExecutor(tmp_path / "trials")
         controller = Controller(spec, study, executor, LlmProposer(spec.llm), [backend_url], poll_s=0.2)
-        with open_checkpointer(spec.storage_url(), tmp_path) as checkpointer:
+        with open_controller_state(spec.storage_url(), tmp_path) as checkpointer:
             controller.run(checkpointer)
 
     trials = study.get_trials(deepcopy=False)
@@ -194,7 +194,7 @@ def test_a_trial_asked_but_never_launched_before_a_crash_is_recorded_and_run_by_
     orphan = study.ask(distributions(spec))  # what a controller killed right after `ask` leaves behind
     assert orphan.user_attrs == {}
     controller = Controller(spec, study, LocalExecutor(tmp_path / "trials"), None, [backend_url], poll_s=0.2)
-    with open_checkpointer(spec.storage_url(), tmp_path) as checkpointer:
+    with open_controller_state(spec.storage_url(), tmp_path) as checkpointer:
         controller.run(checkpointer)
     (trial,) = study.get_trials(deepcopy=False)
     assert trial.state is TrialState.COMPLETE
@@ -220,7 +220,7 @@ def test_a_shared_warmup_runs_once_and_every_trial_starts_its_rl_from_it(backend
     spec = tiny_spec(tmp_path, backend_url, shared_warmup=True, trial=trial, pruning={"kind": "none"}, budget=budget)
     study = open_study(spec)
     executor = RecordingExecutor(tmp_path / "trials")
-    with open_checkpointer(spec.storage_url(), tmp_path) as checkpointer:
+    with open_controller_state(spec.storage_url(), tmp_path) as checkpointer:
         Controller(spec, study, executor, None, [backend_url], poll_s=0.2).run(checkpointer)
 
     warmup_run = shared_warmup_run_id(spec, backend_url)
@@ -239,7 +239,7 @@ def test_a_shared_warmup_runs_once_and_every_trial_starts_its_rl_from_it(backend
     # A controller run again with a larger budget reuses the warm-up the study recorded.
     more = spec.model_copy(update={"budget": spec.budget.model_copy(update={"trials": 3})})
     executor.launched.clear()
-    with open_checkpointer(spec.storage_url(), tmp_path) as checkpointer:
+    with open_controller_state(spec.storage_url(), tmp_path) as checkpointer:
         Controller(more, study, executor, None, [backend_url], poll_s=0.2).run(checkpointer)
     assert executor.launched == [f"{spec.study}-0002"]
     assert len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))) == 3

@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import optuna
 import pytest
-from loopback import free_port
 from optuna_dashboard import save_note
+from support.loopback import free_port
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_FLAGS = [

@@ -15,12 +15,12 @@ import optuna
 import pytest
 import yaml
 from kube_stand_in import JobsApi, jobs_api
-from loopback import free_port
 from optuna.trial import TrialState
+from support.loopback import free_port
 from waiting import wait_for_phase
 
-from autoresearch.checkpointing import open_checkpointer
 from autoresearch.controller import Controller
+from autoresearch.controller_state import open_controller_state
 from autoresearch.errors import ExecutorError
 from autoresearch.executors import TrialPhase
 from autoresearch.executors.kubernetes import KubernetesExecutor, job_name, label_value
@@ -175,7 +175,7 @@ def cluster_spec(tmp_path: Path, backends: list[str], **changes: object) -> Stud
 
 def run_controller(spec: StudySpec, study: optuna.Study, executor: KubernetesExecutor, tmp_path: Path) -> None:
     controller = Controller(spec, study, executor, None, spec.backend_urls, poll_s=0.2)
-    with open_checkpointer(spec.storage_url(), tmp_path) as checkpointer:
+    with open_controller_state(spec.storage_url(), tmp_path) as checkpointer:
         controller.run(checkpointer)
 
 

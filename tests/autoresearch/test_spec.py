@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from loopback import free_port
+from support.loopback import free_port
 
 from autoresearch.errors import ConfigurationError
 from autoresearch.spec import load_study_spec

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from autoresearch.errors import CheckpointError, ConfigurationError
+from autoresearch.errors import ConfigurationError, ResumeError
 from autoresearch.trials.config import TrialConfig, load_trial_config, parse_trial_config
 from autoresearch.trials.data import TrainingOrder, held_out_subset
 from autoresearch.trials.run_dir import RunDirectory
@@ -59,7 +59,7 @@ def test_a_resumed_run_may_only_change_its_length_and_intervals(tmp_path: Path) 
     config = TrialConfig(run_id="run", steps=10)
     directory.check_config(config)
     directory.check_config(config.model_copy(update={"steps": 20, "eval_interval": 5}))
-    with pytest.raises(CheckpointError, match="learning_rate, loss differ"):
+    with pytest.raises(ResumeError, match="learning_rate, loss differ"):
         directory.check_config(config.model_copy(update={"learning_rate": 1e-3, "loss": "ppo"}))
 
 

@@ -115,6 +115,7 @@ def test_an_episode_trains_its_turns_and_not_the_observations_between_them() -> 
         select_samples([Group(Prompt(EXAMPLE, (10, 11)), episodes, scores)], normalize_std=False), None, 0.0
     )
     assert batch.completion_tokens == 2 * 3
+    assert episodes[0].turns == 2 and Completion((1, 2), (0.0, 0.0), "").turns == 1
     first = lists(batch.datums[0])
     assert first["target_tokens"] == [11, 20, 21, 90, 91, 92, 22]
     assert first["advantages"] == [0.0, 0.5, 0.5, 0.0, 0.0, 0.0, 0.5]

@@ -35,6 +35,7 @@ STEP_KEYS = {
     "completion_tokens_mean",
     "tokens_per_s",
     "step_time_s",
+    "turns_mean",
     "reward/execution_match",
     "reward/length_penalty",
 }

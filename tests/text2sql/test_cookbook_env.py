@@ -22,6 +22,7 @@ pytest.importorskip(
 
 import chz
 import tinker
+from support.backends import tiny_server_config
 from tinker_cookbook.rl import train
 from tinker_cookbook.rl.types import StepResult
 from tinker_cookbook.tokenizer_utils import Tokenizer, register_tokenizer, unregister_tokenizer
@@ -38,7 +39,6 @@ from tasks.text2sql.cookbook import (
 from tasks.text2sql.errors import CookbookSetupError
 from tasks.text2sql.prompts import tables_used
 from tasks.text2sql.rewards import ExecutionMatch, Format, LengthPenalty, ResultOverlap, RewardSpec
-from trainer_backend.config import ServerConfig
 from trainer_backend.models.tiny import TINY_MODEL_NAME, train_tiny_tokenizer
 from trainer_backend.server import running_server
 
@@ -215,9 +215,7 @@ def test_the_cookbooks_own_rl_loop_trains_on_the_task_against_our_backend(
     monkeypatch.setenv("TINKER_API_KEY", "tml-tests")
     monkeypatch.setenv("TINKER_TELEMETRY", "0")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    server_config = ServerConfig(
-        base_model=TINY_MODEL_NAME, device="cpu", storage_root=tmp_path / "backend", port=0, long_poll_s=5.0
-    )
+    server_config = tiny_server_config(tmp_path / "backend")
     log_path = tmp_path / "run"
     with running_server(server_config) as server:
         # The loop loads its tokenizer by model name from the Hugging Face Hub; the tiny model is not there, so

@@ -3,32 +3,25 @@ HTTP."""
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 import tinker
 import torch
 from pydantic import BaseModel
+from support.backends import tiny_server_config
 from tinker import types
 from tinker._compat import model_dump
 from tinker.proto.request_conv import forward_backward_request_to_proto
 from tinker.proto.response_conv import deserialize_proto_response
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
-from trainer_backend.config import ServerConfig
 from trainer_backend.engine.sampling import SamplingResult
 from trainer_backend.server import RunningServer, running_server
 from trainer_backend.wire.proto import PROTOBUF_CONTENT_TYPE
-
-os.environ.setdefault("TINKER_TELEMETRY", "0")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-TINY = "tiny-gemma3"
 
 # Two computations of one log-prob that sum in different orders (a batched pass against a row alone, the engine's
 # chunked unembedding against transformers' F.linear) agree only to float rounding. A log-prob z_t - logsumexp(z)
@@ -70,18 +63,6 @@ def assert_answered_alike(one: object, other: object) -> None:
     assert [s.stop_reason for s in one.sequences] == [s.stop_reason for s in other.sequences]
     for sequence, other_sequence in zip(one.sequences, other.sequences, strict=True):
         torch.testing.assert_close(sequence.logprobs, other_sequence.logprobs, atol=LOGPROB_ROUNDING, rtol=0)
-
-
-def tiny_server_config(storage_root: Path, **overrides: object) -> ServerConfig:
-    settings = {
-        "base_model": TINY,
-        "device": "cpu",
-        "storage_root": storage_root,
-        "port": 0,
-        "long_poll_s": 5.0,
-        **overrides,
-    }
-    return ServerConfig(**settings)
 
 
 @pytest.fixture(scope="session")

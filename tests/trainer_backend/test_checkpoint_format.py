@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import tinker
 import torch
-from conftest import LOGPROB_ROUNDING, TINY
+from conftest import LOGPROB_ROUNDING
 from peft import PeftModel
+from support.backends import TINY
 from tinker import types
 from transformers import AutoModelForCausalLM
 

@@ -6,7 +6,8 @@ import math
 
 import pytest
 import tinker
-from conftest import LOGPROB_ROUNDING, TINY, datum_for
+from conftest import LOGPROB_ROUNDING, datum_for
+from support.backends import TINY
 from tinker import types
 
 from trainer_backend.server import RunningServer

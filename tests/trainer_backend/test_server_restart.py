@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 import tinker
-from conftest import TINY, RawApi, error_of, request_id_of, tiny_server_config
+from conftest import RawApi, error_of, request_id_of
+from support.backends import TINY, tiny_server_config
 from tinker import types
 
 from trainer_backend.ledger import FutureState, Ledger, ResultFormat

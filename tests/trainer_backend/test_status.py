@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 import tinker
-from conftest import TINY
+from support.backends import TINY
 from tinker import types
 
 from trainer_backend.duty_cycle import DutyCycle

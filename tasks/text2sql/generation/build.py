@@ -20,7 +20,7 @@ from tasks.text2sql.difficulty import classify_difficulty
 from tasks.text2sql.generation.domains import DEV_DOMAINS, TEST_DOMAINS, TRAIN_DOMAINS
 from tasks.text2sql.generation.questions import Scope, draw_candidate
 from tasks.text2sql.generation.rows import build_database, derived_rng
-from tasks.text2sql.generation.spec import Domain
+from tasks.text2sql.generation.schema import Domain
 
 SEED = 20261129
 VARIANTS = 3  # the primary database and two others with the same schema

@@ -4,7 +4,7 @@ Splits are by database, as in Spider: `TRAIN_DOMAINS`, `DEV_DOMAINS` and `TEST_D
 """
 
 from tasks.text2sql.generation.pools import CITIES, COUNTRIES
-from tasks.text2sql.generation.spec import (
+from tasks.text2sql.generation.schema import (
     Domain,
     Table,
     category,

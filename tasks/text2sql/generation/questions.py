@@ -24,7 +24,7 @@ from tasks.text2sql.generation.phrasing import (
     number_condition,
     sql_literal,
 )
-from tasks.text2sql.generation.spec import Column, Domain, Role, Table
+from tasks.text2sql.generation.schema import Column, Domain, Role, Table
 
 
 @dataclass(frozen=True)

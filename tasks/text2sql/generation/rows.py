@@ -16,7 +16,7 @@ from pathlib import Path
 import duckdb
 
 from tasks.text2sql.generation.pools import FIRST_NAMES, LAST_NAMES, NAME_PARTS
-from tasks.text2sql.generation.spec import Column, Domain, Role, Table
+from tasks.text2sql.generation.schema import Column, Domain, Role, Table
 
 # Share of parent rows that children may reference: the rest stay childless, so questions such as
 # "which departments have no employees" have answers.

@@ -1,4 +1,5 @@
-"""Where the controller's LangGraph checkpoints live: beside the study, in the same kind of store.
+"""Where the controller's own state lives (LangGraph calls it checkpoints; this is not a trial's or a model's
+checkpoint): beside the study, in the same kind of store.
 
 A study in PostgreSQL (a cluster, where the controller's own disk goes away with its pod) keeps the checkpoints in
 the same database; any other study keeps them in a SQLite file in the study's folder.
@@ -23,8 +24,9 @@ POSTGRES = re.compile(r"^postgres(?:ql)?(?:\+\w+)?://")
 
 
 @contextmanager
-def open_checkpointer(storage_url: str, folder: Path) -> Iterator[BaseCheckpointSaver]:
-    """The checkpointer for a study stored at `storage_url` (SQLite files go in `folder`).
+def open_controller_state(storage_url: str, folder: Path) -> Iterator[BaseCheckpointSaver]:
+    """LangGraph's checkpointer of the controller's graph for a study stored at `storage_url` (SQLite files go in
+    `folder`).
 
     Raises:
         ConfigurationError: the PostgreSQL database cannot be reached.

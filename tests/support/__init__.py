@@ -1,0 +1,1 @@
+"""What tests of every package share: loopback servers and ports, and the tiny model's server config."""
