@@ -40,7 +40,7 @@ class CompletionScore(Protocol):
 
     @property
     def components(self) -> Mapping[str, float]:
-        """Each weighted reward component's value before weighting, by kind."""
+        """Each reward component's weighted value, by kind (they sum to `reward`)."""
 
 
 class Episode(Protocol):
