@@ -28,11 +28,11 @@ class EpisodeRollout:
     logprobs: list[float] = field(default_factory=list)
     trained: list[bool] = field(default_factory=list)
 
-    def take_turn(self, tokens: Sequence[int], logprobs: Sequence[float], renderer: PromptRenderer) -> None:
-        """Add a sampled turn (its tokens and their sampling log-probs) and give it to the episode; the observation
-        it gets back follows it."""
+    def take_turn(self, tokens: Sequence[int], logprobs: Sequence[float] | None, renderer: PromptRenderer) -> None:
+        """Add a sampled turn (its tokens and their sampling log-probs, zeros if the sampler gave none) and give it
+        to the episode; the observation it gets back follows it."""
         self.tokens += [int(t) for t in tokens]
-        self.logprobs += [float(lp) for lp in logprobs]
+        self.logprobs += [float(lp) for lp in logprobs] if logprobs else [0.0] * len(tokens)
         self.trained += [True] * len(tokens)
         observation = self.episode.step(renderer.decode(tokens))
         if observation is not None:
@@ -66,7 +66,7 @@ def play_episodes(
     ]
     for group, future in zip(rollouts, first, strict=True):
         for rollout, turn in zip(group, future.result().sequences, strict=True):
-            rollout.take_turn(turn.tokens, turn.logprobs or [0.0] * len(turn.tokens), renderer)
+            rollout.take_turn(turn.tokens, turn.logprobs, renderer)
     for turn_index in range(1, max_turns):
         live = [(i, j) for i, group in enumerate(rollouts) for j, r in enumerate(group) if not r.episode.done]
         if not live:
@@ -81,7 +81,7 @@ def play_episodes(
             futures.append(sampler.sample(types.ModelInput.from_ints(context), 1, turn_params))
         for (i, j), future in zip(live, futures, strict=True):
             turn = future.result().sequences[0]
-            rollouts[i][j].take_turn(turn.tokens, turn.logprobs or [0.0] * len(turn.tokens), renderer)
+            rollouts[i][j].take_turn(turn.tokens, turn.logprobs, renderer)
     return rollouts
 
 

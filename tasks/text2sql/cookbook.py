@@ -23,6 +23,7 @@ from tasks.text2sql.dataset import Database, Example, Text2SqlDataset
 from tasks.text2sql.errors import CookbookSetupError
 from tasks.text2sql.rewards import DEFAULT_REWARD_SPEC, RewardSpec
 from tasks.text2sql.sandbox import ExecutionStatus
+from tasks.text2sql.scoring import Score
 from tasks.text2sql.task import Text2SqlTask
 
 INSTALL_HINT = (
@@ -69,6 +70,18 @@ def shared_task(database: Database) -> Text2SqlTask:
     return Text2SqlTask(Text2SqlDataset(name=database.db_id, splits={}, databases={database.db_id: database}))
 
 
+def _episode_end(renderer: renderers.Renderer, score: Score, metrics: Metrics, logs: dict[str, str]) -> StepResult:
+    """The step that ends an episode with its score as the reward."""
+    return StepResult(
+        reward=score.reward,
+        episode_done=True,
+        next_observation=tinker.ModelInput.empty(),
+        next_stop_condition=renderer.get_stop_sequences(),
+        metrics=metrics,
+        logs=logs,
+    )
+
+
 class Text2SqlEnv(Env):
     """One question, answered in one turn: the reward is the spec's weighted sum over the completion."""
 
@@ -101,14 +114,8 @@ class Text2SqlEnv(Env):
         metrics: Metrics = {"execution_match": float(score.correct)}
         metrics.update({f"reward/{kind}": value for kind, value in score.components.items()})
         metrics.update({f"status/{status.value}": float(score.status is status) for status in ExecutionStatus})
-        return StepResult(
-            reward=score.reward,
-            episode_done=True,
-            next_observation=tinker.ModelInput.empty(),
-            next_stop_condition=self.renderer.get_stop_sequences(),
-            metrics=metrics,
-            logs={"example": self.example.id, "sql": score.sql, "gold_sql": self.example.gold_sql},
-        )
+        logs = {"example": self.example.id, "sql": score.sql, "gold_sql": self.example.gold_sql}
+        return _episode_end(self.renderer, score, metrics, logs)
 
 
 class Text2SqlAgenticEnv(Env):
@@ -164,14 +171,8 @@ class Text2SqlAgenticEnv(Env):
             "answered": float(facts.answered),
         }
         metrics.update({f"reward/{kind}": value for kind, value in score.components.items()})
-        return StepResult(
-            reward=score.reward,
-            episode_done=True,
-            next_observation=tinker.ModelInput.empty(),
-            next_stop_condition=self.renderer.get_stop_sequences(),
-            metrics=metrics,
-            logs={"example": self.example.id, "transcript": self.episode.transcript()},
-        )
+        logs = {"example": self.example.id, "transcript": self.episode.transcript()}
+        return _episode_end(self.renderer, score, metrics, logs)
 
 
 @dataclass(frozen=True)

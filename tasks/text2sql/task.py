@@ -31,6 +31,8 @@ class Text2SqlTask(Task[Example, RewardSpec]):
     def __init__(self, dataset: Text2SqlDataset) -> None:
         self.dataset = dataset
         self._scorer: Scorer | None = None
+        # Each solved example's demonstration, by (example id, max_turns): it runs a query, and every prompt shows it.
+        self._demonstrations: dict[tuple[str, int], str] = {}
 
     @classmethod
     def bundled(cls) -> Text2SqlTask:
@@ -82,7 +84,11 @@ class Text2SqlTask(Task[Example, RewardSpec]):
     def agentic_prompt(self, example: Example, shots: Sequence[Example], max_turns: int) -> str:
         """The prompt of an episode on `example`: the format, `shots` solved by exploring once, the question."""
         limits = EpisodeLimits(max_turns=max_turns)
-        shown = [demonstration(s, self.dataset.database(s.db_id).path, self.scorer.sandbox, limits) for s in shots]
+        for shot in shots:
+            if (shot.id, max_turns) not in self._demonstrations:
+                path = self.dataset.database(shot.db_id).path
+                self._demonstrations[shot.id, max_turns] = demonstration(shot, path, self.scorer.sandbox, limits)
+        shown = [self._demonstrations[shot.id, max_turns] for shot in shots]
         return render_agentic_prompt(example, self.dataset.database(example.db_id).path, shown, limits)
 
     def agentic_gold_completion(self, example: Example) -> str:
