@@ -3,8 +3,9 @@
 Run: python benchmarks/roofline.py [--device cpu] [--new-tokens 32]
 
 1. fp32 GEMM GFLOP/s at Gemma 3 270M's shapes (the 262,144 × 640 unembedding, the MLP and attention projections),
-   for a few row counts; the best is the machine's compute peak. The unembedding is timed both as `F.linear` and
-   as the engine's `unembedding_logits`.
+   for a few row counts, through both matmul libraries PyTorch has on a CPU (MKL, which `F.linear` calls, and
+   oneDNN, which the engine calls on x86); the best is the machine's compute peak. The unembedding is timed both as
+   `F.linear` and as the engine's `unembedding_logits`.
 2. Memory bandwidth: a large copy (read + write) and a large sum (read).
 3. Sampling tokens/s at 1, 16 and 32 rows (one ~275-token prompt of the Gemma trial, `num_samples` rows, no stop),
    decode only (the prefill is timed apart and taken out), against the bound of a decode step: the larger of its
@@ -32,6 +33,8 @@ sys.path.insert(0, str(ROOT))
 from autoresearch.trials.data import PromptRenderer, TrainingOrder, split_of  # noqa: E402
 from tasks.text2sql.task import Text2SqlTask  # noqa: E402
 from trainer_backend.engine.model_engine import ModelEngine  # noqa: E402
+from trainer_backend.engine.onednn_linear import applies  # noqa: E402
+from trainer_backend.engine.onednn_linear import linear as onednn_linear  # noqa: E402
 from trainer_backend.engine.prefixes import shared_prefix_groups  # noqa: E402
 from trainer_backend.engine.sampling import SamplingRequest  # noqa: E402
 from trainer_backend.engine.types import DecodedDatum, LoraSettings  # noqa: E402
@@ -54,7 +57,8 @@ def best_seconds(work: Callable[[], object], repeats: int = 3) -> float:
 
 
 def gemm_rates(hidden: int, vocab: int, intermediate: int, attention: int) -> dict[str, dict[int, float]]:
-    """GFLOP/s of `[m, k] @ [k, n]` products at the model's shapes, for several row counts m."""
+    """GFLOP/s of `[m, k] @ [k, n]` products at the model's shapes, for several row counts m, through MKL (what
+    `F.linear` calls) and through oneDNN (what the engine calls on an x86 CPU)."""
     rates: dict[str, dict[int, float]] = {}
     unembedding = torch.randn(vocab, hidden)
     shapes = {
@@ -62,13 +66,15 @@ def gemm_rates(hidden: int, vocab: int, intermediate: int, attention: int) -> di
         "mlp down (2048 → 640)": (intermediate, hidden),
         "attention q (640 → 1024)": (hidden, attention),
     }
+    libraries = {"MKL": F.linear, "oneDNN": onednn_linear} if applies(unembedding) else {"MKL": F.linear}
     for name, (k, n) in shapes.items():
         weight = torch.randn(n, k)
-        rates[name] = {}
-        for rows in (32, 256, 1024):
-            x = torch.randn(rows, k)
-            rates[name][rows] = 2 * rows * k * n / best_seconds(lambda: F.linear(x, weight)) / 1e9  # noqa: B023
-    for name, project in (("unembedding, F.linear", F.linear), ("unembedding, engine", unembedding_logits)):
+        for library, project in libraries.items():
+            rates[f"{name}, {library}"] = by_rows = {}
+            for rows in (32, 256, 1024):
+                x = torch.randn(rows, k)
+                by_rows[rows] = 2 * rows * k * n / best_seconds(lambda: project(x, weight)) / 1e9  # noqa: B023
+    for name, project in (("unembedding, MKL", F.linear), ("unembedding, engine", unembedding_logits)):
         rates[name] = {}
         for rows in (1, 16, 32, 128):
             x = torch.randn(rows, hidden)

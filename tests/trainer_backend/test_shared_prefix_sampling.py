@@ -31,13 +31,13 @@ def letters(ids: tuple[int, ...] | list[int]) -> str:
 def forward_passes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Grows by one with every forward pass a generation makes (prefill passes and decode steps)."""
     passes: list[int] = []
-    forward = sampling._next_token_logits
+    forward = sampling._next_token_scores
 
     def counted(*args: object, **kwargs: object) -> object:
         passes.append(1)
         return forward(*args, **kwargs)
 
-    monkeypatch.setattr(sampling, "_next_token_logits", counted)
+    monkeypatch.setattr(sampling, "_next_token_scores", counted)
     return passes
 
 

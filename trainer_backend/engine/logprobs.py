@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from trainer_backend.engine.unembedding import vocabulary_major_logits
+from trainer_backend.engine.onednn_linear import linear
+from trainer_backend.engine.unembedding import unembedding_logits
 from trainer_backend.errors import UserInputError
 
 
@@ -142,8 +143,7 @@ def _logprobs(
 ) -> Tensor:
     # The matmul stays in the model's dtype (an fp32 copy of Gemma's unembedding would be gigabytes); the
     # softmax runs in fp32 because bf16 log-probs are too coarse for importance ratios.
-    # A view of the vocabulary-major product: no copy back into [n, V].
-    logits_nV = vocabulary_major_logits(hidden_nH, weight_VH).float().T
+    logits_nV = unembedding_logits(hidden_nH, weight_VH).float()
     if delta is not None:
         low_rank_nR = F.linear(hidden_nH.to(delta.a_RH.dtype), delta.a_RH)
         logits_nV = logits_nV + delta.scale * F.linear(low_rank_nR, delta.b_VR).float()
@@ -204,8 +204,7 @@ class _FrozenUnembeddingLogprobs(torch.autograd.Function):
 def _chunk_logprobs_and_gradients(
     hidden_nH: Tensor, weight_VH: Tensor, targets_nK: Tensor, softcap: float | None
 ) -> tuple[Tensor, Tensor]:
-    # A view of the vocabulary-major product: no copy back into [n, V].
-    logits_nV = vocabulary_major_logits(hidden_nH, weight_VH).float().T
+    logits_nV = unembedding_logits(hidden_nH, weight_VH).float()
     # d cap(u) / du = 1 - tanh(u / c)^2, kept per logit for the gradient.
     slope_nV = None
     if softcap is not None:
@@ -220,7 +219,7 @@ def _chunk_logprobs_and_gradients(
     weights_nV = logits_nV.sub_(log_normaliser_n1).exp_()
     if slope_nV is not None:
         weights_nV.mul_(slope_nV)
-    expected_nH = F.linear(weights_nV.to(weight_VH.dtype), weight_VH.T).float()
+    expected_nH = linear(weights_nV.to(weight_VH.dtype), weight_VH.T).float()
     picked_nKH = weight_VH[safe_nK].float()
     if slope_nV is not None:
         picked_nKH = picked_nKH * slope_nV.gather(1, safe_nK).unsqueeze(-1)

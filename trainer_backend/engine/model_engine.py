@@ -20,6 +20,7 @@ from torch import Tensor
 from trainer_backend.engine.adapters import AdapterPool
 from trainer_backend.engine.logprobs import LowRankDelta, full_logits_target_logprobs, target_logprobs
 from trainer_backend.engine.losses import compute_loss, gradient_positions
+from trainer_backend.engine.onednn_linear import route_linears
 from trainer_backend.engine.prefixes import PrefixGroup, shared_prefix_groups
 from trainer_backend.engine.residency import AdapterResidency
 from trainer_backend.engine.sampling import (
@@ -56,6 +57,7 @@ class ModelEngine:
     ) -> None:
         """`max_loaded_adapters` training adapters stay loaded; the least recently used others go to `spill_root`."""
         self.loaded = loaded
+        route_linears(loaded.model)
         # The full-logits path exists to measure what chunking saves (benchmarks/backend_gemma.py).
         self._logprobs = target_logprobs if chunked_logprobs else full_logits_target_logprobs
         self.adapters = AdapterPool(loaded.model)

@@ -32,7 +32,7 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -42,6 +42,7 @@ from torch import Tensor
 from transformers import Cache, Gemma3ForCausalLM, PretrainedConfig, PreTrainedModel
 
 from trainer_backend.engine.adapters import routed_rows
+from trainer_backend.engine.drawing import draw_from_hidden, draw_from_logits
 from trainer_backend.engine.kv_cache import preallocated_cache
 from trainer_backend.engine.prefixes import plan_shared_prefill
 from trainer_backend.engine.unembedding import unembedding_logits
@@ -221,31 +222,58 @@ def _adapter_scope(model: PreTrainedModel | PeftModel, adapters: Sequence[str | 
     return routed_rows(model, [BASE_ROWS if adapter is None else adapter for adapter in adapters])
 
 
-def _next_token_logits(
-    model: PreTrainedModel | PeftModel, adapters: Sequence[str | None], **inputs: object
-) -> tuple[Tensor, Cache]:
-    """The logits of each row's last position, and the cache; each row through its own adapter.
+@dataclass(frozen=True)
+class _NextTokenScores:
+    """What the rows' next tokens are drawn from: their logits, or their last hidden states and the unembedding.
 
-    For Gemma 3 the decoder runs on its own and the vocabulary projection goes through `unembedding_logits`, the
-    fastest layout of the largest matmul of a decode step; its forward adds nothing else but the softcap, applied
-    here as transformers does. Other architectures run their own forward.
+    The second form lets a draw without top-k or top-p go through `draw_from_hidden`, which never holds the rows'
+    whole logits; `logits()` computes them for the other draws.
+    """
+
+    logits_RV: Tensor | None = None
+    hidden_RH: Tensor | None = None
+    unembedding_VH: Tensor | None = None
+    softcap: float | None = None
+
+    def rows(self, index_R: Tensor) -> _NextTokenScores:
+        if self.logits_RV is not None:
+            return _NextTokenScores(logits_RV=self.logits_RV[index_R])
+        return replace(self, hidden_RH=self.hidden_RH[index_R])
+
+    def logits(self) -> Tensor:
+        if self.logits_RV is not None:
+            return self.logits_RV
+        logits_RV = unembedding_logits(self.hidden_RH, self.unembedding_VH)
+        if self.softcap is not None:
+            logits_RV = torch.tanh(logits_RV / self.softcap) * self.softcap
+        return logits_RV
+
+
+def _next_token_scores(
+    model: PreTrainedModel | PeftModel, adapters: Sequence[str | None], **inputs: object
+) -> tuple[_NextTokenScores, Cache]:
+    """The scores of each row's last position, and the cache; each row through its own adapter.
+
+    For Gemma 3 the decoder runs on its own and the scores are its last hidden states with the unembedding (its
+    forward adds nothing else but the softcap), unless an adapter trains the unembedding: then the rows' logits come
+    through that adapter's own low-rank head. Other architectures run their own forward.
     """
     causal_lm = model.get_base_model() if isinstance(model, PeftModel) else model
     with _adapter_scope(model, adapters):
         if not isinstance(causal_lm, Gemma3ForCausalLM):
             output = model(**inputs, use_cache=True)
-            return output.logits[:, -1], output.cache
+            return _NextTokenScores(logits_RV=output.logits[:, -1]), output.cache
         output = causal_lm.model(**inputs, use_cache=True)
         hidden_RH = output.last_hidden_state[:, -1]
         head = causal_lm.get_output_embeddings()
+        cap = causal_lm.config.final_logit_softcapping
         if hasattr(head, "lora_A") and any(adapter in head.lora_A for adapter in adapters if adapter is not None):
-            logits_RV = head(hidden_RH)  # an adapter trains the unembedding: its own low-rank head, row by row
-        else:
-            logits_RV = unembedding_logits(hidden_RH, getattr(head, "base_layer", head).weight)
-    cap = causal_lm.config.final_logit_softcapping
-    if cap is not None:
-        logits_RV = torch.tanh(logits_RV / cap) * cap
-    return logits_RV, output.cache
+            logits_RV = head(hidden_RH)
+            if cap is not None:
+                logits_RV = torch.tanh(logits_RV / cap) * cap
+            return _NextTokenScores(logits_RV=logits_RV), output.cache
+    weight_VH = getattr(head, "base_layer", head).weight
+    return _NextTokenScores(hidden_RH=hidden_RH, unembedding_VH=weight_VH, softcap=cap), output.cache
 
 
 def _generator(request: SamplingRequest, device: torch.device) -> torch.Generator:
@@ -267,12 +295,12 @@ def _sample_with_prompt_scores(
     request = job.request
     device = model.get_input_embeddings().weight.device
     prompt_1P = torch.tensor([request.prompt_tokens], dtype=torch.long, device=device)
-    cache, logits_1V, prompt_logprobs, topk_prompt_logprobs = _prefill_scoring(
+    cache, next_1, prompt_logprobs, topk_prompt_logprobs = _prefill_scoring(
         model, prompt_1P, request.topk_prompt_logprobs, job.adapter, request.max_tokens
     )
     rows = _Rows.for_jobs([job], torch.ones_like(prompt_1P), torch.tensor([len(request.prompt_tokens) - 1]))
     cache.batch_select_indices(rows.prompt_index_R)
-    sequences = _decode(model, cache, logits_1V[rows.prompt_index_R], [job], rows, decode, device, pause)[0]
+    sequences = _decode(model, cache, next_1.rows(rows.prompt_index_R), [job], rows, decode, device, pause)[0]
     return SamplingResult(
         sequences=sequences,
         prompt_logprobs=prompt_logprobs if request.prompt_logprobs else None,
@@ -288,17 +316,17 @@ def _generate(
 ) -> list[SamplingResult]:
     """Prefill the jobs' prompts together, then decode all their samples together."""
     device = model.get_input_embeddings().weight.device
-    logits_JV, cache, mask_JP, last_position_J = _prefill(model, jobs, device)
+    next_J, cache, mask_JP, last_position_J = _prefill(model, jobs, device)
     rows = _Rows.for_jobs(jobs, mask_JP, last_position_J)
     cache.batch_select_indices(rows.prompt_index_R)
-    sequences = _decode(model, cache, logits_JV[rows.prompt_index_R], jobs, rows, decode, device, pause)
+    sequences = _decode(model, cache, next_J.rows(rows.prompt_index_R), jobs, rows, decode, device, pause)
     return [SamplingResult(sequences=s, prompt_logprobs=None, topk_prompt_logprobs=None) for s in sequences]
 
 
 def _prefill(
     model: PreTrainedModel | PeftModel, jobs: Sequence[SamplingJob], device: torch.device
-) -> tuple[Tensor, Cache, Tensor, Tensor]:
-    """Each job's next-token logits after its prompt, the cache, each job's attention mask over the cache, and the
+) -> tuple[_NextTokenScores, Cache, Tensor, Tensor]:
+    """Each job's next-token scores after its prompt, the cache, each job's attention mask over the cache, and the
     position of its prompt's last token.
 
     Prompts that share a prefix (an evaluation's questions over one database schema) have it computed once, then
@@ -313,7 +341,7 @@ def _prefill(
             plan = None
     if plan is None:
         tokens_JP, mask_JP, positions_JP = _left_padded([job.request.prompt_tokens for job in jobs], device)
-        logits_JV, cache = _next_token_logits(
+        next_J, cache = _next_token_scores(
             model,
             adapters,
             input_ids=tokens_JP,
@@ -321,14 +349,14 @@ def _prefill(
             position_ids=positions_JP,
             cache=preallocated_cache(model.config, tokens_JP.shape[1] + new_tokens),
         )
-        return logits_JV, cache, mask_JP, positions_JP[:, -1]
+        return next_J, cache, mask_JP, positions_JP[:, -1]
     prefix_GQ, prefix_mask_GQ, prefix_positions_GQ = _left_padded(plan.prefixes, device)
     prefix_of_J = torch.tensor(plan.prefix_of, dtype=torch.long, device=device)
     # A prompt's own tokens take the positions after its prefix.
     suffix_JS, suffix_mask_JS, positions_JS = _left_padded(
         plan.suffixes, device, first_position_N=prefix_mask_GQ.sum(dim=-1)[prefix_of_J]
     )
-    _, cache = _next_token_logits(
+    _, cache = _next_token_scores(
         model,
         plan.prefix_adapters,
         input_ids=prefix_GQ,
@@ -339,10 +367,10 @@ def _prefill(
     cache.batch_select_indices(prefix_of_J)
     # Each row reads [padding, its prefix, padding, its own tokens]: the padding is masked out of attention.
     mask_JP = torch.cat([prefix_mask_GQ[prefix_of_J], suffix_mask_JS], dim=1)
-    logits_JV, cache = _next_token_logits(
+    next_J, cache = _next_token_scores(
         model, adapters, input_ids=suffix_JS, attention_mask=mask_JP, position_ids=positions_JS, cache=cache
     )
-    return logits_JV, cache, mask_JP, positions_JS[:, -1]
+    return next_J, cache, mask_JP, positions_JS[:, -1]
 
 
 def _left_padded(
@@ -440,7 +468,7 @@ def _prefill_scoring(
     topk: int,
     adapter: str | None,
     max_new_tokens: int,
-) -> tuple[Cache, Tensor, tuple[float | None, ...], tuple[TopkLogprobs | None, ...]]:
+) -> tuple[Cache, _NextTokenScores, tuple[float | None, ...], tuple[TopkLogprobs | None, ...]]:
     """Prefill chunk by chunk through the cache, scoring each chunk's positions before its logits are freed."""
     length = prompt_1P.shape[1]
     vocab_size = model.get_output_embeddings().weight.shape[0]
@@ -465,13 +493,13 @@ def _prefill_scoring(
                 tuple(zip(ids_row, values_row, strict=True))
                 for ids_row, values_row in zip(ids_CK.tolist(), values_CK.tolist(), strict=True)
             )
-    return cache, output.logits[:, -1], tuple(logprobs), tuple(topk_logprobs)
+    return cache, _NextTokenScores(logits_RV=output.logits[:, -1]), tuple(logprobs), tuple(topk_logprobs)
 
 
 def _decode(
     model: PreTrainedModel | PeftModel,
     cache: Cache,
-    logits_RV: Tensor,
+    next_R: _NextTokenScores,
     jobs: Sequence[SamplingJob],
     rows: _Rows,
     decode: Callable[[Sequence[int]], str],
@@ -489,17 +517,10 @@ def _decode(
     logprobs = [[[] for _ in range(job.request.num_samples)] for job in jobs]
     reasons: list[list[StopReason]] = [["length"] * job.request.num_samples for job in jobs]
     for step in itertools.count(1):
-        next_R = torch.empty(len(rows.job), dtype=torch.long, device=device)
-        next_logprobs_R = torch.empty(len(rows.job), dtype=torch.float32, device=device)
-        # Each job draws its rows (in sample order) from its own generator, as it would alone.
-        for j in dict.fromkeys(rows.job):
-            rows_of_job = torch.tensor([r for r, owner in enumerate(rows.job) if owner == j], device=device)
-            next_R[rows_of_job], next_logprobs_R[rows_of_job] = _draw(
-                logits_RV[rows_of_job], jobs[j].request, generators[j]
-            )
+        token_R, token_logprob_R = _draw(next_R, jobs, rows.job, generators)
         kept = []
         for row, (j, s, token, logprob) in enumerate(
-            zip(rows.job, rows.sample, next_R.tolist(), next_logprobs_R.tolist(), strict=True)
+            zip(rows.job, rows.sample, token_R.tolist(), token_logprob_R.tolist(), strict=True)
         ):
             request = jobs[j].request
             sequence = tokens[j][s]
@@ -516,16 +537,16 @@ def _decode(
         if len(kept) < len(rows.job):
             kept_R = rows.keep(kept)
             cache.batch_select_indices(kept_R)
-            next_R = next_R[kept_R]
+            token_R = token_R[kept_R]
         if step % PAUSE_EVERY_STEPS == 0:
             with torch.inference_mode(False):
                 pause()
         rows.mask_RT = torch.cat([rows.mask_RT, rows.mask_RT.new_ones((len(kept), 1))], dim=1)
         rows.last_position_R = rows.last_position_R + 1
-        logits_RV, cache = _next_token_logits(
+        next_R, cache = _next_token_scores(
             model,
             [jobs[j].adapter for j in rows.job],
-            input_ids=next_R[:, None],
+            input_ids=token_R[:, None],
             attention_mask=rows.mask_RT,
             position_ids=rows.last_position_R[:, None],
             cache=cache,
@@ -539,46 +560,38 @@ def _decode(
     ]
 
 
-def _draw(logits_BV: Tensor, request: SamplingRequest, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """One token per row and its logprob under the distribution it was drawn from (see the module docstring)."""
-    logits_BV = logits_BV.float()
-    if request.temperature == 0:
-        logprobs_BV = F.log_softmax(logits_BV, dim=-1)
-        next_B1 = logprobs_BV.argmax(dim=-1, keepdim=True)
-        return next_B1[:, 0], logprobs_BV.gather(1, next_B1)[:, 0]
-    scaled_BV = logits_BV / request.temperature
-    vocab_size = scaled_BV.shape[-1]
-    top_k = request.top_k if 0 < request.top_k < vocab_size else 0
-    if top_k == 0 and request.top_p == 1:
-        logprobs_BV = F.log_softmax(scaled_BV, dim=-1)
-        next_B1 = _draw_rows(logprobs_BV.exp(), generator)
-        return next_B1[:, 0], logprobs_BV.gather(1, next_B1)[:, 0]
-    # Candidates in descending order: the top k, or the whole vocabulary sorted for the nucleus cut.
-    if top_k:
-        candidates_BK, ids_BK = scaled_BV.topk(top_k, dim=-1)
-    else:
-        candidates_BK, ids_BK = scaled_BV.sort(dim=-1, descending=True)
-    if request.top_p < 1:
-        probs_BK = candidates_BK.softmax(dim=-1)
-        # Keep the smallest prefix whose mass reaches top_p: drop a candidate once the mass before it does.
-        outside_BK = probs_BK.cumsum(dim=-1) - probs_BK >= request.top_p
-        candidates_BK = candidates_BK.masked_fill(outside_BK, -math.inf)
-    logprobs_BK = F.log_softmax(candidates_BK, dim=-1)
-    choice_B1 = _draw_rows(logprobs_BK.exp(), generator)
-    return ids_BK.gather(1, choice_B1)[:, 0], logprobs_BK.gather(1, choice_B1)[:, 0]
+def _draw(
+    scores: _NextTokenScores, jobs: Sequence[SamplingJob], job_R: Sequence[int], generators: Sequence[torch.Generator]
+) -> tuple[Tensor, Tensor]:
+    """Each row's next token and its logprob, row r drawn for job `job_R[r]`.
 
-
-def _draw_rows(probs_BV: Tensor, generator: torch.Generator) -> Tensor:
-    """`[B, 1]`: one index per row, drawn with the chance its probability gives, from one uniform number per row.
-
-    Inverse transform sampling on the running sum. `torch.multinomial` draws one exponential number per entry
-    instead: 262,144 per row for Gemma, which made it the largest cost of a decode step on a CPU. The fp32 running
-    sum moves each entry's chance by at most half an ulp of 1 (6e-8); an entry of probability 0 (cut by top-k or
-    top-p) adds nothing to the sum, so it is never drawn.
+    Each job draws its rows (in sample order) from its own generator, one uniform number a row, as it would alone.
+    Rows whose job asks for neither top-k nor top-p are drawn together in one pass over the vocabulary when the
+    scores are hidden states (`draw_from_hidden`); the others from their job's logits.
     """
-    cdf_BV = probs_BV.cumsum(dim=-1)
-    u_B1 = torch.rand((probs_BV.shape[0], 1), generator=generator, device=probs_BV.device, dtype=cdf_BV.dtype)
-    drawn_B1 = torch.searchsorted(cdf_BV, u_B1 * cdf_BV[:, -1:], right=True)
-    # u * total may round up to the total itself: the last entry that has any probability takes it.
-    last_possible_B1 = (probs_BV > 0).cumsum(dim=-1).argmax(dim=-1, keepdim=True)
-    return torch.minimum(drawn_B1, last_possible_B1)
+    device = scores.logits_RV.device if scores.logits_RV is not None else scores.hidden_RH.device
+    token_R = torch.empty(len(job_R), dtype=torch.long, device=device)
+    logprob_R = torch.empty(len(job_R), dtype=torch.float32, device=device)
+    temperature_R = torch.zeros(len(job_R), device=device)
+    uniform_R = torch.zeros(len(job_R), device=device)
+    vocab_size = scores.unembedding_VH.shape[0] if scores.logits_RV is None else scores.logits_RV.shape[-1]
+    plain = []
+    for j in dict.fromkeys(job_R):
+        request = jobs[j].request
+        rows = [r for r, owner in enumerate(job_R) if owner == j]
+        rows_R = torch.tensor(rows, device=device)
+        if scores.logits_RV is None and not 0 < request.top_k < vocab_size and request.top_p == 1:
+            plain.extend(rows)
+            temperature_R[rows_R] = request.temperature
+            if request.temperature > 0:
+                uniform_R[rows_R] = torch.rand(len(rows), generator=generators[j], device=device)
+        else:
+            token_R[rows_R], logprob_R[rows_R] = draw_from_logits(
+                scores.rows(rows_R).logits(), request.temperature, request.top_k, request.top_p, generators[j]
+            )
+    if plain:
+        plain_R = torch.tensor(plain, device=device)
+        token_R[plain_R], logprob_R[plain_R] = draw_from_hidden(
+            scores.hidden_RH[plain_R], scores.unembedding_VH, temperature_R[plain_R], uniform_R[plain_R], scores.softcap
+        )
+    return token_R, logprob_R
