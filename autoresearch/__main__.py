@@ -4,7 +4,9 @@ concurrently on the shared backend, results come back, and it iterates until the
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -93,9 +95,31 @@ def _executor(spec: StudySpec, folder: Path, run_root: Path) -> TrialExecutor:
     )
 
 
+SIGTERM_EXIT = 128 + signal.SIGTERM
+
+
 def _exit_on_sigterm(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def main() -> None:
+    """The command; after a SIGTERM, leave without waiting for threads that libraries started.
+
+    The signal's SystemExit can land anywhere, also between a thread pool starting a worker and registering it for
+    shutdown: such a worker waits forever and the interpreter's exit joins it forever (seen once in the test that
+    stops a controller). Everything of ours has been closed while the exception unwound: the local backend is
+    stopped, the stores are closed.
+    """
+    try:
+        app()
+    except SystemExit as stop:
+        if stop.code != SIGTERM_EXIT:
+            raise
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(SIGTERM_EXIT)
+
+
 if __name__ == "__main__":
-    app()
+    main()

@@ -8,6 +8,7 @@ and `checkpoint.json` with who owns it. Names are validated, so a path can never
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 import time
@@ -16,6 +17,8 @@ from enum import StrEnum
 from pathlib import Path
 
 from trainer_backend.errors import ConflictError, NotFoundError, UserInputError
+
+log = logging.getLogger(__name__)
 
 SCHEME = "tinker://"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -145,7 +148,7 @@ class CheckpointStore:
             raise UserInputError(f"invalid model id {model_id!r}")
         run_folder = model_id.replace(":", "__") if model_id else "*"
         pattern = f"runs/{run_folder}/*/*/{METADATA_FILE}"
-        infos = [_read_info(p) for p in self.root.glob(pattern)]
+        infos = [info for p in self.root.glob(pattern) if (info := _readable_info(p)) is not None]
         now = time.time()
         return sorted(
             (i for i in infos if i.owner == owner and (i.expires_at is None or i.expires_at >= now)),
@@ -157,8 +160,8 @@ class CheckpointStore:
         now = time.time()
         removed = 0
         for metadata in self.root.glob(f"runs/*/*/*/{METADATA_FILE}"):
-            info = _read_info(metadata)
-            if info.expires_at is not None and info.expires_at < now:
+            info = _readable_info(metadata)
+            if info is not None and info.expires_at is not None and info.expires_at < now:
                 shutil.rmtree(metadata.parent, ignore_errors=True)
                 removed += 1
         return removed
@@ -166,6 +169,16 @@ class CheckpointStore:
     def delete(self, owner: str, path: CheckpointPath) -> None:
         self.info(owner, path)
         shutil.rmtree(self.folder(path))
+
+
+def _readable_info(metadata: Path) -> CheckpointInfo | None:
+    """The metadata of one checkpoint found by a listing, or None (logged) when it cannot be read: one damaged file
+    must not break every owner's listing."""
+    try:
+        return _read_info(metadata)
+    except (OSError, ValueError, TypeError, KeyError) as error:
+        log.warning("skipping unreadable checkpoint metadata %s: %s", metadata, error)
+        return None
 
 
 def _read_info(metadata: Path) -> CheckpointInfo:

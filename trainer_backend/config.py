@@ -36,6 +36,13 @@ class ServerConfig(BaseSettings):
     max_loaded_adapters: int = Field(
         32, ge=1, description="training adapters kept loaded; the least recently used others wait on disk"
     )
+    # Bounds on what one request may ask for, checked before any work: each answers 413 or 400 naming itself.
+    max_request_bytes: int = Field(
+        64 * 2**20, ge=1024, description="largest request body, compressed or not (a forward_backward chunk is ~5 MB)"
+    )
+    max_tensor_elements: int = Field(2**24, ge=1, description="most elements of one loss_fn_inputs tensor, made dense")
+    max_lora_rank: int = Field(256, ge=1, description="highest LoRA rank a training run may ask for")
+    max_num_samples: int = Field(256, ge=1, description="most completions one sample request may ask for")
 
     @field_validator("api_keys")
     @classmethod

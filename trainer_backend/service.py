@@ -243,6 +243,11 @@ class TrainingService:
         if request.optimizer_config.type != "adamw":
             raise UserInputError(f"optimizer {request.optimizer_config.type!r} is not supported; use adamw")
         lora = (request.lora_config or schemas.LoraConfig(rank=32)).to_engine()
+        if not 1 <= lora.rank <= self.config.max_lora_rank:
+            raise UserInputError(
+                f"lora_config.rank must be between 1 and this server's limit of {self.config.max_lora_rank} "
+                f"(--max-lora-rank), got {lora.rank}"
+            )
         run = self.runs.create_training_run(owner, request.session_id, request.model_seq_id, self.loaded.name, lora)
 
         def work() -> tuple[bytes, ResultFormat]:
@@ -409,6 +414,11 @@ class TrainingService:
         )
 
     def sample(self, owner: str, request: schemas.SampleRequest, body: bytes, key: str | None) -> Submitted:
+        if request.num_samples > self.config.max_num_samples:
+            raise UserInputError(
+                f"num_samples must be at most this server's limit of {self.config.max_num_samples} "
+                f"(--max-num-samples), got {request.num_samples}"
+            )
         if request.topk_sample_logprobs or request.prompt_alt_tokens_k or request.target_prompt_logprobs:
             raise UserInputError(
                 "topk_sample_logprobs, prompt_alt_tokens_k and target_prompt_logprobs are not supported by this server"

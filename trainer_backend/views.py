@@ -34,10 +34,10 @@ class RegistryViews:
         return schemas.Checkpoint(
             checkpoint_id=f"{info.kind.value}/{info.name}",
             checkpoint_type="training" if info.kind is CheckpointKind.TRAINING else "sampler",
-            time=datetime.fromtimestamp(info.created_at, UTC),
+            time=_moment(info.created_at),
             tinker_path=info.path,
             size_bytes=info.size_bytes,
-            expires_at=datetime.fromtimestamp(info.expires_at, UTC) if info.expires_at else None,
+            expires_at=_moment(info.expires_at) if info.expires_at else None,
         )
 
     def _run_view(self, run: TrainingRun) -> schemas.TrainingRun:
@@ -51,7 +51,7 @@ class RegistryViews:
             is_lora=True,
             corrupted=not self.has_adapter(run.model_id),
             lora_rank=run.lora.rank,
-            last_request_time=datetime.fromtimestamp(run.last_request_at, UTC),
+            last_request_time=_moment(run.last_request_at),
             last_checkpoint=self._checkpoint_view(training[-1]) if training else None,
             last_sampler_checkpoint=self._checkpoint_view(sampler[-1]) if sampler else None,
         )
@@ -100,3 +100,12 @@ class RegistryViews:
                 )
             ]
         )
+
+
+def _moment(timestamp: float) -> datetime:
+    """The UTC time of a stored timestamp; one past what a datetime can hold (a store written before TTLs were
+    bounded) reads as the latest time there is, so that it never breaks a listing."""
+    try:
+        return datetime.fromtimestamp(timestamp, UTC)
+    except (OverflowError, OSError, ValueError):
+        return datetime.max.replace(tzinfo=UTC) if timestamp > 0 else datetime.min.replace(tzinfo=UTC)

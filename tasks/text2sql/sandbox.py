@@ -16,8 +16,13 @@ The layers a statement meets, outermost first:
 What this does not bound: DuckDB builds intermediate string and list values outside `memory_limit`,
 and some of that work (constant folding, one huge value) does not notice an interrupt, so a statement
 such as nested `replace(replace(...))` or `printf('%300000000d', 1)` can take gigabytes and seconds
-before it fails. Rows are converted to Python objects outside the limit too. Where that must be bounded,
-run the sandbox in a worker process with an address-space limit (RLIMIT_AS).
+before it fails. Rows are converted to Python objects outside the limit too. `IsolatedSandbox`
+(sandbox_workers.py), which scoring uses, runs this sandbox in worker processes under an address-space
+cap and a hard deadline, so that such a statement costs its worker, never the caller.
+
+Deeply nested JSON (`json_structure` of a 9,000-deep array built with `string_agg`) runs to a result in
+milliseconds and a few megabytes (measured), and is accepted: the text it reads is held to the memory limit
+like any string, and a depth that overflowed a stack would end only its worker.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from types import TracebackType
+from typing import Protocol
 
 import duckdb
 
@@ -69,6 +75,12 @@ class ExecutionResult:
         return self.status is ExecutionStatus.OK
 
 
+class QueryRunner(Protocol):
+    """What runs untrusted SQL: `SqlSandbox` in this process, `IsolatedSandbox` in capped worker processes."""
+
+    def execute(self, db_path: Path, sql: str, max_rows: int | None = None) -> ExecutionResult: ...
+
+
 @dataclass(frozen=True)
 class SandboxLimits:
     """What one statement may use."""
@@ -83,9 +95,12 @@ class SandboxLimits:
     max_rows: int = 10_000
     # Longer statements are BLOCKED without being parsed.
     max_sql_chars: int = 20_000
+    # Address space a sandbox worker process may map beyond what it holds once started (`IsolatedSandbox`): the
+    # memory_limit above, plus what DuckDB builds outside it, plus rows on their way out.
+    worker_memory_mb: int = 1024
 
     def __post_init__(self) -> None:
-        for name in ("timeout_s", "memory_limit_mb", "threads", "max_rows", "max_sql_chars"):
+        for name in ("timeout_s", "memory_limit_mb", "threads", "max_rows", "max_sql_chars", "worker_memory_mb"):
             value = getattr(self, name)
             if value <= 0:
                 raise SandboxError(f"SandboxLimits.{name} must be positive, got {value!r}")

@@ -19,7 +19,8 @@ from tasks.text2sql.dataset import Example, Text2SqlDataset
 from tasks.text2sql.matching import Comparable, gold_is_ordered, match_on_databases, result_overlap
 from tasks.text2sql.prompts import ParsedCompletion, parse_completion
 from tasks.text2sql.rewards import SINGLE_TURN, EpisodeFacts, ExecutionMatch, ResultOverlap, RewardSpec
-from tasks.text2sql.sandbox import ExecutionResult, ExecutionStatus, SandboxLimits, SqlSandbox, is_utf8
+from tasks.text2sql.sandbox import ExecutionResult, ExecutionStatus, SandboxLimits, is_utf8
+from tasks.text2sql.sandbox_workers import IsolatedSandbox
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,8 @@ class Scorer:
         threads: int = 2,
     ) -> None:
         self.dataset = dataset
-        self.sandbox = SqlSandbox(limits or SandboxLimits())
+        # Generated SQL runs in worker processes under an address-space cap: no query can take this process's memory.
+        self.sandbox = IsolatedSandbox(limits or SandboxLimits(), workers=threads)
         self._gold: dict[str, tuple[Comparable, ...]] = {}
         self._predicted = _ResultCache(result_cache_size)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="text2sql-score")

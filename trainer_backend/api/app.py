@@ -15,13 +15,16 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from typing import Annotated, TypeVar
 
-from fastapi import Depends, FastAPI, Header, Request
+from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from google.protobuf.message import DecodeError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException
 from tinker.proto import tinker_public_pb2 as pb
 
+from trainer_backend.api.body_limit import BodyLimit
 from trainer_backend.api.metrics import ServiceCollector
 from trainer_backend.auth import KeyPolicy
 from trainer_backend.errors import BackendError, UserInputError, describe_validation_error
@@ -31,6 +34,8 @@ from trainer_backend.wire import schemas
 from trainer_backend.wire.proto import PROTOBUF_CONTENT_TYPE, WireFormatError, decode_forward_backward_request
 
 log = logging.getLogger(__name__)
+# The most training runs one page of the listing holds.
+MAX_PAGE = 1000
 Model = TypeVar("Model", bound=BaseModel)
 
 
@@ -129,6 +134,16 @@ def create_app(service: TrainingService, policy: KeyPolicy, long_poll_s: float =
     async def backend_error(_: Request, error: BackendError) -> JSONResponse:
         return JSONResponse({"error": str(error), "category": error.category}, status_code=error.status_code)
 
+    @app.exception_handler(RequestValidationError)
+    async def invalid_parameters(_: Request, error: RequestValidationError) -> JSONResponse:
+        problems = describe_validation_error(error, "request")
+        return JSONResponse({"error": f"invalid request: {problems}", "category": "user"}, status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, error: HTTPException) -> JSONResponse:
+        # Unknown routes and methods: the same JSON shape as every other error.
+        return JSONResponse({"error": str(error.detail), "category": "user"}, status_code=error.status_code)
+
     @app.exception_handler(Exception)
     async def unexpected_error(request: Request, _: Exception) -> JSONResponse:
         log.exception("unhandled error in %s %s", request.method, request.url.path)
@@ -137,6 +152,7 @@ def create_app(service: TrainingService, policy: KeyPolicy, long_poll_s: float =
         return JSONResponse({"error": message, "category": "server"}, status_code=500)
 
     app.state.policy = policy
+    app.add_middleware(BodyLimit, max_bytes=service.config.max_request_bytes)
     api = "/api/v1"
 
     # --- start-up, sessions, health ---------------------------------------------------------------------
@@ -205,7 +221,14 @@ def create_app(service: TrainingService, policy: KeyPolicy, long_poll_s: float =
     ) -> dict:
         raw = await request.body()
         try:
-            batch = decode_forward_backward_request(raw, content_encoding)
+            # Off the event loop: inflating and parsing a large body would stall every other request.
+            batch = await asyncio.to_thread(
+                decode_forward_backward_request,
+                raw,
+                content_encoding,
+                max_decompressed_bytes=service.config.max_request_bytes,
+                max_tensor_elements=service.config.max_tensor_elements,
+            )
         except WireFormatError:
             service.release_seq_id(who, *_sequence_of(raw, content_encoding))
             raise
@@ -264,7 +287,11 @@ def create_app(service: TrainingService, policy: KeyPolicy, long_poll_s: float =
     # --- REST: runs and checkpoints ---------------------------------------------------------------------
 
     @app.get(f"{api}/training_runs")
-    async def training_runs(who: Owner, limit: int = 20, offset: int = 0) -> dict:
+    async def training_runs(
+        who: Owner,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 20,
+        offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
+    ) -> dict:
         return service.views.list_training_runs(who, limit, offset).model_dump(mode="json")
 
     @app.get(f"{api}/training_runs/{{model_id}}")

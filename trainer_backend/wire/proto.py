@@ -38,6 +38,8 @@ PROTOBUF_CONTENT_TYPE = "application/x-protobuf"
 # The SDK keeps a chunk under ~5 MB of serialized proto by default (`fwdbwd_max_chunk_bytes_count`); the cap only
 # stops a corrupt or hostile zstd frame from inflating into all of the server's memory.
 MAX_DECOMPRESSED_BYTES = 1 << 30
+# The server passes its own limit (`ServerConfig.max_tensor_elements`); this default is the same.
+MAX_TENSOR_ELEMENTS = 1 << 24
 # The SDK reports this as `ForwardBackwardOutput.loss_fn_output_type`, the name its JSON responses used.
 LOSS_FN_OUTPUT_TYPE = "ArrayRecord"
 
@@ -97,7 +99,11 @@ class SampleResultLike(Protocol):
 
 
 def decode_forward_backward_request(
-    body: bytes, content_encoding: str | None = None, *, max_decompressed_bytes: int = MAX_DECOMPRESSED_BYTES
+    body: bytes,
+    content_encoding: str | None = None,
+    *,
+    max_decompressed_bytes: int = MAX_DECOMPRESSED_BYTES,
+    max_tensor_elements: int = MAX_TENSOR_ELEMENTS,
 ) -> ForwardBackwardBatch:
     """Decode the body of a `/api/v1/forward_backward` request.
 
@@ -106,6 +112,8 @@ def decode_forward_backward_request(
         content_encoding: the request's Content-Encoding header; the SDK sends "zstd" when the client config's
             `proto_compress_fwdbwd` is true, and no header otherwise.
         max_decompressed_bytes: the largest decompressed body accepted.
+        max_tensor_elements: the most elements a loss_fn_inputs tensor may have once dense, checked before it is
+            made dense (a sparse tensor of a few bytes can declare any shape).
 
     Returns:
         The request, with sparse tensors made dense (absent cells 0, the SDK's default pad value).
@@ -132,7 +140,7 @@ def decode_forward_backward_request(
         forward_only=request.forward_only,
         loss_fn=request.loss_fn,
         loss_fn_config=_decode_loss_fn_config(request),
-        datums=[_decode_datum(datum, index) for index, datum in enumerate(request.data)],
+        datums=[_decode_datum(datum, index, max_tensor_elements) for index, datum in enumerate(request.data)],
     )
 
 
@@ -213,12 +221,12 @@ def _decode_loss_fn_config(request: pb.ForwardBackwardRequest) -> dict[str, floa
     return config or None
 
 
-def _decode_datum(datum: pb.Datum, index: int) -> DecodedDatum:
+def _decode_datum(datum: pb.Datum, index: int, max_elements: int) -> DecodedDatum:
     where = f"datum {index}"
     return DecodedDatum(
         model_input_tokens=_decode_tokens(datum.model_input, where),
         loss_fn_inputs={
-            name: _decode_tensor(tensor, f"{where} loss_fn_inputs[{name!r}]")
+            name: _decode_tensor(tensor, f"{where} loss_fn_inputs[{name!r}]", max_elements)
             for name, tensor in datum.loss_fn_inputs.items()
         },
     )
@@ -245,10 +253,15 @@ def _decode_tokens(chunks: Sequence[pb.Chunk], where: str) -> list[int]:
     return tokens
 
 
-def _decode_tensor(tensor: pb.Tensor, where: str) -> torch.Tensor:
+def _decode_tensor(tensor: pb.Tensor, where: str, max_elements: int) -> torch.Tensor:
     shape = list(tensor.shape)
     if any(size < 0 for size in shape):
         raise WireFormatError(f"{where} has a negative size in its shape {shape}")
+    if math.prod(shape) > max_elements:
+        raise WireFormatError(
+            f"{where} has shape {shape}, {math.prod(shape)} elements; this server takes at most {max_elements} "
+            "(--max-tensor-elements)"
+        )
     if tensor.WhichOneof("encoding") == "sparse_csr":
         array = _densify_csr(tensor.sparse_csr, tensor.dtype, shape, where)
     else:

@@ -108,6 +108,11 @@ SamplingParams = types.SamplingParams  # SampleRequest.sampling_params; the SDK'
 
 # Token ids travel as int32 in the protobuf flows; the JSON flows hold them to the same range.
 TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
+# Sequence numbers are stored as SQLite integers: 64 bits, signed.
+SeqId = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
+# A checkpoint's expiry must stay a date every reader can represent: at most a century ahead.
+MAX_TTL_SECONDS = 100 * 365 * 86_400
+TtlSeconds = Annotated[int, Field(ge=1, le=MAX_TTL_SECONDS)]
 
 
 class _Request(BaseModel):
@@ -249,7 +254,7 @@ class CreateModelRequest(_Request):
     """POST /api/v1/create_model: a LoRA training run on `base_model`, the session's `model_seq_id`-th model."""
 
     session_id: str
-    model_seq_id: int
+    model_seq_id: SeqId
     base_model: str
     user_metadata: dict[str, Any] | None = None
     lora_config: LoraConfig | None = None
@@ -266,7 +271,7 @@ class OptimStepRequest(_Request):
     """POST /api/v1/optim_step: Adam parameters under `adam_params`, another family's under `optimizer_params`."""
 
     model_id: str
-    seq_id: int | None = None
+    seq_id: SeqId | None = None
     adam_params: AdamParams | None = None
     optimizer_params: OptimizerParams | None = None
 
@@ -282,8 +287,8 @@ class SaveWeightsRequest(_Request):
 
     model_id: str
     path: str | None = None
-    seq_id: int | None = None
-    ttl_seconds: int | None = None
+    seq_id: SeqId | None = None
+    ttl_seconds: TtlSeconds | None = None
     overwrite: bool = False
     user_metadata: dict[str, str] | None = None
 
@@ -293,10 +298,10 @@ class SaveWeightsForSamplerRequest(_Request):
 
     model_id: str
     path: str | None = None
-    sampling_session_seq_id: int | None = None
+    sampling_session_seq_id: SeqId | None = None
     kind: Literal["snapshot", "inflight"] = "snapshot"
-    seq_id: int | None = None
-    ttl_seconds: int | None = None
+    seq_id: SeqId | None = None
+    ttl_seconds: TtlSeconds | None = None
     user_metadata: dict[str, str] | None = None
 
     @model_validator(mode="after")
@@ -319,9 +324,9 @@ class LoadWeightsRequest(_Request):
     """
 
     model_id: str | None = None
-    seq_id: int | None = None
+    seq_id: SeqId | None = None
     session_id: str | None = None
-    model_seq_id: int | None = None
+    model_seq_id: SeqId | None = None
     base_model: str | None = None
     user_metadata: dict[str, Any] | None = None
     path: str
@@ -341,7 +346,7 @@ class CreateSamplingSessionRequest(_Request):
     """POST /api/v1/create_sampling_session: a sampler on `model_path` (tinker://...) or on `base_model`."""
 
     session_id: str
-    sampling_session_seq_id: int
+    sampling_session_seq_id: SeqId
     base_model: str | None = None
     model_path: str | None = None
 
@@ -361,7 +366,7 @@ class SampleRequest(_Request):
     base_model: str | None = None
     model_path: str | None = None
     sampling_session_id: str | None = None
-    seq_id: int | None = None
+    seq_id: SeqId | None = None
     prompt_logprobs: bool | None = None
     topk_prompt_logprobs: int = Field(default=0, ge=0)
     topk_sample_logprobs: int = Field(default=0, ge=0)

@@ -14,7 +14,7 @@ from tasks.text2sql.agentic.turns import ObservationLimits, ParsedTurn, TurnKind
 from tasks.text2sql.dataset import Example
 from tasks.text2sql.errors import Text2SqlError
 from tasks.text2sql.rewards import EpisodeFacts
-from tasks.text2sql.sandbox import ExecutionStatus, SqlSandbox
+from tasks.text2sql.sandbox import ExecutionStatus, QueryRunner
 
 # The cue shown when one turn is left, so that a policy which reads it answers rather than runs out.
 LAST_TURN_CUE = "One turn left: answer now."
@@ -51,7 +51,7 @@ class Turn:
 class Episode:
     """The state of one episode; `step` takes the policy's next turn and returns what it reads next."""
 
-    def __init__(self, example: Example, db_path: Path, sandbox: SqlSandbox, limits: EpisodeLimits) -> None:
+    def __init__(self, example: Example, db_path: Path, sandbox: QueryRunner, limits: EpisodeLimits) -> None:
         self.example = example
         self.db_path = db_path
         self.sandbox = sandbox

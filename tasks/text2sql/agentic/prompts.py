@@ -14,7 +14,7 @@ from tasks.text2sql.agentic.episode import EpisodeLimits
 from tasks.text2sql.agentic.turns import ANSWER, EXPLORE, render_result
 from tasks.text2sql.dataset import Example
 from tasks.text2sql.prompts import schema_block, tables_used
-from tasks.text2sql.sandbox import SqlSandbox
+from tasks.text2sql.sandbox import QueryRunner
 
 
 def instruction(limits: EpisodeLimits) -> str:
@@ -25,7 +25,7 @@ def instruction(limits: EpisodeLimits) -> str:
     )
 
 
-def demonstration(shot: Example, db_path: Path, sandbox: SqlSandbox, limits: EpisodeLimits) -> str:
+def demonstration(shot: Example, db_path: Path, sandbox: QueryRunner, limits: EpisodeLimits) -> str:
     """A solved example: its schema, question, one exploration with its real result, and the gold answer."""
     tables = sorted(tables_used(shot.gold_sql))
     lines = ["Schema:", schema_block(db_path, set(tables)), f"Question: {shot.question}"]

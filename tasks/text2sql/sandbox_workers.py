@@ -1,0 +1,286 @@
+"""The SQL sandbox in worker processes whose address space the operating system caps, so that no query can take the
+scoring process's memory, whatever it makes DuckDB allocate.
+
+`SqlSandbox` bounds what DuckDB tracks (its memory limit, a deadline it notices), but string and list functions
+build values outside that limit, and a value under construction or a constant being folded does not notice an
+interrupt: `trim(BOTH FROM repeat('x', 1000000000))` reached 3.9 GB and 12 s against 512 MiB and 2 s. A screen of
+function names will always miss one, so the cap does not depend on it. Each worker here is a fresh interpreter that
+imports only DuckDB, runs a `SqlSandbox`, and before each query caps its own address space (RLIMIT_AS) at what it
+maps then plus `SandboxLimits.worker_memory_mb`: an allocation past the cap fails inside the worker (a DuckDB error,
+a MemoryError or the worker's death). The parent gives each query a hard deadline past the sandbox's own: a worker
+that has not answered by then is killed. Either way that query's result is an error, the worker is replaced, and
+the caller carries on; nothing the SQL does reaches the calling process. A worker whose resident memory has grown
+by more than `worker_memory_mb` (an allocator keeping what a large query freed) retires after its answer.
+
+Requests and results cross a pair of private pipes as pickles of this module's own types.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import queue
+import subprocess
+import sys
+import threading
+import weakref
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from types import TracebackType
+
+from tasks.text2sql.errors import SandboxError
+from tasks.text2sql.sandbox import ExecutionResult, ExecutionStatus, SandboxLimits, SqlSandbox
+
+log = logging.getLogger(__name__)
+
+# How long past the sandbox's own deadline the parent waits before it kills a worker: DuckDB's interrupt normally
+# ends a query at its deadline, and rows still have to be converted and sent.
+_DEADLINE_GRACE_S = 2.0
+# How long a fresh worker may take to import DuckDB and report ready.
+_START_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class _Query:
+    db_path: str
+    sql: str
+    max_rows: int | None
+
+
+class _Worker:
+    """One worker process and its pipes; `run` sends a query and waits for its result or its deadline."""
+
+    def __init__(self, limits: SandboxLimits) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tasks.text2sql.sandbox_workers", pickle.dumps(limits).hex()],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            # A fresh interpreter that imports this checkout. glibc gives each new thread a malloc arena that reserves
+            # 64 MiB of address space, which the cap counts: with two arenas a new connection's threads still start.
+            env={**os.environ, "MALLOC_ARENA_MAX": "2", "PYTHONPATH": _import_path()},
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        self._to_worker = Connection(os.dup(self.process.stdin.fileno()), readable=False)
+        self._from_worker = Connection(os.dup(self.process.stdout.fileno()), writable=False)
+        self.process.stdin.close()
+        self.process.stdout.close()
+        if not self._from_worker.poll(_START_TIMEOUT_S):
+            self.kill()
+            raise SandboxError("an SQL sandbox worker did not start")
+        try:
+            self._from_worker.recv()
+        except EOFError:
+            self.kill()
+            raise SandboxError("an SQL sandbox worker exited while starting; its error is in the log") from None
+
+    def run(self, query: _Query, deadline_s: float) -> _Answer | None:
+        """The worker's answer, or None when the worker died or missed the deadline (it is then killed)."""
+        try:
+            self._to_worker.send_bytes(pickle.dumps(query))
+            if self._from_worker.poll(deadline_s):
+                return pickle.loads(self._from_worker.recv_bytes())
+        except (EOFError, OSError):
+            pass
+        self.kill()
+        return None
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        for connection in (self._to_worker, self._from_worker):
+            connection.close()
+
+
+def _import_path() -> str:
+    root = str(Path(__file__).resolve().parents[2])
+    existing = os.environ.get("PYTHONPATH")
+    return root if not existing else f"{root}{os.pathsep}{existing}"
+
+
+class IsolatedSandbox:
+    """`SqlSandbox`'s `execute`, run in worker processes with an address-space cap; safe from any number of threads.
+
+    `workers` queries run at once; more wait for a free worker. Workers start on first use and are replaced when a
+    query kills one or overruns its deadline.
+    """
+
+    def __init__(self, limits: SandboxLimits | None = None, workers: int = 2) -> None:
+        if workers < 1:
+            raise SandboxError(f"IsolatedSandbox needs at least one worker, got {workers}")
+        self.limits = limits or SandboxLimits()
+        self._free: queue.SimpleQueue[_Worker | None] = queue.SimpleQueue()
+        for _ in range(workers):
+            self._free.put(None)  # a slot whose worker starts when first needed
+        self._workers = workers
+        self._closed = False
+        self._lock = threading.Lock()
+        self._live: set[_Worker] = set()
+        # A sandbox dropped without close() still stops its workers when it is collected.
+        self._finalizer = weakref.finalize(self, _kill_all, self._live)
+        self.replaced = 0  # workers a query ended: for tests and logs
+
+    def execute(self, db_path: Path, sql: str, max_rows: int | None = None) -> ExecutionResult:
+        """`SqlSandbox.execute` in a worker; a query that kills its worker or overruns the deadline is an error."""
+        if self._closed:
+            raise SandboxError("the sandbox is closed")
+        worker = self._free.get()
+        try:
+            if worker is None:
+                worker = self._start()
+            answer = worker.run(_Query(str(db_path), sql, max_rows), self.limits.timeout_s + _DEADLINE_GRACE_S)
+            if answer is None or answer.retire:
+                self._retire(worker, killed=answer is None)
+                worker = None
+            if answer is None:
+                return _killed(self.limits)
+            result = answer.result
+            if result.error is not None and result.error.startswith(_SETUP_FAILURE):
+                raise SandboxError(result.error.removeprefix(_SETUP_FAILURE))
+            return result
+        finally:
+            self._free.put(worker)
+
+    def _start(self) -> _Worker:
+        worker = _Worker(self.limits)
+        with self._lock:
+            self._live.add(worker)
+        return worker
+
+    def _retire(self, worker: _Worker, killed: bool) -> None:
+        worker.kill()
+        with self._lock:
+            self._live.discard(worker)
+            self.replaced += killed
+        if killed:
+            log.warning("an SQL sandbox worker was ended by its query; a new one takes its place")
+
+    def close(self) -> None:
+        """Stop every worker; later calls to execute raise SandboxError."""
+        self._closed = True
+        with self._lock:
+            self._finalizer()
+
+    def __enter__(self) -> IsolatedSandbox:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def _kill_all(workers: set[_Worker]) -> None:
+    for worker in list(workers):
+        worker.kill()
+    workers.clear()
+
+
+def _killed(limits: SandboxLimits) -> ExecutionResult:
+    return ExecutionResult(
+        ExecutionStatus.ERROR,
+        error=(
+            f"the query ended its sandbox worker: it needed more than the {limits.worker_memory_mb} MiB cap or ran "
+            f"past the {limits.timeout_s:g} s limit without noticing the interrupt"
+        ),
+    )
+
+
+# A worker reports a database it cannot open (not the SQL's fault) with this prefix, for the parent to raise.
+_SETUP_FAILURE = "sandbox setup failed: "
+
+
+def _serve(limits: SandboxLimits) -> None:
+    """A worker's loop: queries in on stdin, results out on stdout, each query under an address-space cap."""
+    to_parent = Connection(os.dup(1), readable=False)
+    from_parent = Connection(os.dup(0), writable=False)
+    # Anything else that writes to stdout (a library's print) must not corrupt the results.
+    os.dup2(2, 1)
+    headroom = limits.worker_memory_mb * 2**20
+    cap = _AddressSpaceCap(headroom)
+    with SqlSandbox(limits) as sandbox:
+        started = _memory()
+        to_parent.send("ready")
+        while True:
+            try:
+                query: _Query = pickle.loads(from_parent.recv_bytes())
+            except EOFError:
+                return
+            # Set afresh for each query: opening a database maps some 70 MB that the query then holds.
+            cap.renew()
+            try:
+                result = sandbox.execute(Path(query.db_path), query.sql, query.max_rows)
+            except SandboxError as error:
+                result = ExecutionResult(ExecutionStatus.ERROR, error=f"{_SETUP_FAILURE}{error}")
+            # Memory the allocator kept from a large query counts against the machine: past the headroom, retire.
+            now = _memory()
+            retire = now is not None and started is not None and now.resident > started.resident + headroom
+            to_parent.send_bytes(pickle.dumps(_Answer(result, retire)))
+            if retire:
+                return
+
+
+@dataclass(frozen=True)
+class _Answer:
+    result: ExecutionResult
+    # The worker exits after this answer; the parent starts a new one for the next query.
+    retire: bool
+
+
+@dataclass(frozen=True)
+class _Memory:
+    mapped: int  # bytes of address space
+    resident: int  # bytes in RAM
+
+
+def _memory() -> _Memory | None:
+    """This process's mapped and resident bytes, from /proc (None where there is none: macOS, Windows)."""
+    try:
+        size, resident = Path("/proc/self/statm").read_bytes().split()[:2]
+    except OSError:
+        return None
+    page = os.sysconf("SC_PAGE_SIZE")
+    return _Memory(int(size) * page, int(resident) * page)
+
+
+class _AddressSpaceCap:
+    """Keeps the soft RLIMIT_AS at what the process maps plus `headroom`, where the OS enforces it (Linux).
+
+    `renew` before each query: it lowers or raises the soft limit (never past the hard one, which stays as it was)
+    only when the mapping moved by more than `_SLACK` since the last time, so the usual query pays one read of /proc.
+    """
+
+    _SLACK = 32 * 2**20
+
+    def __init__(self, headroom: int) -> None:
+        self.headroom = headroom
+        self._mapped_at_cap: int | None = None
+        try:
+            import resource
+        except ImportError:  # Windows has no rlimits
+            self._resource = None
+            return
+        self._resource = resource
+
+    def renew(self) -> None:
+        memory = _memory()
+        if self._resource is None or memory is None:
+            return
+        if self._mapped_at_cap is not None and abs(memory.mapped - self._mapped_at_cap) <= self._SLACK:
+            return
+        _, hard = self._resource.getrlimit(self._resource.RLIMIT_AS)
+        cap = memory.mapped + self.headroom
+        if hard != self._resource.RLIM_INFINITY:
+            cap = min(cap, hard)
+        self._resource.setrlimit(self._resource.RLIMIT_AS, (cap, hard))
+        self._mapped_at_cap = memory.mapped
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    # Through the module's importable name, so that the answers it pickles name that module and not __main__.
+    from tasks.text2sql import sandbox_workers
+
+    sandbox_workers._serve(pickle.loads(bytes.fromhex(sys.argv[1])))
