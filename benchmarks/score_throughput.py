@@ -1,6 +1,6 @@
 """How many completions per second the text-to-SQL scorer handles on this machine.
 
-Run: python benchmarks/score_throughput.py [--split dev] [--threads 2] [--repeats 3]
+Run: python benchmarks/score_throughput.py [--split dev] [--workers 2] [--repeats 3]
 
 The candidates mimic what an RL group produces for each question: the right query, the right query
 followed by rambling, near misses (another constant, another case), a query over the wrong rows, and
@@ -46,7 +46,7 @@ def candidates_for(example: Example) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--split", default="dev")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2, help="sandbox worker processes")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
@@ -54,7 +54,9 @@ def main() -> None:
     dataset = load_bundled()
     examples = dataset.split(args.split)
     items = [(e, c) for e in examples for c in candidates_for(e)]
-    table = Table(title=f"scoring throughput on bundled/{args.split}, {len(items)} candidates, {args.threads} threads")
+    table = Table(
+        title=f"scoring throughput on bundled/{args.split}, {len(items)} candidates, {args.workers} sandbox workers"
+    )
     for column in ("reward spec", "best candidates/s", "median candidates/s", "accuracy of candidates"):
         table.add_column(column, justify="right")
     for name, spec in (
@@ -65,7 +67,7 @@ def main() -> None:
         for _ in range(args.repeats):
             parses.cache_clear()
             schema_items.cache_clear()
-            with Scorer(dataset, result_cache_size=0, threads=args.threads) as scorer:
+            with Scorer(dataset, result_cache_size=0, workers=args.workers) as scorer:
                 for example in examples:
                     scorer.gold_results(example)
                 start = time.perf_counter()
@@ -74,7 +76,7 @@ def main() -> None:
         rates.sort()
         accuracy = sum(s.correct for s in scores) / len(scores)
         table.add_row(name, f"{rates[-1]:,.0f}", f"{rates[len(rates) // 2]:,.0f}", f"{accuracy:.1%}")
-    with Scorer(dataset, threads=args.threads) as scorer:
+    with Scorer(dataset, workers=args.workers) as scorer:
         scorer.score_many(items, DEFAULT_REWARD_SPEC)
         start = time.perf_counter()
         scorer.score_many(items, DEFAULT_REWARD_SPEC)

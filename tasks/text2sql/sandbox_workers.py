@@ -12,7 +12,8 @@ that has not answered by then is killed. Either way that query's result is an er
 the caller carries on; nothing the SQL does reaches the calling process. A worker whose resident memory has grown
 by more than `worker_memory_mb` (an allocator keeping what a large query freed) retires after its answer.
 
-Requests and results cross a pair of private pipes as pickles of this module's own types.
+Queries and results cross a pair of private pipes as pickles of this module's own types; a batch of queries goes
+to each worker in one message (`execute_many`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import subprocess
 import sys
 import threading
 import weakref
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -75,16 +78,28 @@ class _Worker:
             self.kill()
             raise SandboxError("an SQL sandbox worker exited while starting; its error is in the log") from None
 
-    def run(self, query: _Query, deadline_s: float) -> _Answer | None:
-        """The worker's answer, or None when the worker died or missed the deadline (it is then killed)."""
+    def run(self, queries: Sequence[_Query], deadline_s: float) -> tuple[list[_Answer], bool]:
+        """Send the queries at once and collect the answers, each within `deadline_s` of the one before.
+
+        Returns the answers received, in order, and whether the worker is gone: killed for missing a deadline or
+        found dead (the query after the last answer was running then), or retired by its last answer.
+        """
+        answers: list[_Answer] = []
         try:
-            self._to_worker.send_bytes(pickle.dumps(query))
-            if self._from_worker.poll(deadline_s):
-                return pickle.loads(self._from_worker.recv_bytes())
+            self._to_worker.send_bytes(pickle.dumps(list(queries)))
+            while len(answers) < len(queries):
+                if not self._from_worker.poll(deadline_s):
+                    break
+                answers.append(pickle.loads(self._from_worker.recv_bytes()))
+                if answers[-1].retire:
+                    self.kill()
+                    return answers, True
+            else:
+                return answers, False
         except (EOFError, OSError):
             pass
         self.kill()
-        return None
+        return answers, True
 
     def kill(self) -> None:
         if self.process.poll() is None:
@@ -123,25 +138,45 @@ class IsolatedSandbox:
         self.replaced = 0  # workers a query ended: for tests and logs
 
     def execute(self, db_path: Path, sql: str, max_rows: int | None = None) -> ExecutionResult:
-        """`SqlSandbox.execute` in a worker; a query that kills its worker or overruns the deadline is an error."""
+        """`SqlSandbox.execute` in a worker; a query that ends its worker or overruns the deadline is an error."""
+        return self._run_share([_Query(str(db_path), sql, max_rows)])[0]
+
+    def execute_many(self, queries: Sequence[tuple[Path, str, int | None]]) -> list[ExecutionResult]:
+        """Each query's `execute` result, in order, the queries shared among the workers.
+
+        Each worker gets its share in one message and answers query by query, so a batch pays the pipes' latency
+        once per worker rather than once per query: that latency is most of what a worker adds to a short query.
+        """
+        batch = [_Query(str(path), sql, max_rows) for path, sql, max_rows in queries]
+        shares = [batch[start :: self._workers] for start in range(min(self._workers, len(batch)))]
+        if len(shares) <= 1:
+            return self._run_share(batch)
+        with ThreadPoolExecutor(max_workers=len(shares), thread_name_prefix="sandbox-share") as pool:
+            answered = list(pool.map(self._run_share, shares))
+        # Query i went to share i mod n, at place i div n.
+        return [answered[i % len(shares)][i // len(shares)] for i in range(len(batch))]
+
+    def _run_share(self, queries: list[_Query]) -> list[ExecutionResult]:
+        """One worker's share: on a worker that dies, the query it was running is an error and the rest go on."""
         if self._closed:
             raise SandboxError("the sandbox is closed")
-        worker = self._free.get()
-        try:
-            if worker is None:
-                worker = self._start()
-            answer = worker.run(_Query(str(db_path), sql, max_rows), self.limits.timeout_s + _DEADLINE_GRACE_S)
-            if answer is None or answer.retire:
-                self._retire(worker, killed=answer is None)
-                worker = None
-            if answer is None:
-                return _killed(self.limits)
-            result = answer.result
-            if result.error is not None and result.error.startswith(_SETUP_FAILURE):
-                raise SandboxError(result.error.removeprefix(_SETUP_FAILURE))
-            return result
-        finally:
-            self._free.put(worker)
+        results: list[ExecutionResult] = []
+        while len(results) < len(queries):
+            worker = self._free.get()
+            try:
+                if worker is None:
+                    worker = self._start()
+                answers, gone = worker.run(queries[len(results) :], self.limits.timeout_s + _DEADLINE_GRACE_S)
+                results.extend(_checked(answer.result) for answer in answers)
+                if gone:
+                    retired = bool(answers) and answers[-1].retire
+                    self._retire(worker, killed=not retired)
+                    worker = None
+                    if not retired:
+                        results.append(_killed(self.limits))
+            finally:
+                self._free.put(worker)
+        return results
 
     def _start(self) -> _Worker:
         worker = _Worker(self.limits)
@@ -170,6 +205,13 @@ class IsolatedSandbox:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
     ) -> None:
         self.close()
+
+
+def _checked(result: ExecutionResult) -> ExecutionResult:
+    """The result, or the caller's SandboxError for a database the worker could not open (not the SQL's doing)."""
+    if result.error is not None and result.error.startswith(_SETUP_FAILURE):
+        raise SandboxError(result.error.removeprefix(_SETUP_FAILURE))
+    return result
 
 
 def _kill_all(workers: set[_Worker]) -> None:
@@ -205,21 +247,23 @@ def _serve(limits: SandboxLimits) -> None:
         to_parent.send("ready")
         while True:
             try:
-                query: _Query = pickle.loads(from_parent.recv_bytes())
+                queries: list[_Query] = pickle.loads(from_parent.recv_bytes())
             except EOFError:
                 return
-            # Set afresh for each query: opening a database maps some 70 MB that the query then holds.
-            cap.renew()
-            try:
-                result = sandbox.execute(Path(query.db_path), query.sql, query.max_rows)
-            except SandboxError as error:
-                result = ExecutionResult(ExecutionStatus.ERROR, error=f"{_SETUP_FAILURE}{error}")
-            # Memory the allocator kept from a large query counts against the machine: past the headroom, retire.
-            now = _memory()
-            retire = now is not None and started is not None and now.resident > started.resident + headroom
-            to_parent.send_bytes(pickle.dumps(_Answer(result, retire)))
-            if retire:
-                return
+            for query in queries:
+                # Set afresh for each query: opening a database maps some 70 MB that the query then holds.
+                cap.renew()
+                try:
+                    result = sandbox.execute(Path(query.db_path), query.sql, query.max_rows)
+                except SandboxError as error:
+                    result = ExecutionResult(ExecutionStatus.ERROR, error=f"{_SETUP_FAILURE}{error}")
+                # Memory the allocator kept from a large query counts against the machine: past the headroom,
+                # this worker retires after this answer, and the parent sends the rest to a new one.
+                now = _memory()
+                retire = now is not None and started is not None and now.resident > started.resident + headroom
+                to_parent.send_bytes(pickle.dumps(_Answer(result, retire)))
+                if retire:
+                    return
 
 
 @dataclass(frozen=True)

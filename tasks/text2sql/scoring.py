@@ -6,7 +6,6 @@ import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -16,7 +15,7 @@ import sqlglot
 from sqlglot import exp
 
 from tasks.text2sql.dataset import Example, Text2SqlDataset
-from tasks.text2sql.matching import Comparable, gold_is_ordered, match_on_databases, result_overlap
+from tasks.text2sql.matching import Comparable, MatchOutcome, gold_is_ordered, match_on_databases, result_overlap
 from tasks.text2sql.prompts import ParsedCompletion, parse_completion
 from tasks.text2sql.rewards import SINGLE_TURN, EpisodeFacts, ExecutionMatch, ResultOverlap, RewardSpec
 from tasks.text2sql.sandbox import ExecutionResult, ExecutionStatus, SandboxLimits, is_utf8
@@ -111,17 +110,15 @@ class Scorer:
         dataset: Text2SqlDataset,
         limits: SandboxLimits | None = None,
         result_cache_size: int = 20_000,
-        threads: int = 2,
+        workers: int = 2,
     ) -> None:
         self.dataset = dataset
         # Generated SQL runs in worker processes under an address-space cap: no query can take this process's memory.
-        self.sandbox = IsolatedSandbox(limits or SandboxLimits(), workers=threads)
+        self.sandbox = IsolatedSandbox(limits or SandboxLimits(), workers=workers)
         self._gold: dict[str, tuple[Comparable, ...]] = {}
         self._predicted = _ResultCache(result_cache_size)
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="text2sql-score")
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
         self.sandbox.close()
 
     def __enter__(self) -> Scorer:
@@ -142,37 +139,86 @@ class Scorer:
             self._gold[example.id] = cached
         return cached
 
-    def _execute(self, path: Path, sql: str, max_rows: int | None) -> Comparable:
-        key = (path, sql, max_rows)
-        result = self._predicted.get(key)
-        if result is None:
-            result = Comparable(self.sandbox.execute(path, sql, max_rows=max_rows))
-            self._predicted.put(key, result)
-        return result
+    def _executed(self, keys: Sequence[_QueryKey]) -> dict[_QueryKey, Comparable]:
+        """The prepared result of each (database, SQL, row cap), from the cache or run together in the sandbox."""
+        found: dict[_QueryKey, Comparable] = {}
+        for key in keys:
+            cached = self._predicted.get(key)
+            if cached is not None:
+                found[key] = cached
+        missing = list(dict.fromkeys(key for key in keys if key not in found))
+        for key, result in zip(missing, self.sandbox.execute_many(missing), strict=True):
+            found[key] = Comparable(result)
+            self._predicted.put(key, found[key])
+        return found
 
     def score(self, example: Example, completion: str, spec: RewardSpec, episode: EpisodeFacts = SINGLE_TURN) -> Score:
         """Score one completion for one example under a reward spec; `episode` says how the completion was
         reached (the final answer of an agentic episode, or a single turn)."""
+        return self.score_many([(example, completion)], spec, [episode])[0]
+
+    def score_many(
+        self, items: Sequence[tuple[Example, str]], spec: RewardSpec, episodes: Sequence[EpisodeFacts] | None = None
+    ) -> list[Score]:
+        """Score several completions; `episodes` says how each was reached (single turns when None).
+
+        Their queries run as two batches in the sandbox's workers: every completion's SQL on its primary database,
+        then, for those that match there, on the variant databases. A batch crosses to each worker once, which is
+        what keeps isolated execution as fast as running in process.
+        """
+        facts = episodes if episodes is not None else [SINGLE_TURN] * len(items)
+        if len(facts) != len(items):
+            raise ValueError(f"{len(facts)} episodes for {len(items)} completions")
+        plans = [self._plan(example, completion, spec) for example, completion in items]
+        primaries = self._executed([plan.primary_key for plan in plans if plan.primary_key is not None])
+        primary_of = [primaries[p.primary_key] if p.primary_key else Comparable(_no_sql()) for p in plans]
+        matched = [
+            match_on_databases(plan.gold[:1], [primary], plan.ordered)
+            for plan, primary in zip(plans, primary_of, strict=True)
+        ]
+        # Variants only matter once the primary matches: a mismatch there already decides the answer.
+        wants_variants = [
+            plan.needs_all and len(plan.paths) > 1 and on_primary.matched == 1
+            for plan, on_primary in zip(plans, matched, strict=True)
+        ]
+        variants = self._executed(
+            [key for plan, wanted in zip(plans, wants_variants, strict=True) if wanted for key in plan.variant_keys]
+        )
+        return [
+            self._finish(
+                plan, primary, on_primary, [variants[k] for k in plan.variant_keys] if wanted else None, spec, fact
+            )
+            for plan, primary, on_primary, wanted, fact in zip(
+                plans, primary_of, matched, wants_variants, facts, strict=True
+            )
+        ]
+
+    def _plan(self, example: Example, completion: str, spec: RewardSpec) -> _Plan:
         parsed = parse_completion(completion)
         gold = self._gold_comparable(example)
         paths = self.dataset.database(example.db_id).all_paths
-        ordered = gold_is_ordered(example.gold_sql)
         # Matching only needs to know that a result is larger than the gold one, but overlap needs its rows.
         needs_rows = any(isinstance(c, ResultOverlap) for c in spec.components)
         cap = None if needs_rows else max(g.size for g in gold) + 1
-        primary = self._execute(paths[0], parsed.sql, cap) if parsed.sql else Comparable(_no_sql())
         # `correct` follows the spec's ExecutionMatch setting, and test-suite matching when it has none.
         needs_all = spec.needs_all_databases() or not any(isinstance(c, ExecutionMatch) for c in spec.components)
-        on_primary = match_on_databases(gold[:1], [primary], ordered)
-        correct_all = on_primary.correct if len(paths) == 1 else False
-        # Variants only matter once the primary matches: a mismatch there already decides the answer.
-        if needs_all and len(paths) > 1 and on_primary.matched == 1:
-            variants = [self._execute(path, parsed.sql, cap) for path in paths[1:]]
-            correct_all = match_on_databases(gold, [primary, *variants], ordered).correct
-        correct = correct_all if needs_all else on_primary.correct
+        return _Plan(example, completion, parsed, gold, paths, gold_is_ordered(example.gold_sql), cap, needs_all)
 
+    def _finish(
+        self,
+        plan: _Plan,
+        primary: Comparable,
+        on_primary: MatchOutcome,
+        variants: list[Comparable] | None,
+        spec: RewardSpec,
+        episode: EpisodeFacts,
+    ) -> Score:
+        correct_all = on_primary.correct if len(plan.paths) == 1 else False
+        if variants is not None:
+            correct_all = match_on_databases(plan.gold, [primary, *variants], plan.ordered).correct
+        correct = correct_all if plan.needs_all else on_primary.correct
         evidence = _CompletionEvidence(
-            example, completion, parsed, gold[0], primary, on_primary.correct, correct_all, episode
+            plan.example, plan.completion, plan.parsed, plan.gold[0], primary, on_primary.correct, correct_all, episode
         )
         values = {component.kind: component.weight * component.value(evidence) for component in spec.components}
         return Score(
@@ -180,18 +226,33 @@ class Scorer:
             components=values,
             correct=correct,
             status=primary.result.status,
-            sql=parsed.sql,
+            sql=plan.parsed.sql,
         )
 
-    def score_many(
-        self, items: Sequence[tuple[Example, str]], spec: RewardSpec, episodes: Sequence[EpisodeFacts] | None = None
-    ) -> list[Score]:
-        """Score several completions on the scorer's threads (DuckDB releases the GIL while it runs); `episodes`
-        says how each was reached (single turns when None)."""
-        facts = episodes if episodes is not None else [SINGLE_TURN] * len(items)
-        if len(facts) != len(items):
-            raise ValueError(f"{len(facts)} episodes for {len(items)} completions")
-        return list(self._pool.map(lambda item, fact: self.score(item[0], item[1], spec, fact), items, facts))
+
+_QueryKey = tuple[Path, str, int | None]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What scoring one completion runs: its SQL on the primary database, and on the variants once that matches."""
+
+    example: Example
+    completion: str
+    parsed: ParsedCompletion
+    gold: tuple[Comparable, ...]
+    paths: tuple[Path, ...]
+    ordered: bool
+    cap: int | None
+    needs_all: bool
+
+    @property
+    def primary_key(self) -> _QueryKey | None:
+        return (self.paths[0], self.parsed.sql, self.cap) if self.parsed.sql else None
+
+    @property
+    def variant_keys(self) -> list[_QueryKey]:
+        return [(path, self.parsed.sql, self.cap) for path in self.paths[1:]]
 
 
 def _no_sql() -> ExecutionResult:
