@@ -24,6 +24,8 @@ SCHEME = "tinker://"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _MODEL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9:._-]{0,127}")
 METADATA_FILE = "checkpoint.json"
+# Marks a folder a checkpoint is written into before it is moved into place.
+_STAGING = ".staging-"
 OPTIMIZER_FILE = "optimizer.pt"
 
 
@@ -87,6 +89,23 @@ class CheckpointStore:
     def __init__(self, root: Path) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
+        removed = self.remove_staging()
+        if removed:
+            log.info("removed %d half-written checkpoint folders left by an earlier run", removed)
+
+    def remove_staging(self) -> int:
+        """Delete staging folders a crash or a failed save left behind (tens of MB each); how many there were.
+
+        Called at start-up, before any save can be under way.
+        """
+        staging = list(self.root.glob(f"runs/*/*/.*{_STAGING}*"))
+        for folder in staging:
+            shutil.rmtree(folder, ignore_errors=True)
+        return len(staging)
+
+    def discard(self, staging: Path) -> None:
+        """Delete the staging folder of a save that failed; the checkpoint it would have replaced stays as it was."""
+        shutil.rmtree(staging, ignore_errors=True)
 
     def folder(self, path: CheckpointPath) -> Path:
         # model ids contain ':', which some file systems dislike; the folder name replaces it.
@@ -97,7 +116,7 @@ class CheckpointStore:
         target = self.folder(path)
         if target.exists() and not overwrite:
             raise ConflictError(f"checkpoint {path} already exists")
-        staging = target.with_name(f".{target.name}.staging-{time.monotonic_ns()}")
+        staging = target.with_name(f".{target.name}{_STAGING}{time.monotonic_ns()}")
         staging.mkdir(parents=True)
         return staging
 

@@ -9,6 +9,7 @@ another's runs, sampling sessions or checkpoints.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import hashlib
 import json
@@ -25,7 +26,7 @@ from trainer_backend.duty_cycle import DutyCycle
 from trainer_backend.engine.adapters import saved_adapter_settings
 from trainer_backend.engine.model_engine import ForwardBackwardCall, ModelEngine, SamplerCall
 from trainer_backend.engine.sampling import SamplingInputError, SamplingRequest, SamplingResult
-from trainer_backend.errors import BackendError, NotFoundError, OverloadedError, UserInputError
+from trainer_backend.errors import BackendError, NotFoundError, OverloadedError, ServerError, UserInputError
 from trainer_backend.ledger import FutureRecord, Ledger, ResultFormat
 from trainer_backend.models.loading import LoadedModel
 from trainer_backend.runs import RunStore, TrainingRun
@@ -321,8 +322,17 @@ class TrainingService:
         """Runs on the worker: write the adapter (and optimizer) into a checkpoint folder."""
         path = CheckpointPath(model_id, kind, validate_name(name))
         staging = self.checkpoints.prepare(path, overwrite=overwrite)
-        self.engine.save(model_id, staging, include_optimizer=kind is CheckpointKind.TRAINING)
-        return self.checkpoints.commit(path, staging, owner, self.loaded.name, ttl_s)
+        try:
+            self.engine.save(model_id, staging, include_optimizer=kind is CheckpointKind.TRAINING)
+            return self.checkpoints.commit(path, staging, owner, self.loaded.name, ttl_s)
+        except BaseException as error:
+            # A failed save leaves nothing half-written behind, and the checkpoint it would have replaced stays.
+            self.checkpoints.discard(staging)
+            if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                raise ServerError(
+                    f"checkpoint {path} was not saved: the server's disk is full; earlier checkpoints are intact"
+                ) from error
+            raise
 
     @releases_seq_id_on_refusal
     def save_weights(self, owner: str, request: schemas.SaveWeightsRequest, body: bytes, key: str | None) -> Submitted:

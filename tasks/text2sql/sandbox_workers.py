@@ -178,6 +178,12 @@ class IsolatedSandbox:
                 self._free.put(worker)
         return results
 
+    @property
+    def worker_pids(self) -> list[int]:
+        """The process ids of the running workers (for monitoring, and for tests that end one)."""
+        with self._lock:
+            return [worker.process.pid for worker in self._live]
+
     def _start(self) -> _Worker:
         worker = _Worker(self.limits)
         with self._lock:

@@ -135,7 +135,8 @@ class Scorer:
         cached = self._gold.get(example.id)
         if cached is None:
             paths = self.dataset.database(example.db_id).all_paths
-            cached = tuple(Comparable(self.sandbox.execute(path, example.gold_sql)) for path in paths)
+            results = self.sandbox.execute_many([(path, example.gold_sql, None) for path in paths])
+            cached = tuple(Comparable(result) for result in results)
             self._gold[example.id] = cached
         return cached
 

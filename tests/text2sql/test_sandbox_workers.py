@@ -8,6 +8,9 @@ Real worker processes, a real address-space cap, a real DuckDB file.
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -111,6 +114,32 @@ def test_a_query_that_ends_its_worker_is_an_error_and_a_new_worker_takes_the_nex
         assert "Allocation failure" in result.error or "256 MiB" in result.error
         after = sandbox.execute(database, "SELECT count(*) FROM customers")
         assert after.status is ExecutionStatus.OK and after.rows == ((300,),)
+
+
+def test_a_worker_that_dies_mid_batch_costs_only_the_query_it_was_running(database: Path) -> None:
+    with IsolatedSandbox(SandboxLimits(timeout_s=20.0), workers=1) as sandbox:
+        sandbox.execute(database, "SELECT 1")
+        (pid,) = sandbox.worker_pids
+        # The second query runs for hours; the worker is killed (as the OOM killer would) while it does.
+        threading.Timer(1.0, os.kill, (pid, signal.SIGKILL)).start()
+        results = sandbox.execute_many(
+            [
+                (database, "SELECT count(*) FROM customers", None),
+                (database, "SELECT count(*) FROM orders a, orders b, orders c, orders d", None),
+                (database, "SELECT count(*) FROM orders", None),
+                (database, "SELECT max(id) FROM customers", None),
+            ]
+        )
+        assert [r.status for r in results] == [ExecutionStatus.OK, ExecutionStatus.ERROR, *[ExecutionStatus.OK] * 2]
+        assert "ended its sandbox worker" in results[1].error
+        assert [r.rows for r in (results[0], results[2], results[3])] == [((300,),), ((ORDERS,),), ((299,),)]
+        assert sandbox.replaced == 1 and sandbox.worker_pids != [pid]
+
+
+def test_a_batch_is_shared_among_the_workers_and_answered_in_order(sandbox: IsolatedSandbox, database: Path) -> None:
+    queries = [(database, f"SELECT {i} + count(*) FROM customers", None) for i in range(9)]
+    assert [r.rows for r in sandbox.execute_many(queries)] == [((300 + i,),) for i in range(9)]
+    assert len(sandbox.worker_pids) == 2
 
 
 @pytest.mark.parametrize("case", HOSTILE_CASES, ids=lambda case: case.name)
