@@ -89,11 +89,11 @@ class CheckpointStore:
     def __init__(self, root: Path) -> None:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
-        removed = self.remove_staging()
+        removed = self._remove_staging()
         if removed:
             log.info("removed %d half-written checkpoint folders left by an earlier run", removed)
 
-    def remove_staging(self) -> int:
+    def _remove_staging(self) -> int:
         """Delete staging folders a crash or a failed save left behind (tens of MB each); how many there were.
 
         Called at start-up, before any save can be under way.

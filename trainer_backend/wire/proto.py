@@ -38,7 +38,7 @@ PROTOBUF_CONTENT_TYPE = "application/x-protobuf"
 # The SDK keeps a chunk under ~5 MB of serialized proto by default (`fwdbwd_max_chunk_bytes_count`); the cap only
 # stops a corrupt or hostile zstd frame from inflating into all of the server's memory.
 MAX_DECOMPRESSED_BYTES = 1 << 30
-# The server passes its own limit (`ServerConfig.max_tensor_elements`); this default is the same.
+# For callers other than the server, which passes its own limit (`ServerConfig.max_tensor_elements`).
 MAX_TENSOR_ELEMENTS = 1 << 24
 # The SDK reports this as `ForwardBackwardOutput.loss_fn_output_type`, the name its JSON responses used.
 LOSS_FN_OUTPUT_TYPE = "ArrayRecord"
