@@ -116,10 +116,11 @@ def _import_path() -> str:
 
 
 class IsolatedSandbox:
-    """`SqlSandbox`'s `execute`, run in worker processes with an address-space cap; safe from any number of threads.
+    """`SqlSandbox`'s `execute`, and `execute_many` for a batch, run in worker processes with an address-space cap;
+    safe from any number of threads.
 
     `workers` queries run at once; more wait for a free worker. Workers start on first use and are replaced when a
-    query kills one or overruns its deadline.
+    query ends one or overruns its deadline.
     """
 
     def __init__(self, limits: SandboxLimits | None = None, workers: int = 2) -> None:
