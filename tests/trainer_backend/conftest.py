@@ -3,6 +3,7 @@ HTTP."""
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections.abc import Iterator
@@ -84,6 +85,25 @@ def datum_for(tokenizer, text: str) -> types.Datum:
         model_input=types.ModelInput.from_ints(ids[:-1]),
         loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)},
     )
+
+
+def next_token_datum(ids: list[int], **loss_fn_inputs: object) -> types.Datum:
+    """Next-token prediction on `ids`, with any further loss inputs."""
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(ids[:-1]),
+        loss_fn_inputs={"target_tokens": ids[1:], **loss_fn_inputs},
+    )
+
+
+def assert_still_serves(training: tinker.TrainingClient, ids: list[int]) -> None:
+    """The same training client's next request runs at once: a refusal neither broke the server nor held up its
+    seq_ids (a missing one would hold it for the server's 60 s gap timeout)."""
+    started = time.monotonic()
+    output = training.forward([next_token_datum(ids)], "cross_entropy").result(timeout=20)
+    logprobs = output.loss_fn_outputs[0]["logprobs"].tolist()
+    assert len(logprobs) == len(ids) - 1
+    assert all(math.isfinite(lp) and lp <= 0 for lp in logprobs)
+    assert time.monotonic() - started < 15
 
 
 class RawApi:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import tinker
+from conftest import next_token_datum
 from support.backends import TINY, tiny_server_config
 from tinker import types
 
@@ -47,7 +48,7 @@ def test_a_save_that_fills_the_disk_fails_by_name_and_the_last_checkpoint_and_th
         training = client.create_lora_training_client(base_model=TINY, rank=4, seed=0).result()
         saved = training.save_state("latest").result(timeout=30).path
         ids = training.get_tokenizer().encode("SELECT 1;")
-        datum = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]), loss_fn_inputs={"target_tokens": ids[1:]})
+        datum = next_token_datum(ids)
         before = logprobs(training, datum)
 
         # A full disk cannot be made on a CI machine without privileges: the engine's write fails as it would,

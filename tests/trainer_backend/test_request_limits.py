@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import httpx
 import pytest
 import tinker
 import zstandard
-from conftest import RawApi, error_of
+from conftest import RawApi, assert_still_serves, error_of, next_token_datum
 from support.backends import TINY, tiny_server_config
 from tinker import types
 
@@ -64,21 +63,6 @@ def ids(client: tinker.ServiceClient) -> list[int]:
     return client.create_lora_training_client(base_model=TINY, rank=4).result().get_tokenizer().encode(SQL)
 
 
-def datum(ids: list[int], **loss_fn_inputs: object) -> types.Datum:
-    return types.Datum(
-        model_input=types.ModelInput.from_ints(ids[:-1]),
-        loss_fn_inputs={"target_tokens": ids[1:], **loss_fn_inputs},
-    )
-
-
-def assert_serves_at_once(training: tinker.TrainingClient, ids: list[int]) -> None:
-    """The client's next request runs now: the refused one neither broke the server nor held up its seq_ids."""
-    started = time.monotonic()
-    output = training.forward([datum(ids)], "cross_entropy").result(timeout=20)
-    assert len(output.loss_fn_outputs[0]["logprobs"].tolist()) == len(ids) - 1
-    assert time.monotonic() - started < 15
-
-
 def test_a_body_over_the_limit_is_refused_with_413_before_it_is_read(api: RawApi) -> None:
     reply = api.http.post("/optim_step", content=b" " * (MAX_BODY + 1), headers={"Content-Type": "application/json"})
     error = error_of(reply, 413)
@@ -103,7 +87,7 @@ def test_a_small_zstd_body_that_inflates_past_the_limit_is_refused(
     headers = {"Content-Type": PROTOBUF_CONTENT_TYPE, "Content-Encoding": "zstd"}
     error = error_of(api.http.post("/forward_backward", content=bomb, headers=headers), 400)
     assert f"limit of {MAX_BODY} bytes" in error
-    assert_serves_at_once(training, ids)
+    assert_still_serves(training, ids)
 
 
 def test_a_sparse_tensor_declaring_a_huge_shape_is_refused_before_it_is_made_dense(
@@ -116,8 +100,10 @@ def test_a_sparse_tensor_declaring_a_huge_shape_is_refused_before_it_is_made_den
             data=[1.0], dtype="float32", shape=[4, columns], sparse_crow_indices=[0, 1, 1, 1, 1], sparse_col_indices=[3]
         )
         with pytest.raises(tinker.BadRequestError, match="--max-tensor-elements"):
-            training.forward_backward([datum(ids, weights=[1.0] * n, extra=huge)], "cross_entropy").result(timeout=20)
-    assert_serves_at_once(training, ids)
+            training.forward_backward([next_token_datum(ids, weights=[1.0] * n, extra=huge)], "cross_entropy").result(
+                timeout=20
+            )
+    assert_still_serves(training, ids)
 
 
 @pytest.mark.parametrize("rank", [65, 10**9])
@@ -151,7 +137,7 @@ def test_an_integer_out_of_range_is_a_400_naming_the_field(
     raw = json.dumps({"model_id": training.model_id, **body}).encode()
     error = error_of(api.post(route, raw), 400)
     assert field in error
-    assert_serves_at_once(training, ids)
+    assert_still_serves(training, ids)
 
 
 @pytest.mark.parametrize(("query", "field"), [("offset=1180591620717411303424", "offset"), ("limit=-1", "limit")])

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 import tinker
-from conftest import RawApi, error_of, request_id_of
+from conftest import RawApi, assert_still_serves, error_of, next_token_datum, request_id_of
 from prometheus_client.parser import text_string_to_metric_families
 from support.backends import TINY, tiny_server_config
 from tinker import types
@@ -52,21 +52,6 @@ def training(client: tinker.ServiceClient) -> tinker.TrainingClient:
 def ids(client: tinker.ServiceClient) -> list[int]:
     tokenizer = client.create_lora_training_client(base_model=TINY, rank=4).result().get_tokenizer()
     return tokenizer.encode(SQL)
-
-
-def next_token_datum(ids: list[int], **loss_fn_inputs: object) -> types.Datum:
-    return types.Datum(
-        model_input=types.ModelInput.from_ints(ids[:-1]),
-        loss_fn_inputs={"target_tokens": ids[1:], **loss_fn_inputs},
-    )
-
-
-def assert_still_serves(training: tinker.TrainingClient, ids: list[int]) -> None:
-    """The same training client's next request runs at once: a refusal neither broke the server nor its seq_ids."""
-    output = training.forward([next_token_datum(ids)], "cross_entropy").result(timeout=20)
-    logprobs = output.loss_fn_outputs[0]["logprobs"].tolist()
-    assert len(logprobs) == len(ids) - 1
-    assert all(math.isfinite(lp) and lp <= 0 for lp in logprobs)
 
 
 # --- bad input: refused by name, synchronously ----------------------------------------------------------------
