@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import uvicorn
 
 from trainer_backend.api.app import create_app
+from trainer_backend.api.http_protocol import JsonErrorH11Protocol
 from trainer_backend.auth import KeyPolicy
 from trainer_backend.config import ServerConfig
 from trainer_backend.models.loading import load_base_model, select_device
@@ -37,7 +38,7 @@ def serve(config: ServerConfig) -> None:
     service = build_service(config)
     try:
         app = create_app(service, policy, config.long_poll_s)
-        uvicorn.run(app, host=config.host, port=config.port, log_level="info")
+        uvicorn.run(app, host=config.host, port=config.port, log_level="info", http=JsonErrorH11Protocol)
     finally:
         service.close()
 
@@ -58,7 +59,9 @@ def running_server(config: ServerConfig) -> Iterator[RunningServer]:
         probe.bind((config.host, config.port))
         port = probe.getsockname()[1]
     app = create_app(service, policy, config.long_poll_s)
-    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=port, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=config.host, port=port, log_level="warning", http=JsonErrorH11Protocol)
+    )
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
     try:

@@ -52,6 +52,11 @@ def trial(
         f"run {result.run_id}: {result.steps_completed} steps, held-out accuracy {result.held_out_accuracy:.3f} "
         f"({_by_difficulty(result.held_out_by_difficulty)}){' (stopped early)' if result.stopped_early else ''}"
     )
+    if result.backend_interruptions:
+        typer.echo(
+            f"the backend was interrupted {result.backend_interruptions} time(s); "
+            "each time the run went on from its last checkpoint"
+        )
     rl = result.rl_comparison
     if rl is not None:
         typer.echo(

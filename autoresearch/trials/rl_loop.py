@@ -12,6 +12,7 @@ backend, a cluster or any Tinker service.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -40,6 +41,11 @@ from tasks.registry import open_task
 from tasks.report import HeldOutReport
 
 DEFAULT_RUN_DIR = Path(".data/trials")
+# A backend that restarts (a crash, a redeploy, a preempted node) fails the requests it had in flight; the trial goes
+# on from its last checkpoint this many times before it gives up.
+MAX_BACKEND_INTERRUPTIONS = 3
+
+logger = logging.getLogger(__name__)
 
 # Called with each held-out evaluation; returning False stops the trial there (e.g. Optuna's pruner said so).
 EvalCallback = Callable[[HeldOutReport], bool]
@@ -66,6 +72,8 @@ class TrialResult(BaseModel):
     stopped_early: bool
     # The step this invocation resumed from; None when it started the run.
     resumed_from_step: int | None
+    # Times the backend went away during this invocation and the trial went on from its last checkpoint.
+    backend_interruptions: int = 0
     checkpoint_path: str
     sampler_path: str
     wall_time_s: float
@@ -105,32 +113,53 @@ def run_trial(
             return stored
         # Asked for more steps than the run finished with: it goes on from its final checkpoint.
         state = state.model_copy(update={"finished": False, "sampler_path": None})
-    with (
-        backend_for(config.base_model, backend_url, directory.backend_root) as url,
-        tinker.ServiceClient(base_url=url, api_key=api_key()) as service,
-        open_task(config.task) as task,
-        TrialProgress(str(config.run_id), progress) as view,
-    ):
-        training, state, resumed_from_step = _start_or_resume(service, config, state)
-        # Steps after the checkpoint are redone, so their records go.
-        directory.metrics.keep_until(state.step)
-        directory.evals.keep_until(state.step)
-        directory.warmup.keep_until(state.warmup_steps_done)
-        trial = _Trial(config, directory, task, service, training, view, on_eval)
-        return trial.run(state, resumed_from_step, started)
+    resumed_from_step = state.step if state is not None and state.checkpoint_path is not None else None
+    for interruption in range(MAX_BACKEND_INTERRUPTIONS + 1):
+        try:
+            with (
+                backend_for(config.base_model, backend_url, directory.backend_root) as url,
+                tinker.ServiceClient(base_url=url, api_key=api_key()) as service,
+                open_task(config.task) as task,
+                TrialProgress(str(config.run_id), progress) as view,
+            ):
+                training, state = _start_or_resume(service, config, state)
+                # Steps after the checkpoint are redone, so their records go.
+                directory.metrics.keep_until(state.step)
+                directory.evals.keep_until(state.step)
+                directory.warmup.keep_until(state.warmup_steps_done)
+                trial = _Trial(config, directory, task, service, training, view, on_eval)
+                return trial.run(state, resumed_from_step, interruption, started)
+        except (tinker.RequestFailedError, tinker.APIStatusError, tinker.APIConnectionError) as error:
+            if not _backend_interrupted(error) or interruption == MAX_BACKEND_INTERRUPTIONS:
+                raise
+            state = directory.load_state()
+            at = f"step {state.step}" if state is not None and state.checkpoint_path is not None else "the start"
+            logger.warning("run %s: the backend was interrupted (%s); resuming from %s", config.run_id, error, at)
+    raise AssertionError("unreachable: the last interruption re-raises")
+
+
+def _backend_interrupted(error: tinker.TinkerError) -> bool:
+    """Whether `error` is the backend going away rather than the trial's own fault: it could not be reached, it
+    failed a request on its side (a restart fails every request it had in flight), or it no longer holds the
+    model's live weights (they died with the process; the run's checkpoint has them)."""
+    if isinstance(error, tinker.RequestFailedError):
+        return error.category is types.RequestErrorCategory.Server
+    if isinstance(error, tinker.APIStatusError):
+        return error.status_code >= 500 or error.status_code == 404
+    return True
 
 
 def _start_or_resume(
     service: tinker.ServiceClient, config: TrialConfig, state: RunState | None
-) -> tuple[tinker.TrainingClient, RunState, int | None]:
+) -> tuple[tinker.TrainingClient, RunState]:
     """A training client at the run's last checkpoint (adapter and optimizer state), else at `init_from`'s weights,
     else with a fresh adapter.
 
-    Returns the client, the state it stands at, and the step it resumed from (None for a fresh run).
+    Returns the client and the state it stands at.
     """
     if state is not None and state.checkpoint_path is not None:
         training = service.create_training_client_from_state_with_optimizer(state.checkpoint_path).result()
-        return training, state, state.step
+        return training, state
     if config.init_from is not None:
         training = _from_initial_state(service, config, config.init_from)
     else:
@@ -151,7 +180,7 @@ def _start_or_resume(
         seed=config.seed,
         eval_seed=config.eval_seed,
     )
-    return training, fresh, None
+    return training, fresh
 
 
 def _from_initial_state(
@@ -203,7 +232,9 @@ class _Trial:
             service.create_sampling_client(base_model=config.base_model).result() if config.kl_coef > 0 else None
         )
 
-    def run(self, state: RunState, resumed_from_step: int | None, started: float) -> TrialResult:
+    def run(
+        self, state: RunState, resumed_from_step: int | None, backend_interruptions: int, started: float
+    ) -> TrialResult:
         config, directory, training = self.config, self.directory, self.training
         if state.warmup_steps_done < config.warmup_steps:
             state = self._warmup(state)
@@ -236,7 +267,7 @@ class _Trial:
                 break
         if last_report is None or last_report.step != state.step:
             last_report = self._evaluate(sampler, state.step)
-        return self._finish(state, last_report, stopped_early, resumed_from_step, started)
+        return self._finish(state, last_report, stopped_early, resumed_from_step, backend_interruptions, started)
 
     def _adam(self, learning_rate: float) -> types.AdamParams:
         c = self.config
@@ -366,6 +397,7 @@ class _Trial:
         report: HeldOutReport,
         stopped_early: bool,
         resumed_from_step: int | None,
+        backend_interruptions: int,
         started: float,
     ) -> TrialResult:
         directory, training = self.directory, self.training
@@ -391,6 +423,7 @@ class _Trial:
             final_reward_mean=metrics[-1]["reward_mean"] if metrics else None,
             stopped_early=stopped_early,
             resumed_from_step=resumed_from_step,
+            backend_interruptions=backend_interruptions,
             checkpoint_path=checkpoint_path,
             sampler_path=sampler_path,
             wall_time_s=time.monotonic() - started,

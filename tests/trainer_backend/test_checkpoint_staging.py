@@ -3,18 +3,17 @@ folder behind for long, and never costs the checkpoint a failed save would have 
 
 from __future__ import annotations
 
-import errno
-from collections.abc import Iterator
+import resource
 from pathlib import Path
 
 import pytest
 import tinker
-from conftest import next_token_datum
-from support.backends import TINY, tiny_server_config
+from conftest import assert_still_serves, next_token_datum
+from support.backends import TINY, start_backend_process
+from support.loopback import free_port
 from tinker import types
 
 from trainer_backend.checkpoints import CheckpointKind, CheckpointPath, CheckpointStore
-from trainer_backend.server import RunningServer, running_server
 
 KEY = "tml-staging-tests"
 
@@ -35,39 +34,45 @@ def test_half_written_checkpoints_left_by_a_crash_are_removed_at_start_up(tmp_pa
     assert [info.name for info in CheckpointStore(tmp_path).list("owner")] == ["kept"]
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[RunningServer]:
-    with running_server(tiny_server_config(tmp_path, api_keys=[KEY])) as running:
-        yield running
+# Files the backend may write: above its ledgers, logs and a rank-64 adapter (0.7 MB), below the same adapter's
+# optimizer state once Adam has moments (1.4 MB).
+FILE_SIZE_LIMIT = 1 << 20
 
 
-def test_a_save_that_fills_the_disk_fails_by_name_and_the_last_checkpoint_and_the_lane_survive(
-    server: RunningServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    with tinker.ServiceClient(base_url=server.url, api_key=KEY) as client:
-        training = client.create_lora_training_client(base_model=TINY, rank=4, seed=0).result()
-        saved = training.save_state("latest").result(timeout=30).path
-        ids = training.get_tokenizer().encode("SELECT 1;")
-        datum = next_token_datum(ids)
-        before = logprobs(training, datum)
+def limit_file_size() -> None:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT, FILE_SIZE_LIMIT))
 
-        # A full disk cannot be made on a CI machine without privileges: the engine's write fails as it would,
-        # after writing part of a file, with the error the kernel gives.
-        def write_until_full(model_id: str, folder: Path, include_optimizer: bool) -> None:
-            (folder / "adapter_model.safetensors").write_bytes(b"\0" * 4096)
-            raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(server.service.engine, "save", write_until_full)
-        with pytest.raises(tinker.RequestFailedError, match=r"disk is full.*earlier checkpoints are intact"):
-            training.save_state("latest").result(timeout=30)
-        monkeypatch.undo()
+@pytest.mark.slow
+def test_a_save_that_fills_the_disk_fails_by_name_and_the_last_checkpoint_and_the_lane_survive(tmp_path: Path) -> None:
+    """A real write failure from the kernel: the backend runs under a file-size limit (RLIMIT_FSIZE, which a CI
+    machine can set without privileges), so the optimizer file of the second save fails with EFBIG part-written,
+    as a full disk fails a write with ENOSPC."""
+    port = free_port()
+    server = start_backend_process(tmp_path, port, "--api-key", KEY, before_start=limit_file_size)
+    try:
+        with tinker.ServiceClient(base_url=f"http://127.0.0.1:{port}", api_key=KEY) as client:
+            training = client.create_lora_training_client(base_model=TINY, rank=64, seed=0).result()
+            ids = training.get_tokenizer().encode("SELECT 1;")
+            datum = next_token_datum(ids)
+            before = logprobs(training, datum)
+            saved = training.save_state("latest").result(timeout=30).path
+            training.forward_backward([datum], "cross_entropy")
+            training.optim_step(types.AdamParams(learning_rate=1e-2)).result(timeout=30)
+            trained = logprobs(training, datum)
 
-        runs = Path(server.service.config.storage_root, "checkpoints", "runs")
-        assert list(runs.glob("*/*/.*staging*")) == []
-        # The lane goes on at once, and the checkpoint the failed save would have replaced still loads.
-        assert logprobs(training, datum) == pytest.approx(before)
-        restored = client.create_training_client_from_state(saved).result(timeout=30)
-        assert logprobs(restored, datum) == pytest.approx(before)
+            with pytest.raises(tinker.RequestFailedError, match=r"disk is full.*earlier checkpoints are intact"):
+                training.save_state("latest").result(timeout=30)
+
+            assert list((tmp_path / "checkpoints").rglob("*staging*")) == []
+            # The lane goes on at once, and the checkpoint the failed save would have replaced still loads.
+            assert_still_serves(training, ids)
+            assert logprobs(training, datum) == pytest.approx(trained)
+            restored = client.create_training_client_from_state(saved).result(timeout=30)
+            assert logprobs(restored, datum) == pytest.approx(before)
+    finally:
+        server.terminate()
+        server.wait(30)
 
 
 def logprobs(training: tinker.TrainingClient, datum: types.Datum) -> list[float]:

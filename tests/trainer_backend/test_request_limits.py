@@ -148,24 +148,30 @@ def test_listing_parameters_out_of_range_are_a_400_in_the_servers_error_shape(
     assert field in error_of(reply, 400) and reply.json()["category"] == "user"
 
 
+def test_a_header_too_large_to_parse_is_refused_in_the_same_error_shape(api: RawApi) -> None:
+    """uvicorn refuses it before the app sees it; a 1 MB header was a plain-text 400 before."""
+    reply = api.http.get("/healthz", headers={"X-Padding": "x" * (1 << 20)})
+    assert "16 KiB" in error_of(reply, 400) and reply.json()["category"] == "user"
+    assert api.http.get("/healthz").status_code == 200
+
+
 def test_an_unknown_route_answers_in_the_same_error_shape(api: RawApi) -> None:
     reply = api.http.get("/no_such_route")
     assert error_of(reply, 404) == "Not Found" and reply.json()["category"] == "user"
 
 
-def test_a_damaged_checkpoint_record_breaks_no_listing(
-    server: RunningServer, client: tinker.ServiceClient, training: tinker.TrainingClient
-) -> None:
+def test_a_damaged_checkpoint_record_breaks_no_listing(server: RunningServer, training: tinker.TrainingClient) -> None:
     saved = training.save_state("kept").result(timeout=30).path
     with tinker.ServiceClient(base_url=server.url, api_key=OTHER_KEY) as other:
         other_run = other.create_lora_training_client(base_model=TINY, rank=4).result(timeout=20)
         other_saved = other_run.save_state("theirs").result(timeout=30).path
         damage_the_store(Path(server.service.config.storage_root))
-        theirs = other.create_rest_client().list_user_checkpoints().result().checkpoints
+        theirs = tinker.RestClient(base_url=server.url, api_key=OTHER_KEY).list_user_checkpoints().result().checkpoints
     assert [c.tinker_path for c in theirs] == [other_saved]
-    mine = client.create_rest_client().list_user_checkpoints().result().checkpoints
+    rest = tinker.RestClient(base_url=server.url, api_key=KEY)
+    mine = rest.list_user_checkpoints().result().checkpoints
     assert [c.tinker_path for c in mine] == [saved] and mine[0].expires_at is not None
-    runs = client.create_rest_client().list_training_runs().result().training_runs
+    runs = rest.list_training_runs().result().training_runs
     assert training.model_id in [run.training_run_id for run in runs]
 
 

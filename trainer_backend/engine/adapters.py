@@ -9,6 +9,7 @@ Adapters are saved in PEFT's own format (`adapter_model.safetensors` + `adapter_
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import warnings
 from collections.abc import Iterator, Sequence
@@ -17,7 +18,8 @@ from pathlib import Path
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 from peft.tuners.lora import LoraLayer
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as safetensors_bytes
 from torch import nn
 
 from trainer_backend.checkpoints import OPTIMIZER_FILE
@@ -191,12 +193,17 @@ class AdapterPool:
         # Only the LoRA matrices: with the unembedding trained, PEFT would otherwise add the whole (tied)
         # embedding matrix, 670 MB for Gemma.
         state = get_peft_model_state_dict(self.peft_model, adapter_name=name, save_embedding_layers=False)
-        save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(folder / ADAPTER_WEIGHTS_FILE))
+        # Serialized in memory and written by Python, so that a full disk arrives as the OSError it is: the writers
+        # of safetensors and torch wrap the kernel's error in their own exception types.
+        weights = safetensors_bytes({k: v.detach().contiguous().cpu() for k, v in state.items()})
+        (folder / ADAPTER_WEIGHTS_FILE).write_bytes(weights)
         config = self.peft_model.peft_config[name]
         config.base_model_name_or_path = getattr(self.base_model, "name_or_path", None)
         config.save_pretrained(str(folder))
         if include_optimizer and name in self.optimizers:
-            torch.save(self.optimizers[name].state_dict(), folder / OPTIMIZER_FILE)
+            optimizer = io.BytesIO()
+            torch.save(self.optimizers[name].state_dict(), optimizer)
+            (folder / OPTIMIZER_FILE).write_bytes(optimizer.getbuffer())
 
     def load(self, name: str, folder: Path, with_optimizer: bool, trainable: bool) -> None:
         """Load a saved adapter under `name`, replacing any adapter of that name."""
