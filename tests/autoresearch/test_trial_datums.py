@@ -1,10 +1,9 @@
-"""Advantages and datums, checked by hand on tiny examples."""
+"""Datums and the training batch made of scored groups, checked by hand on tiny examples."""
 
 from __future__ import annotations
 
 import pytest
 
-from autoresearch.trials.advantages import group_advantages, kl_penalized_advantages
 from autoresearch.trials.data import Prompt
 from autoresearch.trials.datums import rl_datum, supervised_datum
 from autoresearch.trials.rollouts import Completion, Group
@@ -25,27 +24,6 @@ def group(rewards: list[float], prompt: tuple[int, ...] = (10, 11, 12)) -> Group
     completions = tuple(Completion(tokens=(20 + i, 30 + i), logprobs=(-0.5, -0.25), text="") for i in range(4))
     scores = tuple(Score(r, {"execution_match": r}, r == 1.0, ExecutionStatus.OK, "") for r in rewards)
     return Group(prompt=Prompt(EXAMPLE, prompt), completions=completions[: len(rewards)], scores=scores)
-
-
-def test_advantages_are_rewards_minus_the_group_mean() -> None:
-    assert group_advantages([1.0, 0.0, 0.0, 1.0], normalize_std=False) == [0.5, -0.5, -0.5, 0.5]
-
-
-def test_normalised_advantages_are_divided_by_the_group_std() -> None:
-    # Population std of [1, 0, 0, 1] is 0.5.
-    assert group_advantages([1.0, 0.0, 0.0, 1.0], normalize_std=True) == [1.0, -1.0, -1.0, 1.0]
-    assert group_advantages([3.0, 1.0], normalize_std=True) == [1.0, -1.0]
-
-
-def test_a_group_whose_rewards_are_all_equal_has_no_advantages() -> None:
-    assert group_advantages([0.0, 0.0, 0.0, 0.0], normalize_std=False) is None
-    assert group_advantages([0.7, 0.7], normalize_std=True) is None
-
-
-def test_the_kl_penalty_subtracts_the_scaled_log_ratio_per_token() -> None:
-    # logp_policy - logp_base = [0.5, -1.0]
-    penalized = kl_penalized_advantages(0.5, [-1.0, -2.0], [-1.5, -1.0], kl_coef=0.1)
-    assert penalized == pytest.approx([0.45, 0.6])
 
 
 def test_an_rl_datum_is_the_sequence_shifted_by_one_with_inert_prompt_positions() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import tinker
 import torch
-from conftest import LOGPROB_ROUNDING
+from conftest import LOGPROB_ROUNDING, SQL, next_token_datum
 from peft import PeftModel
 from support.backends import TINY
 from tinker import types
@@ -14,8 +14,6 @@ from transformers import AutoModelForCausalLM
 
 from trainer_backend.checkpoints import CheckpointPath
 from trainer_backend.server import RunningServer
-
-SQL = "SELECT name FROM employees WHERE salary > 50000;"
 
 
 def logprobs_with_transformers(model: torch.nn.Module, ids: list[int]) -> list[float]:
@@ -30,7 +28,7 @@ def test_a_saved_state_loads_with_peft_and_gives_the_servers_logprobs(server: Ru
         # Attention, MLP and unembedding all trained (the SDK's defaults), so every adapted module is checked.
         training = client.create_lora_training_client(base_model=TINY, rank=4, seed=7).result()
         ids = training.get_tokenizer().encode(SQL)
-        datum = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]), loss_fn_inputs={"target_tokens": ids[1:]})
+        datum = next_token_datum(ids)
         for _ in range(2):
             training.forward_backward([datum], "cross_entropy")
             training.optim_step(types.AdamParams(learning_rate=5e-2))

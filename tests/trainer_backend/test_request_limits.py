@@ -25,7 +25,11 @@ from trainer_backend.wire.proto import PROTOBUF_CONTENT_TYPE
 KEY = "tml-limits-one"
 OTHER_KEY = "tml-limits-two"
 MAX_BODY = 256 * 1024
-SQL = "SELECT name FROM employees WHERE salary > 50000;"
+
+
+@pytest.fixture(scope="module")
+def api_key() -> str:
+    return KEY
 
 
 @pytest.fixture(scope="module")
@@ -40,27 +44,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     )
     with running_server(config) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def client(server: RunningServer) -> Iterator[tinker.ServiceClient]:
-    with tinker.ServiceClient(base_url=server.url, api_key=KEY) as service_client:
-        yield service_client
-
-
-@pytest.fixture(scope="module")
-def api(server: RunningServer) -> RawApi:
-    return RawApi(server.url, KEY)
-
-
-@pytest.fixture
-def training(client: tinker.ServiceClient) -> tinker.TrainingClient:
-    return client.create_lora_training_client(base_model=TINY, rank=4, seed=0).result()
-
-
-@pytest.fixture(scope="module")
-def ids(client: tinker.ServiceClient) -> list[int]:
-    return client.create_lora_training_client(base_model=TINY, rank=4).result().get_tokenizer().encode(SQL)
 
 
 def test_a_body_over_the_limit_is_refused_with_413_before_it_is_read(api: RawApi) -> None:

@@ -6,13 +6,11 @@ import math
 
 import pytest
 import tinker
-from conftest import LOGPROB_ROUNDING, datum_for
+from conftest import LOGPROB_ROUNDING, SQL, datum_for
 from support.backends import TINY
 from tinker import types
 
 from trainer_backend.server import RunningServer
-
-SQL = "SELECT name FROM employees WHERE salary > 50000;"
 
 
 def logprobs_of(client: tinker.TrainingClient, datum: types.Datum) -> list[float]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import tinker
-from conftest import RawApi, error_of, request_id_of
+from conftest import SQL, RawApi, error_of, next_token_datum, request_id_of
 from support.backends import TINY, tiny_server_config
 from tinker import types
 
@@ -19,7 +19,6 @@ from trainer_backend.server import running_server
 from trainer_backend.service import RESTART_REASON
 
 KEY = "tml-restart"
-SQL = "SELECT name FROM employees WHERE salary > 50000;"
 # Far past anything the training client sends: a request with this seq_id waits for the ones before it.
 STRANDED_SEQ_ID = 1000
 
@@ -34,7 +33,7 @@ def test_checkpoints_survive_a_restart_and_cut_off_futures_fail_with_a_reason(tm
     ):
         training = client.create_lora_training_client(base_model=TINY, rank=4, seed=3).result()
         ids = training.get_tokenizer().encode(SQL)
-        datum = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]), loss_fn_inputs={"target_tokens": ids[1:]})
+        datum = next_token_datum(ids)
         training.forward_backward([datum], "cross_entropy")
         training.optim_step(types.AdamParams(learning_rate=5e-2)).result()
         state_path = training.save_state("kept").result().path

@@ -11,7 +11,7 @@ import math
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -29,29 +29,11 @@ from trainer_backend.server import RunningServer, running_server
 from trainer_backend.wire.proto import PROTOBUF_CONTENT_TYPE
 
 KEY = "tml-robustness"
-SQL = "SELECT name FROM employees WHERE salary > 50000;"
 
 
 @pytest.fixture(scope="module")
-def client(server: RunningServer) -> Iterator[tinker.ServiceClient]:
-    with tinker.ServiceClient(base_url=server.url, api_key=KEY) as service_client:
-        yield service_client
-
-
-@pytest.fixture(scope="module")
-def api(server: RunningServer) -> RawApi:
-    return RawApi(server.url, KEY)
-
-
-@pytest.fixture
-def training(client: tinker.ServiceClient) -> tinker.TrainingClient:
-    return client.create_lora_training_client(base_model=TINY, rank=4, seed=0).result()
-
-
-@pytest.fixture(scope="module")
-def ids(client: tinker.ServiceClient) -> list[int]:
-    tokenizer = client.create_lora_training_client(base_model=TINY, rank=4).result().get_tokenizer()
-    return tokenizer.encode(SQL)
+def api_key() -> str:
+    return KEY
 
 
 # --- bad input: refused by name, synchronously ----------------------------------------------------------------

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 import tinker
-from conftest import RawApi, error_of, request_id_of
+from conftest import SQL, RawApi, error_of, next_token_datum, request_id_of
 from support.backends import TINY, tiny_server_config
 from tinker import types
 
@@ -23,7 +23,6 @@ from trainer_backend.server import RunningServer, running_server
 
 KEY_A = "tml-tenant-a"
 KEY_B = "tml-tenant-b"
-SQL = "SELECT name FROM employees WHERE salary > 50000;"
 
 
 @dataclass(frozen=True)
@@ -59,7 +58,7 @@ def api_b(server: RunningServer) -> RawApi:
 def a(server: RunningServer, client_a: tinker.ServiceClient) -> OwnedByA:
     training = client_a.create_lora_training_client(base_model=TINY, rank=4, seed=0).result()
     ids = training.get_tokenizer().encode(SQL)
-    datum = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]), loss_fn_inputs={"target_tokens": ids[1:]})
+    datum = next_token_datum(ids)
     training.forward_backward([datum], "cross_entropy")
     training.optim_step(types.AdamParams(learning_rate=1e-2)).result()
     training_path = training.save_state("private").result().path

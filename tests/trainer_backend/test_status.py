@@ -7,6 +7,7 @@ import time
 import httpx
 import pytest
 import tinker
+from conftest import status_of
 from support.backends import TINY
 from tinker import types
 
@@ -34,12 +35,6 @@ def test_old_intervals_are_forgotten() -> None:
     assert cycle.intervals(since=-1.0, now=52.0) == [(50.0, 51.0)]
 
 
-def status(server: RunningServer, key: str) -> dict:
-    reply = httpx.get(f"{server.url}/api/v1/status", headers={"X-API-Key": key}, timeout=10)
-    assert reply.status_code == 200, reply.text
-    return reply.json()
-
-
 def test_the_status_shows_the_callers_futures_with_their_age_and_the_device_busy(server: RunningServer) -> None:
     with tinker.ServiceClient(base_url=server.url, api_key="tml-status-owner") as client:
         sampler = client.create_sampling_client(base_model=TINY)
@@ -48,23 +43,23 @@ def test_the_status_shows_the_callers_futures_with_their_age_and_the_device_busy
         params = types.SamplingParams(max_tokens=300, temperature=1.0, stop=[])
         futures = [sampler.sample(prompt=prompt, num_samples=2, sampling_params=params) for _ in range(2)]
         deadline = time.monotonic() + 30
-        mine = status(server, "tml-status-owner")
+        mine = status_of(server, "tml-status-owner")
         while not any(f["state"] == "running" for f in mine["in_flight"]) and time.monotonic() < deadline:
             time.sleep(0.02)
-            mine = status(server, "tml-status-owner")
+            mine = status_of(server, "tml-status-owner")
         running = [f for f in mine["in_flight"] if f["state"] == "running"]
         assert running and all(f["kind"] == "sample" and f["age_s"] >= 0 for f in running)
         assert "sample" in mine["device"]["running_kinds"] and mine["device"]["running_for_s"] >= 0
         assert mine["base_model"] == TINY
 
         # Another key sees the work only as a count.
-        theirs = status(server, "tml-status-other")
+        theirs = status_of(server, "tml-status-other")
         assert theirs["in_flight"] == [] and theirs["queued"] == {}
         assert theirs["other_tenants_in_flight"] >= 1
 
         for future in futures:
             future.result()
-    after = status(server, "tml-status-owner")
+    after = status_of(server, "tml-status-owner")
     assert after["in_flight"] == []
     assert after["device"]["busy_fraction_1m"] > 0
 
@@ -75,31 +70,3 @@ def test_metrics_expose_the_busy_fraction_and_the_oldest_future(server: RunningS
     assert "trainer_oldest_future_age_seconds" in text
     assert "trainer_batched_operations_total" in text
     assert 'trainer_training_adapters{state="spilled"}' in text
-
-
-def test_another_clients_training_step_runs_while_a_long_generation_is_under_way(server: RunningServer) -> None:
-    key = "tml-interleaving"
-    with tinker.ServiceClient(base_url=server.url, api_key=key) as client:
-        training = client.create_lora_training_client(base_model=TINY, rank=4)
-        tokenizer = training.get_tokenizer()
-        sampler = client.create_sampling_client(base_model=TINY)
-        long_generation = sampler.sample(
-            prompt=types.ModelInput.from_ints([3, 5, 7]),
-            num_samples=1,
-            sampling_params=types.SamplingParams(max_tokens=400, temperature=1.0, stop=[]),
-        )
-        deadline = time.monotonic() + 30
-        while "sample" not in status(server, key)["device"]["running_kinds"] and time.monotonic() < deadline:
-            time.sleep(0.02)
-
-        datum = types.Datum(
-            model_input=types.ModelInput.from_ints(tokenizer.encode("select 1")[:-1]),
-            loss_fn_inputs={"target_tokens": tokenizer.encode("select 1")[1:]},
-        )
-        training.forward_backward([datum], "cross_entropy").result()
-        training.optim_step(types.AdamParams(learning_rate=1e-3)).result()
-
-        # The step finished inside the generation's pauses: the generation is still running.
-        still = [f for f in status(server, key)["in_flight"] if f["kind"] == "sample"]
-        assert still and still[0]["state"] == "running"
-        assert len(long_generation.result().sequences[0].tokens) == 400

@@ -59,6 +59,16 @@ class LoadReport:
     source_difficulty: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class _SplitFiles:
+    """Where one split of a Spider or BIRD folder lies."""
+
+    split: str
+    records: tuple[Path, ...]
+    tables: Path
+    database_dirs: tuple[Path, ...]
+
+
 def load_spider(root: Path, cache_dir: Path | None = None) -> tuple[Text2SqlDataset, LoadReport]:
     """Load a Spider folder: tables.json, train_spider.json (+ train_others.json), dev.json, test.json.
 
@@ -68,31 +78,14 @@ def load_spider(root: Path, cache_dir: Path | None = None) -> tuple[Text2SqlData
     """
     root = existing_folder(root)
     database_dirs = (root / "database", root / "test_database")
-    split_files = {
-        "train": (root / "train_spider.json", root / "train_others.json"),
-        "dev": (root / "dev.json",),
-        "test": (root / "test.json",),
-    }
-    raw: list[RawExample] = []
-    sqlite_paths: dict[str, Path] = {}
-    for split, paths in split_files.items():
-        existing = [path for path in paths if path.is_file()]
-        if not existing:
-            continue
-        tables_path = root / ("test_tables.json" if split == "test" else "tables.json")
-        tables = read_tables_file(tables_path)
-        records = [(path, record) for path in existing for record in read_records(path, SpiderRecord)]
-        for index, (path, record) in enumerate(records):
-            sqlite_paths[record.db_id] = sqlite_path(record.db_id, path, tables, database_dirs)
-            raw.append(
-                RawExample(
-                    id=f"spider-{split}-{index}",
-                    split=split,
-                    db_id=record.db_id,
-                    question=record.question,
-                    sqlite_sql=record.query,
-                )
-            )
+    splits = [
+        _SplitFiles(
+            "train", (root / "train_spider.json", root / "train_others.json"), root / "tables.json", database_dirs
+        ),
+        _SplitFiles("dev", (root / "dev.json",), root / "tables.json", database_dirs),
+        _SplitFiles("test", (root / "test.json",), root / "test_tables.json", database_dirs),
+    ]
+    raw, sqlite_paths = _read_splits(splits, SpiderRecord)
     if not raw:
         raise DatasetError(f"{root}: no Spider split file (train_spider.json, dev.json or test.json)")
     return _build("spider", raw, sqlite_paths, cache_dir or default_cache_dir("spider", root))
@@ -106,36 +99,48 @@ def load_bird(root: Path, cache_dir: Path | None = None) -> tuple[Text2SqlDatase
     Raises DatasetError naming the file when the folder is malformed.
     """
     root = existing_folder(root)
-    raw: list[RawExample] = []
-    sqlite_paths: dict[str, Path] = {}
-    for split in ("train", "dev"):
-        folder = next((f for f in (root / split, root) if (f / f"{split}.json").is_file()), None)
-        if folder is None:
-            continue
-        path = folder / f"{split}.json"
-        tables = read_tables_file(folder / f"{split}_tables.json")
-        database_dirs = (folder / f"{split}_databases",)
-        seen: set[int] = set()
-        for index, record in enumerate(read_records(path, BirdRecord)):
-            sqlite_paths[record.db_id] = sqlite_path(record.db_id, path, tables, database_dirs)
-            number = index if record.question_id is None else record.question_id
-            if number in seen:
-                raise DatasetError(f"{path}: entry {index} repeats question_id {number}")
-            seen.add(number)
-            raw.append(
-                RawExample(
-                    id=f"bird-{split}-{number}",
-                    split=split,
-                    db_id=record.db_id,
-                    question=record.question,
-                    sqlite_sql=record.sql,
-                    evidence=record.evidence,
-                    source_difficulty=record.difficulty,
-                )
-            )
+    splits = [files for files in (_bird_split(root, split) for split in ("train", "dev")) if files is not None]
+    raw, sqlite_paths = _read_splits(splits, BirdRecord)
     if not raw:
         raise DatasetError(f"{root}: no BIRD split file (train/train.json, dev/dev.json or dev.json)")
     return _build("bird", raw, sqlite_paths, cache_dir or default_cache_dir("bird", root))
+
+
+def _bird_split(root: Path, split: str) -> _SplitFiles | None:
+    """The files of `split` in its own folder, else flat in root; None when neither holds `<split>.json`."""
+    folder = next((f for f in (root / split, root) if (f / f"{split}.json").is_file()), None)
+    if folder is None:
+        return None
+    return _SplitFiles(
+        split, (folder / f"{split}.json",), folder / f"{split}_tables.json", (folder / f"{split}_databases",)
+    )
+
+
+def _read_splits(
+    splits: list[_SplitFiles], record_type: type[SpiderRecord] | type[BirdRecord]
+) -> tuple[list[RawExample], dict[str, Path]]:
+    """The examples of the splits whose record files exist, and the SQLite file of each db_id they name.
+
+    Raises:
+        DatasetError: a file is malformed, a db_id is not described or has no database, or an id repeats.
+    """
+    raw: list[RawExample] = []
+    sqlite_paths: dict[str, Path] = {}
+    for files in splits:
+        existing = [path for path in files.records if path.is_file()]
+        if not existing:
+            continue
+        tables = read_tables_file(files.tables)
+        records = [(path, record) for path in existing for record in read_records(path, record_type)]
+        seen: set[str] = set()
+        for index, (path, record) in enumerate(records):
+            sqlite_paths[record.db_id] = sqlite_path(record.db_id, path, tables, files.database_dirs)
+            example = record.raw(files.split, index)
+            if example.id in seen:
+                raise DatasetError(f"{path}: entry {index} repeats the id of an earlier one ({example.id})")
+            seen.add(example.id)
+            raw.append(example)
+    return raw, sqlite_paths
 
 
 def _build(

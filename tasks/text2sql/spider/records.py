@@ -12,12 +12,27 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tasks.text2sql.errors import DatasetError
 
 
+@dataclass(frozen=True)
+class RawExample:
+    id: str
+    split: str
+    db_id: str
+    question: str
+    sqlite_sql: str
+    evidence: str | None = None
+    source_difficulty: str | None = None
+
+
 class SpiderRecord(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     db_id: str
     question: str
     query: str
+
+    def raw(self, split: str, index: int) -> RawExample:
+        """The example; Spider's have no ids of their own, so an example is named by its place in the split."""
+        return RawExample(f"spider-{split}-{index}", split, self.db_id, self.question, self.query)
 
 
 class BirdRecord(BaseModel):
@@ -30,22 +45,18 @@ class BirdRecord(BaseModel):
     sql: str = Field(alias="SQL")
     difficulty: str | None = None
 
+    def raw(self, split: str, index: int) -> RawExample:
+        """The example, named by its question_id (BIRD's train file has none: then by its place)."""
+        number = index if self.question_id is None else self.question_id
+        return RawExample(
+            f"bird-{split}-{number}", split, self.db_id, self.question, self.sql, self.evidence, self.difficulty
+        )
+
 
 class _TableRecord(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     db_id: str
-
-
-@dataclass(frozen=True)
-class RawExample:
-    id: str
-    split: str
-    db_id: str
-    question: str
-    sqlite_sql: str
-    evidence: str | None = None
-    source_difficulty: str | None = None
 
 
 _Record = TypeVar("_Record", bound=BaseModel)

@@ -1,65 +1,21 @@
-"""Futures survive restarts and retries; the device worker keeps each client's order and serves tenants fairly."""
+"""The device worker keeps each client's order, batches what can share a device call, and serves tenants fairly."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
+import tinker
+from conftest import next_token_datum, status_of
+from support.backends import TINY
+from tinker import types
 
-from trainer_backend.errors import ConflictError, OverloadedError, UserInputError
+from trainer_backend.errors import OverloadedError, UserInputError
 from trainer_backend.ledger import FutureState, Ledger, ResultFormat
 from trainer_backend.scheduler import Operation, Scheduler
-
-
-@pytest.fixture
-def ledger(tmp_path: Path) -> Ledger:
-    store = Ledger(tmp_path / "ledger.sqlite3")
-    yield store
-    store.close()
-
-
-def test_a_retry_with_the_same_key_finds_the_same_future(ledger: Ledger) -> None:
-    first, created = ledger.submit("alice", "optim_step", "hash-1", "m1", 1, idempotency_key="k1")
-    again, created_again = ledger.submit("alice", "optim_step", "hash-1", "m1", 1, idempotency_key="k1")
-    assert created and not created_again
-    assert again.request_id == first.request_id
-
-
-def test_a_seq_id_reused_with_another_body_is_refused(ledger: Ledger) -> None:
-    first, _ = ledger.submit("alice", "optim_step", "hash-1", "m1", 1, idempotency_key="k1")
-    same_body, created = ledger.submit("alice", "optim_step", "hash-1", "m1", 1, idempotency_key="k2")
-    assert not created and same_body.request_id == first.request_id
-    with pytest.raises(ConflictError, match="seq_id 1 of model m1 was already used"):
-        ledger.submit("alice", "optim_step", "hash-2", "m1", 1, idempotency_key="k3")
-
-
-def test_idempotency_keys_are_per_owner(ledger: Ledger) -> None:
-    mine, _ = ledger.submit("alice", "sample", "h", idempotency_key="same")
-    theirs, created = ledger.submit("bob", "sample", "h", idempotency_key="same")
-    assert created and theirs.request_id != mine.request_id
-
-
-def test_futures_in_flight_at_a_restart_are_failed_with_a_reason(tmp_path: Path) -> None:
-    ledger = Ledger(tmp_path / "ledger.sqlite3")
-    done, _ = ledger.submit("alice", "sample", "h1")
-    ledger.complete(done.request_id, b'{"ok": true}', ResultFormat.JSON)
-    queued, _ = ledger.submit("alice", "sample", "h2")
-    running, _ = ledger.submit("alice", "sample", "h3")
-    ledger.mark_running(running.request_id)
-    ledger.close()
-
-    reopened = Ledger(tmp_path / "ledger.sqlite3")
-    assert reopened.fail_unfinished("the server restarted") == 2
-    assert reopened.get(done.request_id).state is FutureState.DONE
-    assert reopened.get(done.request_id).result == b'{"ok": true}'
-    for request_id in (queued.request_id, running.request_id):
-        record = reopened.get(request_id)
-        assert record.state is FutureState.FAILED
-        assert record.error == "the server restarted"
-    reopened.close()
+from trainer_backend.server import RunningServer
 
 
 def _operation(ledger: Ledger, lane: str, seq_id: int | None, log: list, work=None) -> Operation:
@@ -386,3 +342,31 @@ def test_without_a_window_the_first_request_runs_at_once(ledger: Ledger) -> None
     wait_for(lambda: all(ledger.get(op.request_id).finished for op in samples))
     assert calls == [["a"], ["b", "c"]]
     scheduler.stop()
+
+
+# --- through the server ---------------------------------------------------------------------------------------
+
+
+def test_another_clients_training_step_runs_while_a_long_generation_is_under_way(server: RunningServer) -> None:
+    key = "tml-interleaving"
+    with tinker.ServiceClient(base_url=server.url, api_key=key) as client:
+        training = client.create_lora_training_client(base_model=TINY, rank=4)
+        tokenizer = training.get_tokenizer()
+        sampler = client.create_sampling_client(base_model=TINY)
+        long_generation = sampler.sample(
+            prompt=types.ModelInput.from_ints([3, 5, 7]),
+            num_samples=1,
+            sampling_params=types.SamplingParams(max_tokens=400, temperature=1.0, stop=[]),
+        )
+        deadline = time.monotonic() + 30
+        while "sample" not in status_of(server, key)["device"]["running_kinds"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+        datum = next_token_datum(tokenizer.encode("select 1"))
+        training.forward_backward([datum], "cross_entropy").result()
+        training.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+
+        # The step finished inside the generation's pauses: the generation is still running.
+        still = [f for f in status_of(server, key)["in_flight"] if f["kind"] == "sample"]
+        assert still and still[0]["state"] == "running"
+        assert len(long_generation.result().sequences[0].tokens) == 400
