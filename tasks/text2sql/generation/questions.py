@@ -1,15 +1,18 @@
-"""Question/SQL pairs over a generated database, drawn from query shapes of every Spider difficulty.
+"""Question/SQL pairs over a generated database, from templates of every Spider difficulty.
 
-Each shape picks tables and columns from the domain's description and values from the database itself,
-so filters hit real rows; each has several phrasings, and conditions have their own, so two questions of
-one shape rarely read alike.
+A template is data: draws that pick tables and columns from the domain's description and values from the
+database itself, so filters hit real rows; several phrasings; and the SQL. Phrasings and SQL are format
+strings over what was drawn, and conditions have phrasings of their own, so two questions of one template
+rarely read alike.
 """
 
 from __future__ import annotations
 
 import random
+import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import duckdb
 
@@ -37,7 +40,7 @@ class Candidate:
 
 @dataclass
 class Scope:
-    """What shapes draw from: the domain, its primary database, and the run's random generator."""
+    """What templates draw from: the domain, its primary database, and the run's random generator."""
 
     domain: Domain
     con: duckdb.DuckDBPyConnection
@@ -106,135 +109,159 @@ def _names(table: Table) -> str:
     return phrase + ("es" if phrase.endswith(("s", "sh", "ch")) else "s")
 
 
-def _noun(child: Table, key: Column) -> str:
+def _noun(key: Column) -> str:
     """What a child's row calls its parent: the key's own phrase ('home team') or the parent's noun."""
     return key.phrase or key.references.rstrip("s")
 
 
-# --- easy -----------------------------------------------------------------------------------------------
+# Words no attribute holds, written as format specs: "{t:names}", "{key:noun}", "{name:literal}".
+_SPECS: dict[str, Callable[[Any], str]] = {"names": _names, "noun": _noun, "literal": sql_literal}
 
 
-def list_where(s: Scope) -> Candidate | None:
-    t = s.pick_table()
-    cond = t and s.condition(t)
-    if cond is None:
-        return None
-    q = choose(
-        s.rng,
-        (
-            f"List the {_names(t)} of {t.plural} {cond.rel}.",
-            f"Which {t.plural} {cond.verb}?",
-            f"Show the {t.label.phrase} of every {t.singular} {cond.rel}.",
-            f"I need the {_names(t)} of all {t.plural} {cond.rel}.",
-            f"Find the {t.plural} {cond.rel} and give their {_names(t)}.",
-            f"What are the {_names(t)} of the {t.plural} {cond.rel}?",
-        ),
-    )
-    return Candidate(q, f"SELECT {t.label.name} FROM {t.name} WHERE {cond.sql}")
+class _Filler(string.Formatter):
+    def format_field(self, value: Any, format_spec: str) -> str:
+        if format_spec in _SPECS:
+            return _SPECS[format_spec](value)
+        return super().format_field(value, format_spec)
 
 
-def count_where(s: Scope) -> Candidate | None:
-    t = s.pick_table()
-    cond = t and s.condition(t)
-    if cond is None:
-        return None
-    q = choose(
-        s.rng,
-        (
-            f"How many {t.plural} {cond.verb}?",
-            f"Count the {t.plural} {cond.rel}.",
-            f"What is the number of {t.plural} {cond.rel}?",
-            f"How many {t.plural} {cond.rel} are there?",
-            f"Tell me how many {t.plural} {cond.verb}.",
-        ),
-    )
-    return Candidate(q, f"SELECT COUNT(*) FROM {t.name} WHERE {cond.sql}")
+_FILLER = _Filler()
+
+# What a template has drawn so far, by the names its format strings use.
+Slots = dict[str, Any]
+# One step of a template's draw: more slots from the scope and the slots so far, or None when nothing fits.
+Draw = Callable[[Scope, Slots], Slots | None]
 
 
-def count_all(s: Scope) -> Candidate | None:
-    t = choose(s.rng, s.domain.tables)
-    q = choose(
-        s.rng,
-        (
-            f"How many {t.plural} are there?",
-            f"Count all {t.plural}.",
-            f"What is the total number of {t.plural}?",
-            f"How many {t.plural} are recorded?",
-        ),
-    )
-    return Candidate(q, f"SELECT COUNT(*) FROM {t.name}")
+@dataclass(frozen=True)
+class Template:
+    """A question shape as data: what it draws, the ways to ask it, and the SQL that answers it.
+
+    Phrasings and SQL are `str.format` strings over the drawn slots (`{t.plural}`, `{cond.sql}`), plus the
+    format specs of `_SPECS`.
+    """
+
+    name: str
+    weight: float  # relative chance of being drawn
+    draws: tuple[Draw, ...]  # run in order, each seeing the slots of those before
+    phrasings: tuple[str, ...]
+    sql: str
+    # A query whose rows must all differ, or the gold's order (or its LIMIT cut) is ambiguous.
+    tie_check_sql: str | None = None
+    # Read instead of `phrasings` when a draw sets the slot `alternate`: a single row, "or" for "and".
+    alternate: tuple[str, ...] = ()
 
 
-def distinct_values(s: Scope) -> Candidate | None:
-    t = s.pick_table(Role.CATEGORY)
-    if t is None:
-        return None
-    c = choose(s.rng, t.by_role(Role.CATEGORY))
-    q = choose(
-        s.rng,
-        (
-            f"What different {c.phrase} values do {t.plural} have?",
-            f"List the distinct {c.phrase} values of {t.plural}.",
-            f"Which {c.phrase} values appear among the {t.plural}?",
-            f"Show each {c.phrase} that at least one {t.singular} has, without repeats.",
-        ),
-    )
-    return Candidate(q, f"SELECT DISTINCT {c.name} FROM {t.name}")
+def instantiate(template: Template, scope: Scope) -> Candidate | None:
+    """One question of the template with its SQL, or None when the database has nothing that fits."""
+    slots: Slots = {}
+    for draw in template.draws:
+        drawn = draw(scope, slots)
+        if drawn is None:
+            return None
+        slots |= drawn
+    phrasing = choose(scope.rng, template.alternate if slots.get("alternate") else template.phrasings)
+    tie_check_sql = template.tie_check_sql and _FILLER.format(template.tie_check_sql, **slots)
+    return Candidate(_FILLER.format(phrasing, **slots), _FILLER.format(template.sql, **slots), tie_check_sql)
 
 
-def attribute_of(s: Scope) -> Candidate | None:
-    t = s.pick_table(Role.NUMBER)
-    if t is None:
-        return None
-    c = choose(s.rng, t.by_role(Role.NUMBER) + t.by_role(Role.CATEGORY) + t.by_role(Role.DATE))
-    name = str(s.value(t, t.label))
-    q = choose(
-        s.rng,
-        (
-            f"What is the {c.phrase} of {name}?",
-            f"Give me the {c.phrase} of the {t.singular} {name}.",
-            f"Tell me the {c.phrase} for the {t.singular} called {name}.",
-            f"What {c.phrase} does {name} have?",
-        ),
-    )
-    return Candidate(q, f"SELECT {c.name} FROM {t.name} WHERE {t.label.name} = {sql_literal(name)}")
+# --- draws ----------------------------------------------------------------------------------------------
 
 
-def everything_about(s: Scope) -> Candidate | None:
-    t = s.pick_table()
-    if t is None:
-        return None
-    name = str(s.value(t, t.label))
-    q = choose(
-        s.rng,
-        (
-            f"Show all information about the {t.singular} {name}.",
-            f"Give me every column for {name} in the {t.plural} table.",
-            f"What do we know about the {t.singular} named {name}?",
-        ),
-    )
-    return Candidate(q, f"SELECT * FROM {t.name} WHERE {t.label.name} = {sql_literal(name)}")
+def _table(*roles: Role) -> Draw:
+    """`t`: a labelled table with a column of each role."""
+
+    def draw(s: Scope, slots: Slots) -> Slots | None:
+        t = s.pick_table(*roles)
+        return None if t is None else {"t": t}
+
+    return draw
 
 
-# --- medium ---------------------------------------------------------------------------------------------
+def _any_table(s: Scope, slots: Slots) -> Slots:
+    """`t`: any table, labelled or not."""
+    return {"t": choose(s.rng, s.domain.tables)}
 
 
-def group_count(s: Scope) -> Candidate | None:
-    t = s.pick_table(Role.CATEGORY)
-    if t is None:
-        return None
-    c = choose(s.rng, t.by_role(Role.CATEGORY))
-    q = choose(
-        s.rng,
-        (
-            f"How many {t.plural} are there for each {c.phrase}?",
-            f"Count the {t.plural} in each {c.phrase}.",
-            f"For every {c.phrase}, how many {t.plural} are there?",
-            f"Break down the number of {t.plural} by {c.phrase}.",
-            f"Show each {c.phrase} with the number of {t.plural} that have it.",
-        ),
-    )
-    return Candidate(q, f"SELECT {c.name}, COUNT(*) FROM {t.name} GROUP BY {c.name}")
+def _column(slot: str, *roles: Role, of: str = "t") -> Draw:
+    """A column of the table in slot `of` with one of the roles."""
+
+    def draw(s: Scope, slots: Slots) -> Slots:
+        return {slot: choose(s.rng, [c for role in roles for c in slots[of].by_role(role)])}
+
+    return draw
+
+
+def _name(of: str = "t") -> Draw:
+    """`name`: the label of one row of the table in slot `of`."""
+
+    def draw(s: Scope, slots: Slots) -> Slots:
+        table = slots[of]
+        return {"name": str(s.value(table, table.label))}
+
+    return draw
+
+
+def _condition(
+    slot: str = "cond", of: str = "t", alias: str = "", exclude: tuple[str, ...] = (), differs_from: str = ""
+) -> Draw:
+    """A condition on the table in slot `of`, on none of the columns in slots `exclude`."""
+
+    def draw(s: Scope, slots: Slots) -> Slots | None:
+        cond = s.condition(slots[of], alias, tuple(slots[e] for e in exclude))
+        if cond is None or (differs_from and cond.sql == slots[differs_from].sql):
+            return None
+        return {slot: cond}
+
+    return draw
+
+
+def _parent_child(parent_needs: tuple[Role, ...] = (), child_needs: tuple[Role, ...] = ()) -> Draw:
+    """`parent`, `child` and the child's foreign `key` into the parent."""
+
+    def draw(s: Scope, slots: Slots) -> Slots | None:
+        pair = s.parent_child(parent_needs, child_needs)
+        return None if pair is None else dict(zip(("parent", "child", "key"), pair, strict=True))
+
+    return draw
+
+
+def _labelled(of: str) -> Draw:
+    """Nothing new: rejects a table without a label, as templates that name its rows need one."""
+
+    def draw(s: Scope, slots: Slots) -> Slots | None:
+        return None if slots[of].label is None else {}
+
+    return draw
+
+
+def _coin(chance: float, **sides: tuple[object, object]) -> Draw:
+    """One draw for all the slots: each takes its first value with the chance, its second otherwise."""
+
+    def draw(s: Scope, slots: Slots) -> Slots:
+        side = 0 if s.rng.random() < chance else 1
+        return {slot: values[side] for slot, values in sides.items()}
+
+    return draw
+
+
+def _one_of(**options: tuple[object, ...]) -> Draw:
+    """One draw for all the slots: each takes the value at the same drawn position."""
+
+    def draw(s: Scope, slots: Slots) -> Slots:
+        return dict(zip(options, choose(s.rng, list(zip(*options.values(), strict=True))), strict=True))
+
+    return draw
+
+
+def _limit(*ks: int) -> Draw:
+    """`k` rows to keep; one row reads differently, so it sets `alternate`."""
+
+    def draw(s: Scope, slots: Slots) -> Slots:
+        k = choose(s.rng, ks)
+        return {"k": k, "tie_limit": k + 1, "alternate": k == 1}
+
+    return draw
 
 
 AGGREGATES = {
@@ -245,356 +272,44 @@ AGGREGATES = {
 }
 
 
-def group_aggregate(s: Scope) -> Candidate | None:
-    t = s.pick_table(Role.CATEGORY, Role.NUMBER)
-    if t is None:
-        return None
-    c, n = choose(s.rng, t.by_role(Role.CATEGORY)), choose(s.rng, t.by_role(Role.NUMBER))
-    fn, word = _aggregate(s, n)
-    q = choose(
-        s.rng,
-        (
-            f"What is the {word} {n.phrase} of {t.plural} for each {c.phrase}?",
-            f"Show the {word} {n.phrase} per {c.phrase} across all {t.plural}.",
-            f"For each {c.phrase}, give the {word} {n.phrase} of its {t.plural}.",
-            f"List every {c.phrase} together with the {word} {n.phrase} of the {t.plural} in it.",
-        ),
-    )
-    return Candidate(q, f"SELECT {c.name}, {fn}({n.name}) FROM {t.name} GROUP BY {c.name}")
-
-
-def _aggregate(s: Scope, column: Column) -> tuple[str, str]:
-    """An aggregate function that makes sense for the column, and a word for it."""
-    functions = [f for f in AGGREGATES if f != "SUM" or column.additive]
+def _aggregate(s: Scope, slots: Slots) -> Slots:
+    """`fn`: an aggregate function that makes sense for the number column `n`, and a `word` for it."""
+    functions = [f for f in AGGREGATES if f != "SUM" or slots["n"].additive]
     fn = choose(s.rng, functions)
-    return fn, choose(s.rng, AGGREGATES[fn])
+    return {"fn": fn, "word": choose(s.rng, AGGREGATES[fn])}
 
 
-def aggregate_where(s: Scope) -> Candidate | None:
-    t = s.pick_table(Role.NUMBER)
-    if t is None:
-        return None
-    n = choose(s.rng, t.by_role(Role.NUMBER))
-    cond = s.condition(t, exclude=(n,))
-    if cond is None:
-        return None
-    fn, word = _aggregate(s, n)
-    q = choose(
-        s.rng,
-        (
-            f"What is the {word} {n.phrase} of {t.plural} {cond.rel}?",
-            f"Find the {word} {n.phrase} among {t.plural} {cond.rel}.",
-            f"Among {t.plural} {cond.rel}, what is the {word} {n.phrase}?",
-        ),
-    )
-    return Candidate(q, f"SELECT {fn}({n.name}) FROM {t.name} WHERE {cond.sql}")
-
-
-def top_k(s: Scope) -> Candidate | None:
-    t = s.pick_table(Role.NUMBER)
-    if t is None:
-        return None
-    n = choose(s.rng, t.by_role(Role.NUMBER))
-    k = choose(s.rng, (1, 1, 3, 5, 10))
+def _ranking(s: Scope, slots: Slots) -> Slots:
+    """Highest or lowest first by `n`: the superlative, the SQL direction, and a filter on missing values."""
     highest = s.rng.random() < 0.6
-    most = choose(s.rng, ("highest", "largest") if highest else ("lowest", "smallest"))
-    direction = "DESC" if highest else "ASC"
-    if k == 1:
-        q = choose(
-            s.rng,
-            (
-                f"Which {t.singular} has the {most} {n.phrase}?",
-                f"Name the {t.singular} with the {most} {n.phrase}.",
-                f"What is the {t.label.phrase} of the {t.singular} whose {n.phrase} is the {most}?",
-            ),
-        )
-    else:
-        q = choose(
-            s.rng,
-            (
-                f"Which {k} {t.plural} have the {most} {n.phrase}?",
-                f"List the {_names(t)} of the top {k} {t.plural} by {n.phrase}"
-                + ("." if highest else ", starting from the lowest."),
-                f"Give me the {k} {t.plural} with the {most} {n.phrase}.",
-            ),
-        )
-    where = f"WHERE {n.name} IS NOT NULL " if n.null_fraction else ""
-    order = f"ORDER BY {n.name} {direction}"
-    return Candidate(
-        q,
-        f"SELECT {t.label.name} FROM {t.name} {where}{order} LIMIT {k}",
-        tie_check_sql=f"SELECT {n.name} FROM {t.name} {where}{order} LIMIT {k + 1}",
-    )
+    n = slots["n"]
+    return {
+        "most": choose(s.rng, ("highest", "largest") if highest else ("lowest", "smallest")),
+        "order_note": "" if highest else ", starting from the lowest",
+        "direction": "DESC" if highest else "ASC",
+        "not_null": f"WHERE {n.name} IS NOT NULL " if n.null_fraction else "",
+    }
 
 
-def ordered_list(s: Scope) -> Candidate | None:
-    t = s.pick_table(Role.NUMBER)
-    if t is None:
-        return None
-    n = choose(s.rng, t.by_role(Role.NUMBER))
-    cond = s.condition(t, exclude=(n,))
-    if cond is None:
-        return None
-    desc = s.rng.random() < 0.5
-    order_words = "from highest to lowest" if desc else "from lowest to highest"
-    q = choose(
-        s.rng,
-        (
-            f"List the {t.plural} {cond.rel} with their {n.phrase}, {order_words}.",
-            f"Show the {_names(t)} and {n.phrase} of {t.plural} {cond.rel}, sorted by {n.phrase} {order_words}.",
-            f"Sort the {t.plural} {cond.rel} by {n.phrase} ({'descending' if desc else 'ascending'}) and show "
-            f"each one's {t.label.phrase} and {n.phrase}.",
-        ),
-    )
-    order = f"ORDER BY {n.name} {'DESC' if desc else 'ASC'}"
-    return Candidate(
-        q,
-        f"SELECT {t.label.name}, {n.name} FROM {t.name} WHERE {cond.sql} {order}",
-        tie_check_sql=f"SELECT {n.name} FROM {t.name} WHERE {cond.sql}",
-    )
-
-
-def two_conditions(s: Scope) -> Candidate | None:
-    t = s.pick_table()
-    first = t and s.condition(t)
-    if first is None:
-        return None
-    second = s.condition(t)
-    if second is None or second.sql == first.sql:
-        return None
-    both = s.rng.random() < 0.65
-    joiner, sql_op = ("and", "AND") if both else ("or", "OR")
-    q = choose(
-        s.rng,
-        (
-            f"Which {t.plural} {first.verb} {joiner} {second.verb}?",
-            f"List the {_names(t)} of {t.plural} that {first.verb} {joiner} {second.verb}.",
-            f"Find {t.plural} {first.rel} {joiner} {second.rel}."
-            if both
-            else f"Show {t.plural} that either {first.verb} or {second.verb}.",
-        ),
-    )
-    return Candidate(q, f"SELECT {t.label.name} FROM {t.name} WHERE {first.sql} {sql_op} {second.sql}")
-
-
-def most_common(s: Scope) -> Candidate | None:
-    t = s.pick_table(Role.CATEGORY)
-    if t is None:
-        return None
-    c = choose(s.rng, t.by_role(Role.CATEGORY))
-    q = choose(
-        s.rng,
-        (
-            f"Which {c.phrase} has the most {t.plural}?",
-            f"What is the most common {c.phrase} among {t.plural}?",
-            f"Which {c.phrase} appears most often in the {t.plural} table?",
-        ),
-    )
-    body = f"FROM {t.name} GROUP BY {c.name} ORDER BY COUNT(*) DESC"
-    return Candidate(q, f"SELECT {c.name} {body} LIMIT 1", tie_check_sql=f"SELECT COUNT(*) {body} LIMIT 2")
-
-
-def count_distinct(s: Scope) -> Candidate | None:
-    t = s.pick_table(Role.CATEGORY)
-    if t is None:
-        return None
-    c = choose(s.rng, t.by_role(Role.CATEGORY))
-    q = choose(
-        s.rng,
-        (
-            f"How many different {c.phrase} values are there among {t.plural}?",
-            f"Count the distinct {c.phrase} values of {t.plural}.",
-            f"In how many distinct {c.phrase} values do the {t.plural} fall?",
-        ),
-    )
-    return Candidate(q, f"SELECT COUNT(DISTINCT {c.name}) FROM {t.name}")
-
-
-def between(s: Scope) -> Candidate | None:
-    t = s.pick_table(Role.NUMBER)
-    if t is None:
-        return None
-    n = choose(s.rng, t.by_role(Role.NUMBER))
+def _range(s: Scope, slots: Slots) -> Slots | None:
+    """`low` and `high`: two thresholds of `n`, rejected when they coincide."""
+    t, n = slots["t"], slots["n"]
     low, high = sorted((s.threshold(t, n), s.threshold(t, n)))
-    if low == high:
-        return None
-    q = choose(
-        s.rng,
-        (
-            f"Which {t.plural} have a {n.phrase} between {low} and {high}?",
-            f"List the {_names(t)} of {t.plural} whose {n.phrase} is from {low} to {high}, inclusive.",
-            f"Find {t.plural} with {n.phrase} in the range {low} to {high}.",
-        ),
-    )
-    return Candidate(q, f"SELECT {t.label.name} FROM {t.name} WHERE {n.name} BETWEEN {low} AND {high}")
+    return None if low == high else {"low": low, "high": high}
 
 
-def child_of_named_parent(s: Scope) -> Candidate | None:
-    pair = s.parent_child()
-    if pair is None:
-        return None
-    parent, child, key = pair
-    if child.label is None:
-        return None
-    name = str(s.value(parent, parent.label))
-    noun = _noun(child, key)
-    q = choose(
-        s.rng,
-        (
-            f"List the {_names(child)} of all {child.plural} whose {noun} is {name}.",
-            f"Which {child.plural} have {name} as their {noun}?",
-            f"Show the {child.plural} of the {parent.singular} {name}.",
-            f"Give the {_names(child)} of {child.plural} linked to the {parent.singular} named {name}.",
-        ),
-    )
-    return Candidate(
-        q,
-        f"SELECT c.{child.label.name} FROM {child.name} AS c JOIN {parent.name} AS p "
-        f"ON c.{key.name} = p.{parent.primary_key.name} WHERE p.{parent.label.name} = {sql_literal(name)}",
-    )
-
-
-# --- hard -----------------------------------------------------------------------------------------------
-
-
-def above_average(s: Scope) -> Candidate | None:
-    t = s.pick_table(Role.NUMBER)
-    if t is None:
-        return None
-    n = choose(s.rng, t.by_role(Role.NUMBER))
-    above = s.rng.random() < 0.6
-    word = "above" if above else "below"
-    q = choose(
-        s.rng,
-        (
-            f"Which {t.plural} have a {n.phrase} {word} the average?",
-            f"List the {_names(t)} of {t.plural} whose {n.phrase} is {'higher' if above else 'lower'} than the "
-            f"average {n.phrase} of all {t.plural}.",
-            f"Find every {t.singular} with a {n.phrase} {word} average.",
-        ),
-    )
-    op = ">" if above else "<"
-    return Candidate(q, f"SELECT {t.label.name} FROM {t.name} WHERE {n.name} {op} (SELECT AVG({n.name}) FROM {t.name})")
-
-
-def extreme_by_subquery(s: Scope) -> Candidate | None:
-    t = s.pick_table(Role.NUMBER)
-    if t is None:
-        return None
-    n = choose(s.rng, t.by_role(Role.NUMBER))
-    fn, word = choose(s.rng, (("MAX", "highest"), ("MIN", "lowest")))
-    q = choose(
-        s.rng,
-        (
-            f"Which {t.singular} has the {word} {n.phrase}? Include ties.",
-            f"List every {t.singular} whose {n.phrase} equals the {word} {n.phrase} of all {t.plural}.",
-            f"Who or what has the {word} {n.phrase} among {t.plural}? List all of them if tied.",
-        ),
-    )
-    return Candidate(q, f"SELECT {t.label.name} FROM {t.name} WHERE {n.name} = (SELECT {fn}({n.name}) FROM {t.name})")
-
-
-def parents_with_many_children(s: Scope) -> Candidate | None:
-    pair = s.parent_child()
-    if pair is None:
-        return None
-    parent, child, key = pair
+def _child_count(s: Scope, slots: Slots) -> Slots:
+    """`k`: a number of children that only the busier parents exceed."""
+    child, key = slots["child"], slots["key"]
     counts = [
         r[0] for r in s.con.execute(f"SELECT COUNT(*) FROM {child.name} GROUP BY {key.name} ORDER BY 1").fetchall()
     ]
-    k = nice_number(counts[int(len(counts) * s.rng.uniform(0.4, 0.9))], 0)
-    q = choose(
-        s.rng,
-        (
-            f"Which {parent.plural} have more than {k} {child.plural}? Show each one's {parent.label.phrase} and "
-            f"its number of {child.plural}.",
-            f"For {parent.plural} with over {k} {child.plural}, list the {parent.label.phrase} and the "
-            f"{child.singular} count.",
-            f"Give the {_names(parent)} of {parent.plural} that have more than {k} {child.plural}, with how many "
-            "each has.",
-        ),
-    )
-    return Candidate(
-        q,
-        f"SELECT p.{parent.label.name}, COUNT(*) FROM {parent.name} AS p JOIN {child.name} AS c "
-        f"ON c.{key.name} = p.{parent.primary_key.name} GROUP BY p.{parent.primary_key.name}, "
-        f"p.{parent.label.name} HAVING COUNT(*) > {k}",
-    )
+    return {"k": nice_number(counts[int(len(counts) * s.rng.uniform(0.4, 0.9))], 0)}
 
 
-def parents_without_children(s: Scope) -> Candidate | None:
-    pair = s.parent_child()
-    if pair is None:
-        return None
-    parent, child, key = pair
-    q = choose(
-        s.rng,
-        (
-            f"Which {parent.plural} have no {child.plural}?",
-            f"List the {_names(parent)} of {parent.plural} that do not appear in any {child.singular}.",
-            f"Find {parent.plural} without a single {child.singular}.",
-            f"Show the {parent.plural} never referenced by a {child.singular} as its {_noun(child, key)}.",
-        ),
-    )
-    return Candidate(
-        q,
-        f"SELECT {parent.label.name} FROM {parent.name} WHERE {parent.primary_key.name} NOT IN "
-        f"(SELECT {key.name} FROM {child.name} WHERE {key.name} IS NOT NULL)",
-    )
-
-
-def parents_with_matching_child(s: Scope) -> Candidate | None:
-    pair = s.parent_child()
-    if pair is None:
-        return None
-    parent, child, key = pair
-    cond = s.condition(child)
-    if cond is None:
-        return None
-    q = choose(
-        s.rng,
-        (
-            f"Which {parent.plural} have at least one {child.singular} {cond.rel}?",
-            f"List the {_names(parent)} of {parent.plural} with some {child.singular} {cond.rel}.",
-            f"Find {parent.plural} that have {child.plural} {cond.rel}.",
-        ),
-    )
-    return Candidate(
-        q,
-        f"SELECT {parent.label.name} FROM {parent.name} WHERE {parent.primary_key.name} IN "
-        f"(SELECT {key.name} FROM {child.name} WHERE {cond.sql})",
-    )
-
-
-def aggregate_per_parent(s: Scope) -> Candidate | None:
-    pair = s.parent_child(child_needs=(Role.NUMBER,))
-    if pair is None:
-        return None
-    parent, child, key = pair
-    n = choose(s.rng, child.by_role(Role.NUMBER))
-    fn, word = _aggregate(s, n)
-    q = choose(
-        s.rng,
-        (
-            f"What is the {word} {n.phrase} of {child.plural} for each {parent.singular}? Show the "
-            f"{parent.singular}'s {parent.label.phrase}.",
-            f"For every {parent.singular}, list its {parent.label.phrase} and the {word} {n.phrase} of its "
-            f"{child.plural}.",
-            f"Show each {parent.singular} {parent.label.phrase} with the {word} {n.phrase} across its {child.plural}.",
-        ),
-    )
-    return Candidate(
-        q,
-        f"SELECT p.{parent.label.name}, {fn}(c.{n.name}) FROM {parent.name} AS p JOIN {child.name} AS c "
-        f"ON c.{key.name} = p.{parent.primary_key.name} GROUP BY p.{parent.primary_key.name}, p.{parent.label.name}",
-    )
-
-
-def groups_with_high_average(s: Scope) -> Candidate | None:
-    t = s.pick_table(Role.CATEGORY, Role.NUMBER)
-    if t is None:
-        return None
-    c, n = choose(s.rng, t.by_role(Role.CATEGORY)), choose(s.rng, t.by_role(Role.NUMBER))
+def _group_average(s: Scope, slots: Slots) -> Slots | None:
+    """`threshold`: an average of `n` that some groups of `c` exceed and others do not."""
+    t, c, n = slots["t"], slots["c"], slots["n"]
     averages = sorted(
         r[0]
         for r in s.con.execute(
@@ -603,122 +318,11 @@ def groups_with_high_average(s: Scope) -> Candidate | None:
     )
     if len(averages) < 2:
         return None
-    threshold = nice_number(averages[int(len(averages) * s.rng.uniform(0.2, 0.7))], n.decimals)
-    q = choose(
-        s.rng,
-        (
-            f"Which {c.phrase} values have an average {n.phrase} above {threshold} among their {t.plural}?",
-            f"List each {c.phrase} whose {t.plural} average more than {threshold} in {n.phrase}.",
-            f"For which {c.phrase} is the mean {n.phrase} of {t.plural} greater than {threshold}?",
-        ),
-    )
-    return Candidate(q, f"SELECT {c.name} FROM {t.name} GROUP BY {c.name} HAVING AVG({n.name}) > {threshold}")
+    return {"threshold": nice_number(averages[int(len(averages) * s.rng.uniform(0.2, 0.7))], n.decimals)}
 
 
-def top_children_of_filtered_parents(s: Scope) -> Candidate | None:
-    pair = s.parent_child(parent_needs=(Role.CATEGORY,), child_needs=(Role.NUMBER,))
-    if pair is None:
-        return None
-    parent, child, key = pair
-    if child.label is None:
-        return None
-    cond = s.condition(parent, alias="p")
-    if cond is None:
-        return None
-    n = choose(s.rng, child.by_role(Role.NUMBER))
-    k = choose(s.rng, (1, 3, 5))
-    q = choose(
-        s.rng,
-        (
-            f"Among {child.plural} of {parent.plural} {cond.rel}, which {k} have the highest {n.phrase}?"
-            if k > 1
-            else f"Among {child.plural} of {parent.plural} {cond.rel}, which one has the highest {n.phrase}?",
-            f"List the {_names(child)} of the {k} {child.plural} with the highest {n.phrase} whose "
-            f"{_noun(child, key)} is one of the {parent.plural} {cond.rel}.",
-        ),
-    )
-    body = (
-        f"FROM {child.name} AS c JOIN {parent.name} AS p ON c.{key.name} = p.{parent.primary_key.name} "
-        f"WHERE {cond.sql} AND c.{n.name} IS NOT NULL ORDER BY c.{n.name} DESC"
-    )
-    return Candidate(
-        q,
-        f"SELECT c.{child.label.name} {body} LIMIT {k}",
-        tie_check_sql=f"SELECT c.{n.name} {body} LIMIT {k + 1}",
-    )
-
-
-# --- extra ----------------------------------------------------------------------------------------------
-
-
-def categories_with_both(s: Scope) -> Candidate | None:
-    t = s.pick_table(Role.CATEGORY)
-    if t is None:
-        return None
-    c = choose(s.rng, t.by_role(Role.CATEGORY))
-    first = s.condition(t, exclude=(c,))
-    second = s.condition(t, exclude=(c,))
-    if first is None or second is None or first.sql == second.sql:
-        return None
-    q = choose(
-        s.rng,
-        (
-            f"Which {c.phrase} values have both {t.plural} {first.rel} and {t.plural} {second.rel}?",
-            f"Find the {c.phrase} values shared by {t.plural} {first.rel} and by {t.plural} {second.rel}.",
-        ),
-    )
-    return Candidate(
-        q,
-        f"SELECT {c.name} FROM {t.name} WHERE {first.sql} INTERSECT SELECT {c.name} FROM {t.name} WHERE {second.sql}",
-    )
-
-
-def either_condition_union(s: Scope) -> Candidate | None:
-    t = s.pick_table()
-    first = t and s.condition(t)
-    second = t and s.condition(t)
-    if first is None or second is None or first.sql == second.sql:
-        return None
-    q = choose(
-        s.rng,
-        (
-            f"Give the distinct {_names(t)} of {t.plural} {first.rel}, together with those of {t.plural} {second.rel}.",
-            f"Combine the {t.plural} {first.rel} with the {t.plural} {second.rel} and list their {_names(t)} "
-            "without duplicates.",
-        ),
-    )
-    return Candidate(
-        q,
-        f"SELECT {t.label.name} FROM {t.name} WHERE {first.sql} UNION SELECT {t.label.name} FROM {t.name} "
-        f"WHERE {second.sql}",
-    )
-
-
-def parents_except_matching_child(s: Scope) -> Candidate | None:
-    pair = s.parent_child()
-    if pair is None:
-        return None
-    parent, child, key = pair
-    cond = s.condition(child, alias="c")
-    if cond is None:
-        return None
-    q = choose(
-        s.rng,
-        (
-            f"Which {parent.plural} never had a {child.singular} {cond.rel}?",
-            f"List the {_names(parent)} of {parent.plural} except those with a {child.singular} {cond.rel}.",
-            f"Find the {parent.plural} that have no {child.plural} {cond.rel}.",
-        ),
-    )
-    return Candidate(
-        q,
-        f"SELECT {parent.label.name} FROM {parent.name} EXCEPT SELECT p.{parent.label.name} FROM {parent.name} AS p "
-        f"JOIN {child.name} AS c ON c.{key.name} = p.{parent.primary_key.name} WHERE {cond.sql}",
-    )
-
-
-def through_bridge(s: Scope) -> Candidate | None:
-    """A -< B >- C: rows of A linked through B to rows of C that meet a condition (three tables)."""
+def _bridge(s: Scope, slots: Slots) -> Slots | None:
+    """A -< B >- C: tables `a` and `c` linked through `b`, by its keys `key_a` and `key_c`."""
     triples = [
         (a, b, key_a, c, key_c)
         for a in s.labelled_tables()
@@ -730,107 +334,445 @@ def through_bridge(s: Scope) -> Candidate | None:
     ]
     if not triples:
         return None
-    a, b, key_a, c, key_c = choose(s.rng, triples)
-    cond = s.condition(c, alias="z")
-    if cond is None:
-        return None
-    q = choose(
-        s.rng,
+    return dict(zip(("a", "b", "key_a", "c", "key_c"), choose(s.rng, triples), strict=True))
+
+
+def _parent_child_preferring_categories(s: Scope, slots: Slots) -> Slots | None:
+    """Like `_parent_child()`, but a parent with a category column when there is one."""
+    pair = s.parent_child(parent_needs=(Role.CATEGORY,)) or s.parent_child()
+    return None if pair is None else dict(zip(("parent", "child", "key"), pair, strict=True))
+
+
+# --- templates ------------------------------------------------------------------------------------------
+
+# Weights tilt the draw toward the templates that have many distinct instances.
+TEMPLATES: tuple[Template, ...] = (
+    # easy
+    Template(
+        "list_where",
+        3,
+        (_table(), _condition()),
         (
-            f"Find the {_names(a)} of {a.plural} with at least one {b.singular} involving a {c.singular} {cond.rel}.",
-            f"Which {a.plural} have {b.plural} involving {c.plural} {cond.rel}?",
-            f"List the distinct {a.plural} connected through {b.plural} to {c.plural} {cond.rel}.",
+            "List the {t:names} of {t.plural} {cond.rel}.",
+            "Which {t.plural} {cond.verb}?",
+            "Show the {t.label.phrase} of every {t.singular} {cond.rel}.",
+            "I need the {t:names} of all {t.plural} {cond.rel}.",
+            "Find the {t.plural} {cond.rel} and give their {t:names}.",
+            "What are the {t:names} of the {t.plural} {cond.rel}?",
         ),
-    )
-    return Candidate(
-        q,
-        f"SELECT DISTINCT x.{a.label.name} FROM {a.name} AS x JOIN {b.name} AS y ON y.{key_a.name} = "
-        f"x.{a.primary_key.name} JOIN {c.name} AS z ON y.{key_c.name} = z.{c.primary_key.name} WHERE {cond.sql}",
-    )
-
-
-def busier_than_average(s: Scope) -> Candidate | None:
-    pair = s.parent_child()
-    if pair is None:
-        return None
-    parent, child, key = pair
-    q = choose(
-        s.rng,
+        "SELECT {t.label.name} FROM {t.name} WHERE {cond.sql}",
+    ),
+    Template(
+        "count_where",
+        2.5,
+        (_table(), _condition()),
         (
-            f"Which {parent.plural} have more {child.plural} than the average {parent.singular} with any "
-            f"{child.plural}?",
-            f"List the {_names(parent)} of {parent.plural} whose number of {child.plural} is above the average "
-            f"count per {parent.singular} (counting only {parent.plural} that have some).",
+            "How many {t.plural} {cond.verb}?",
+            "Count the {t.plural} {cond.rel}.",
+            "What is the number of {t.plural} {cond.rel}?",
+            "How many {t.plural} {cond.rel} are there?",
+            "Tell me how many {t.plural} {cond.verb}.",
         ),
-    )
-    return Candidate(
-        q,
-        f"SELECT p.{parent.label.name} FROM {parent.name} AS p JOIN {child.name} AS c ON c.{key.name} = "
-        f"p.{parent.primary_key.name} GROUP BY p.{parent.primary_key.name}, p.{parent.label.name} "
-        f"HAVING COUNT(*) > (SELECT COUNT(*) * 1.0 / COUNT(DISTINCT {key.name}) FROM {child.name})",
-    )
-
-
-def parent_with_most_children(s: Scope) -> Candidate | None:
-    pair = s.parent_child(parent_needs=(Role.CATEGORY,))
-    if pair is None:
-        pair = s.parent_child()
-    if pair is None:
-        return None
-    parent, child, key = pair
-    q = choose(
-        s.rng,
+        "SELECT COUNT(*) FROM {t.name} WHERE {cond.sql}",
+    ),
+    Template(
+        "count_all",
+        0.3,
+        (_any_table,),
         (
-            f"Which {parent.singular} has the most {child.plural}?",
-            f"Name the {parent.singular} with the largest number of {child.plural}.",
-            f"What is the {parent.label.phrase} of the {parent.singular} that has the most {child.plural}?",
+            "How many {t.plural} are there?",
+            "Count all {t.plural}.",
+            "What is the total number of {t.plural}?",
+            "How many {t.plural} are recorded?",
         ),
-    )
-    body = (
-        f"FROM {parent.name} AS p JOIN {child.name} AS c ON c.{key.name} = p.{parent.primary_key.name} "
-        f"GROUP BY p.{parent.primary_key.name}, p.{parent.label.name} ORDER BY COUNT(*) DESC"
-    )
-    return Candidate(q, f"SELECT p.{parent.label.name} {body} LIMIT 1", tie_check_sql=f"SELECT COUNT(*) {body} LIMIT 2")
-
-
-Shape = Callable[[Scope], Candidate | None]
-
-# Weights tilt the draw toward the shapes that have many distinct instances.
-SHAPES: tuple[tuple[Shape, float], ...] = (
-    (list_where, 3),
-    (count_where, 2.5),
-    (count_all, 0.3),
-    (distinct_values, 0.5),
-    (attribute_of, 2),
-    (everything_about, 0.7),
-    (group_count, 0.7),
-    (group_aggregate, 1.5),
-    (aggregate_where, 2.5),
-    (top_k, 2),
-    (ordered_list, 1.5),
-    (two_conditions, 3),
-    (most_common, 0.6),
-    (count_distinct, 0.4),
-    (between, 1.5),
-    (child_of_named_parent, 2),
-    (above_average, 1),
-    (extreme_by_subquery, 1),
-    (parents_with_many_children, 1.2),
-    (parents_without_children, 0.5),
-    (parents_with_matching_child, 2),
-    (aggregate_per_parent, 1.2),
-    (groups_with_high_average, 1.2),
-    (top_children_of_filtered_parents, 1.5),
-    (categories_with_both, 1.5),
-    (either_condition_union, 1.5),
-    (parents_except_matching_child, 1.5),
-    (through_bridge, 2.5),
-    (busier_than_average, 0.6),
-    (parent_with_most_children, 0.8),
+        "SELECT COUNT(*) FROM {t.name}",
+    ),
+    Template(
+        "distinct_values",
+        0.5,
+        (_table(Role.CATEGORY), _column("c", Role.CATEGORY)),
+        (
+            "What different {c.phrase} values do {t.plural} have?",
+            "List the distinct {c.phrase} values of {t.plural}.",
+            "Which {c.phrase} values appear among the {t.plural}?",
+            "Show each {c.phrase} that at least one {t.singular} has, without repeats.",
+        ),
+        "SELECT DISTINCT {c.name} FROM {t.name}",
+    ),
+    Template(
+        "attribute_of",
+        2,
+        (_table(Role.NUMBER), _column("c", Role.NUMBER, Role.CATEGORY, Role.DATE), _name()),
+        (
+            "What is the {c.phrase} of {name}?",
+            "Give me the {c.phrase} of the {t.singular} {name}.",
+            "Tell me the {c.phrase} for the {t.singular} called {name}.",
+            "What {c.phrase} does {name} have?",
+        ),
+        "SELECT {c.name} FROM {t.name} WHERE {t.label.name} = {name:literal}",
+    ),
+    Template(
+        "everything_about",
+        0.7,
+        (_table(), _name()),
+        (
+            "Show all information about the {t.singular} {name}.",
+            "Give me every column for {name} in the {t.plural} table.",
+            "What do we know about the {t.singular} named {name}?",
+        ),
+        "SELECT * FROM {t.name} WHERE {t.label.name} = {name:literal}",
+    ),
+    # medium
+    Template(
+        "group_count",
+        0.7,
+        (_table(Role.CATEGORY), _column("c", Role.CATEGORY)),
+        (
+            "How many {t.plural} are there for each {c.phrase}?",
+            "Count the {t.plural} in each {c.phrase}.",
+            "For every {c.phrase}, how many {t.plural} are there?",
+            "Break down the number of {t.plural} by {c.phrase}.",
+            "Show each {c.phrase} with the number of {t.plural} that have it.",
+        ),
+        "SELECT {c.name}, COUNT(*) FROM {t.name} GROUP BY {c.name}",
+    ),
+    Template(
+        "group_aggregate",
+        1.5,
+        (_table(Role.CATEGORY, Role.NUMBER), _column("c", Role.CATEGORY), _column("n", Role.NUMBER), _aggregate),
+        (
+            "What is the {word} {n.phrase} of {t.plural} for each {c.phrase}?",
+            "Show the {word} {n.phrase} per {c.phrase} across all {t.plural}.",
+            "For each {c.phrase}, give the {word} {n.phrase} of its {t.plural}.",
+            "List every {c.phrase} together with the {word} {n.phrase} of the {t.plural} in it.",
+        ),
+        "SELECT {c.name}, {fn}({n.name}) FROM {t.name} GROUP BY {c.name}",
+    ),
+    Template(
+        "aggregate_where",
+        2.5,
+        (_table(Role.NUMBER), _column("n", Role.NUMBER), _condition(exclude=("n",)), _aggregate),
+        (
+            "What is the {word} {n.phrase} of {t.plural} {cond.rel}?",
+            "Find the {word} {n.phrase} among {t.plural} {cond.rel}.",
+            "Among {t.plural} {cond.rel}, what is the {word} {n.phrase}?",
+        ),
+        "SELECT {fn}({n.name}) FROM {t.name} WHERE {cond.sql}",
+    ),
+    Template(
+        "top_k",
+        2,
+        (_table(Role.NUMBER), _column("n", Role.NUMBER), _limit(1, 1, 3, 5, 10), _ranking),
+        (
+            "Which {k} {t.plural} have the {most} {n.phrase}?",
+            "List the {t:names} of the top {k} {t.plural} by {n.phrase}{order_note}.",
+            "Give me the {k} {t.plural} with the {most} {n.phrase}.",
+        ),
+        "SELECT {t.label.name} FROM {t.name} {not_null}ORDER BY {n.name} {direction} LIMIT {k}",
+        tie_check_sql="SELECT {n.name} FROM {t.name} {not_null}ORDER BY {n.name} {direction} LIMIT {tie_limit}",
+        alternate=(
+            "Which {t.singular} has the {most} {n.phrase}?",
+            "Name the {t.singular} with the {most} {n.phrase}.",
+            "What is the {t.label.phrase} of the {t.singular} whose {n.phrase} is the {most}?",
+        ),
+    ),
+    Template(
+        "ordered_list",
+        1.5,
+        (
+            _table(Role.NUMBER),
+            _column("n", Role.NUMBER),
+            _condition(exclude=("n",)),
+            _coin(
+                0.5,
+                order_words=("from highest to lowest", "from lowest to highest"),
+                sort=("descending", "ascending"),
+                direction=("DESC", "ASC"),
+            ),
+        ),
+        (
+            "List the {t.plural} {cond.rel} with their {n.phrase}, {order_words}.",
+            "Show the {t:names} and {n.phrase} of {t.plural} {cond.rel}, sorted by {n.phrase} {order_words}.",
+            "Sort the {t.plural} {cond.rel} by {n.phrase} ({sort}) and show each one's {t.label.phrase} and "
+            "{n.phrase}.",
+        ),
+        "SELECT {t.label.name}, {n.name} FROM {t.name} WHERE {cond.sql} ORDER BY {n.name} {direction}",
+        tie_check_sql="SELECT {n.name} FROM {t.name} WHERE {cond.sql}",
+    ),
+    Template(
+        "two_conditions",
+        3,
+        (
+            _table(),
+            _condition("first"),
+            _condition("second", differs_from="first"),
+            _coin(0.65, alternate=(False, True), op=("AND", "OR")),
+        ),
+        (
+            "Which {t.plural} {first.verb} and {second.verb}?",
+            "List the {t:names} of {t.plural} that {first.verb} and {second.verb}.",
+            "Find {t.plural} {first.rel} and {second.rel}.",
+        ),
+        "SELECT {t.label.name} FROM {t.name} WHERE {first.sql} {op} {second.sql}",
+        alternate=(
+            "Which {t.plural} {first.verb} or {second.verb}?",
+            "List the {t:names} of {t.plural} that {first.verb} or {second.verb}.",
+            "Show {t.plural} that either {first.verb} or {second.verb}.",
+        ),
+    ),
+    Template(
+        "most_common",
+        0.6,
+        (_table(Role.CATEGORY), _column("c", Role.CATEGORY)),
+        (
+            "Which {c.phrase} has the most {t.plural}?",
+            "What is the most common {c.phrase} among {t.plural}?",
+            "Which {c.phrase} appears most often in the {t.plural} table?",
+        ),
+        "SELECT {c.name} FROM {t.name} GROUP BY {c.name} ORDER BY COUNT(*) DESC LIMIT 1",
+        tie_check_sql="SELECT COUNT(*) FROM {t.name} GROUP BY {c.name} ORDER BY COUNT(*) DESC LIMIT 2",
+    ),
+    Template(
+        "count_distinct",
+        0.4,
+        (_table(Role.CATEGORY), _column("c", Role.CATEGORY)),
+        (
+            "How many different {c.phrase} values are there among {t.plural}?",
+            "Count the distinct {c.phrase} values of {t.plural}.",
+            "In how many distinct {c.phrase} values do the {t.plural} fall?",
+        ),
+        "SELECT COUNT(DISTINCT {c.name}) FROM {t.name}",
+    ),
+    Template(
+        "between",
+        1.5,
+        (_table(Role.NUMBER), _column("n", Role.NUMBER), _range),
+        (
+            "Which {t.plural} have a {n.phrase} between {low} and {high}?",
+            "List the {t:names} of {t.plural} whose {n.phrase} is from {low} to {high}, inclusive.",
+            "Find {t.plural} with {n.phrase} in the range {low} to {high}.",
+        ),
+        "SELECT {t.label.name} FROM {t.name} WHERE {n.name} BETWEEN {low} AND {high}",
+    ),
+    Template(
+        "child_of_named_parent",
+        2,
+        (_parent_child(), _labelled("child"), _name("parent")),
+        (
+            "List the {child:names} of all {child.plural} whose {key:noun} is {name}.",
+            "Which {child.plural} have {name} as their {key:noun}?",
+            "Show the {child.plural} of the {parent.singular} {name}.",
+            "Give the {child:names} of {child.plural} linked to the {parent.singular} named {name}.",
+        ),
+        "SELECT c.{child.label.name} FROM {child.name} AS c JOIN {parent.name} AS p "
+        "ON c.{key.name} = p.{parent.primary_key.name} WHERE p.{parent.label.name} = {name:literal}",
+    ),
+    # hard
+    Template(
+        "above_average",
+        1,
+        (
+            _table(Role.NUMBER),
+            _column("n", Role.NUMBER),
+            _coin(0.6, word=("above", "below"), comparative=("higher", "lower"), op=(">", "<")),
+        ),
+        (
+            "Which {t.plural} have a {n.phrase} {word} the average?",
+            "List the {t:names} of {t.plural} whose {n.phrase} is {comparative} than the average {n.phrase} of all "
+            "{t.plural}.",
+            "Find every {t.singular} with a {n.phrase} {word} average.",
+        ),
+        "SELECT {t.label.name} FROM {t.name} WHERE {n.name} {op} (SELECT AVG({n.name}) FROM {t.name})",
+    ),
+    Template(
+        "extreme_by_subquery",
+        1,
+        (_table(Role.NUMBER), _column("n", Role.NUMBER), _one_of(fn=("MAX", "MIN"), word=("highest", "lowest"))),
+        (
+            "Which {t.singular} has the {word} {n.phrase}? Include ties.",
+            "List every {t.singular} whose {n.phrase} equals the {word} {n.phrase} of all {t.plural}.",
+            "Who or what has the {word} {n.phrase} among {t.plural}? List all of them if tied.",
+        ),
+        "SELECT {t.label.name} FROM {t.name} WHERE {n.name} = (SELECT {fn}({n.name}) FROM {t.name})",
+    ),
+    Template(
+        "parents_with_many_children",
+        1.2,
+        (_parent_child(), _child_count),
+        (
+            "Which {parent.plural} have more than {k} {child.plural}? Show each one's {parent.label.phrase} and "
+            "its number of {child.plural}.",
+            "For {parent.plural} with over {k} {child.plural}, list the {parent.label.phrase} and the "
+            "{child.singular} count.",
+            "Give the {parent:names} of {parent.plural} that have more than {k} {child.plural}, with how many "
+            "each has.",
+        ),
+        "SELECT p.{parent.label.name}, COUNT(*) FROM {parent.name} AS p JOIN {child.name} AS c "
+        "ON c.{key.name} = p.{parent.primary_key.name} GROUP BY p.{parent.primary_key.name}, "
+        "p.{parent.label.name} HAVING COUNT(*) > {k}",
+    ),
+    Template(
+        "parents_without_children",
+        0.5,
+        (_parent_child(),),
+        (
+            "Which {parent.plural} have no {child.plural}?",
+            "List the {parent:names} of {parent.plural} that do not appear in any {child.singular}.",
+            "Find {parent.plural} without a single {child.singular}.",
+            "Show the {parent.plural} never referenced by a {child.singular} as its {key:noun}.",
+        ),
+        "SELECT {parent.label.name} FROM {parent.name} WHERE {parent.primary_key.name} NOT IN "
+        "(SELECT {key.name} FROM {child.name} WHERE {key.name} IS NOT NULL)",
+    ),
+    Template(
+        "parents_with_matching_child",
+        2,
+        (_parent_child(), _condition(of="child")),
+        (
+            "Which {parent.plural} have at least one {child.singular} {cond.rel}?",
+            "List the {parent:names} of {parent.plural} with some {child.singular} {cond.rel}.",
+            "Find {parent.plural} that have {child.plural} {cond.rel}.",
+        ),
+        "SELECT {parent.label.name} FROM {parent.name} WHERE {parent.primary_key.name} IN "
+        "(SELECT {key.name} FROM {child.name} WHERE {cond.sql})",
+    ),
+    Template(
+        "aggregate_per_parent",
+        1.2,
+        (_parent_child(child_needs=(Role.NUMBER,)), _column("n", Role.NUMBER, of="child"), _aggregate),
+        (
+            "What is the {word} {n.phrase} of {child.plural} for each {parent.singular}? Show the "
+            "{parent.singular}'s {parent.label.phrase}.",
+            "For every {parent.singular}, list its {parent.label.phrase} and the {word} {n.phrase} of its "
+            "{child.plural}.",
+            "Show each {parent.singular} {parent.label.phrase} with the {word} {n.phrase} across its {child.plural}.",
+        ),
+        "SELECT p.{parent.label.name}, {fn}(c.{n.name}) FROM {parent.name} AS p JOIN {child.name} AS c "
+        "ON c.{key.name} = p.{parent.primary_key.name} GROUP BY p.{parent.primary_key.name}, p.{parent.label.name}",
+    ),
+    Template(
+        "groups_with_high_average",
+        1.2,
+        (_table(Role.CATEGORY, Role.NUMBER), _column("c", Role.CATEGORY), _column("n", Role.NUMBER), _group_average),
+        (
+            "Which {c.phrase} values have an average {n.phrase} above {threshold} among their {t.plural}?",
+            "List each {c.phrase} whose {t.plural} average more than {threshold} in {n.phrase}.",
+            "For which {c.phrase} is the mean {n.phrase} of {t.plural} greater than {threshold}?",
+        ),
+        "SELECT {c.name} FROM {t.name} GROUP BY {c.name} HAVING AVG({n.name}) > {threshold}",
+    ),
+    Template(
+        "top_children_of_filtered_parents",
+        1.5,
+        (
+            _parent_child(parent_needs=(Role.CATEGORY,), child_needs=(Role.NUMBER,)),
+            _labelled("child"),
+            _condition(of="parent", alias="p"),
+            _column("n", Role.NUMBER, of="child"),
+            _limit(1, 3, 5),
+        ),
+        (
+            "Among {child.plural} of {parent.plural} {cond.rel}, which {k} have the highest {n.phrase}?",
+            "List the {child:names} of the {k} {child.plural} with the highest {n.phrase} whose {key:noun} is one "
+            "of the {parent.plural} {cond.rel}.",
+        ),
+        "SELECT c.{child.label.name} FROM {child.name} AS c JOIN {parent.name} AS p "
+        "ON c.{key.name} = p.{parent.primary_key.name} WHERE {cond.sql} AND c.{n.name} IS NOT NULL "
+        "ORDER BY c.{n.name} DESC LIMIT {k}",
+        tie_check_sql="SELECT c.{n.name} FROM {child.name} AS c JOIN {parent.name} AS p "
+        "ON c.{key.name} = p.{parent.primary_key.name} WHERE {cond.sql} AND c.{n.name} IS NOT NULL "
+        "ORDER BY c.{n.name} DESC LIMIT {tie_limit}",
+        alternate=(
+            "Among {child.plural} of {parent.plural} {cond.rel}, which one has the highest {n.phrase}?",
+            "List the {child:names} of the {k} {child.plural} with the highest {n.phrase} whose {key:noun} is one "
+            "of the {parent.plural} {cond.rel}.",
+        ),
+    ),
+    # extra
+    Template(
+        "categories_with_both",
+        1.5,
+        (
+            _table(Role.CATEGORY),
+            _column("c", Role.CATEGORY),
+            _condition("first", exclude=("c",)),
+            _condition("second", exclude=("c",), differs_from="first"),
+        ),
+        (
+            "Which {c.phrase} values have both {t.plural} {first.rel} and {t.plural} {second.rel}?",
+            "Find the {c.phrase} values shared by {t.plural} {first.rel} and by {t.plural} {second.rel}.",
+        ),
+        "SELECT {c.name} FROM {t.name} WHERE {first.sql} INTERSECT SELECT {c.name} FROM {t.name} WHERE {second.sql}",
+    ),
+    Template(
+        "either_condition_union",
+        1.5,
+        (_table(), _condition("first"), _condition("second", differs_from="first")),
+        (
+            "Give the distinct {t:names} of {t.plural} {first.rel}, together with those of {t.plural} {second.rel}.",
+            "Combine the {t.plural} {first.rel} with the {t.plural} {second.rel} and list their {t:names} "
+            "without duplicates.",
+        ),
+        "SELECT {t.label.name} FROM {t.name} WHERE {first.sql} UNION SELECT {t.label.name} FROM {t.name} "
+        "WHERE {second.sql}",
+    ),
+    Template(
+        "parents_except_matching_child",
+        1.5,
+        (_parent_child(), _condition(of="child", alias="c")),
+        (
+            "Which {parent.plural} never had a {child.singular} {cond.rel}?",
+            "List the {parent:names} of {parent.plural} except those with a {child.singular} {cond.rel}.",
+            "Find the {parent.plural} that have no {child.plural} {cond.rel}.",
+        ),
+        "SELECT {parent.label.name} FROM {parent.name} EXCEPT SELECT p.{parent.label.name} FROM {parent.name} AS p "
+        "JOIN {child.name} AS c ON c.{key.name} = p.{parent.primary_key.name} WHERE {cond.sql}",
+    ),
+    Template(
+        "through_bridge",
+        2.5,
+        (_bridge, _condition(of="c", alias="z")),
+        (
+            "Find the {a:names} of {a.plural} with at least one {b.singular} involving a {c.singular} {cond.rel}.",
+            "Which {a.plural} have {b.plural} involving {c.plural} {cond.rel}?",
+            "List the distinct {a.plural} connected through {b.plural} to {c.plural} {cond.rel}.",
+        ),
+        "SELECT DISTINCT x.{a.label.name} FROM {a.name} AS x JOIN {b.name} AS y ON y.{key_a.name} = "
+        "x.{a.primary_key.name} JOIN {c.name} AS z ON y.{key_c.name} = z.{c.primary_key.name} WHERE {cond.sql}",
+    ),
+    Template(
+        "busier_than_average",
+        0.6,
+        (_parent_child(),),
+        (
+            "Which {parent.plural} have more {child.plural} than the average {parent.singular} with any "
+            "{child.plural}?",
+            "List the {parent:names} of {parent.plural} whose number of {child.plural} is above the average "
+            "count per {parent.singular} (counting only {parent.plural} that have some).",
+        ),
+        "SELECT p.{parent.label.name} FROM {parent.name} AS p JOIN {child.name} AS c ON c.{key.name} = "
+        "p.{parent.primary_key.name} GROUP BY p.{parent.primary_key.name}, p.{parent.label.name} "
+        "HAVING COUNT(*) > (SELECT COUNT(*) * 1.0 / COUNT(DISTINCT {key.name}) FROM {child.name})",
+    ),
+    Template(
+        "parent_with_most_children",
+        0.8,
+        (_parent_child_preferring_categories,),
+        (
+            "Which {parent.singular} has the most {child.plural}?",
+            "Name the {parent.singular} with the largest number of {child.plural}.",
+            "What is the {parent.label.phrase} of the {parent.singular} that has the most {child.plural}?",
+        ),
+        "SELECT p.{parent.label.name} FROM {parent.name} AS p JOIN {child.name} AS c "
+        "ON c.{key.name} = p.{parent.primary_key.name} GROUP BY p.{parent.primary_key.name}, p.{parent.label.name} "
+        "ORDER BY COUNT(*) DESC LIMIT 1",
+        tie_check_sql="SELECT COUNT(*) FROM {parent.name} AS p JOIN {child.name} AS c "
+        "ON c.{key.name} = p.{parent.primary_key.name} GROUP BY p.{parent.primary_key.name}, p.{parent.label.name} "
+        "ORDER BY COUNT(*) DESC LIMIT 2",
+    ),
 )
 
 
 def draw_candidate(scope: Scope) -> Candidate | None:
-    shapes, weights = zip(*SHAPES, strict=True)
-    shape = scope.rng.choices(shapes, weights)[0]
-    return shape(scope)
+    template = scope.rng.choices(TEMPLATES, [t.weight for t in TEMPLATES])[0]
+    return instantiate(template, scope)
