@@ -11,29 +11,37 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from typing import Annotated
 
 import httpx
 import openai
 from langchain_core.messages import HumanMessage, SystemMessage
 from langchain_openai import ChatOpenAI
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, StringConstraints, ValidationError
 
 from autoresearch.errors import ProposalError
 from autoresearch.spec import LlmSettings, StudySpec
 
+# Bounds on a reply's strings and mappings: under constrained decoding a model cannot ramble past them, so a reply
+# ends within a budget of tokens whatever the model (choices here are short; a rationale is a sentence or two). Keys
+# stay unbounded: a bound on them (propertyNames) is a keyword llguidance, and so the backend, does not follow.
+Choice = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+
 
 class ProposedCandidate(BaseModel):
-    params: dict[str, float | int | str | bool] = Field(
-        default_factory=dict, description="searched hyperparameters by name; omitted ones are sampled"
+    params: dict[str, float | int | Choice | bool] = Field(
+        default_factory=dict, max_length=32, description="searched hyperparameters by name; omitted ones are sampled"
     )
     reward_weights: dict[str, float] = Field(
-        default_factory=dict, description="weights of optional reward components added to execution_match"
+        default_factory=dict,
+        max_length=16,
+        description="weights of optional reward components added to execution_match",
     )
-    rationale: str = Field(min_length=1, description="why this candidate, in a sentence or two")
+    rationale: str = Field(min_length=1, max_length=300, description="why this candidate, in a sentence or two")
 
 
 class Proposal(BaseModel):
-    candidates: list[ProposedCandidate] = Field(min_length=1)
+    candidates: list[ProposedCandidate] = Field(min_length=1, max_length=16)
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,7 @@ class LlmProposer:
             temperature=settings.temperature,
             timeout=settings.timeout_s,
             max_retries=settings.max_retries,
+            max_tokens=settings.max_tokens,
             http_client=http_client,
         )
         self._json_schema = True
@@ -87,13 +96,19 @@ class LlmProposer:
             try:
                 proposal = self.chat.with_structured_output(Proposal, method="json_schema").invoke(messages)
                 return proposal.candidates[:count]
-            except openai.BadRequestError:
+            except openai.BadRequestError as error:
+                if "response_format" not in str(error) and "json_schema" not in str(error):
+                    raise ProposalError(f"the LLM at {self.settings.base_url} refused the request: {error}") from None
                 # The server does not take a JSON schema; ask again in JSON mode from now on.
                 self._json_schema = False
             except (openai.APIConnectionError, openai.APITimeoutError) as error:
                 raise ProposalError(f"the LLM at {self.settings.base_url} is unreachable: {error}") from None
             except openai.APIError as error:
                 raise ProposalError(f"the LLM at {self.settings.base_url} refused the request: {error}") from None
+            except openai.LengthFinishReasonError:
+                raise ProposalError(
+                    f"the LLM's proposal was cut off at {self.settings.max_tokens} tokens (llm.max_tokens)"
+                ) from None
             except (ValidationError, ValueError) as error:
                 raise ProposalError(f"the LLM's proposal is not valid: {_first_line(error)}") from None
         return self._propose_in_json_mode(messages, count)

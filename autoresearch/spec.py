@@ -199,6 +199,7 @@ class LlmSettings(_Strict):
     temperature: float = Field(0.7, ge=0, le=2)
     timeout_s: float = Field(120.0, gt=0)
     max_retries: int = Field(3, ge=0, le=10)
+    max_tokens: int = Field(2048, ge=16, description="the most tokens one reply may take")
 
 
 class LocalExecutorSettings(_Strict):

@@ -31,11 +31,12 @@ def commands() -> None:
 
 
 def _without_none(annotation: Any) -> Any:
-    """`X` for an annotation `X | None`; the flag's own None already means "not given"."""
+    """`X` for an annotation `X | None` or `Annotated[X, …]`; the flag's own None already means "not given"."""
     if get_origin(annotation) in (Union, types.UnionType):
         rest = [arg for arg in get_args(annotation) if arg is not type(None)]
-        return rest[0] if len(rest) == 1 else annotation
-    return annotation
+        annotation = rest[0] if len(rest) == 1 else annotation
+    # A constrained type (FilePath) is checked by the config; the flag takes its plain type.
+    return get_args(annotation)[0] if get_origin(annotation) is Annotated else annotation
 
 
 def _option(name: str, field: FieldInfo) -> inspect.Parameter:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, FilePath, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from trainer_backend.models.gemma import GEMMA_3_270M
@@ -43,6 +43,9 @@ class ServerConfig(BaseSettings):
     max_tensor_elements: int = Field(2**24, ge=1, description="most elements of one loss_fn_inputs tensor, made dense")
     max_lora_rank: int = Field(256, ge=1, description="highest LoRA rank a training run may ask for")
     max_num_samples: int = Field(256, ge=1, description="most completions one sample request may ask for")
+    chat_template: FilePath | None = Field(
+        None, description="Jinja chat template for /v1/chat/completions, for a model whose tokenizer has none"
+    )
 
     @field_validator("api_keys")
     @classmethod

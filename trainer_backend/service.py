@@ -468,10 +468,23 @@ class TrainingService:
             raise UserInputError(
                 f"prompt_logprobs_last_n={last_n} exceeds the prompt's {len(sampling.prompt_tokens)} tokens"
             )
+        return self.submit_sampling(owner, SamplerCall(folder, sampling, stop_at_eos), lane, body, key, last_n)
 
-        call = _PendingSample(SamplerCall(folder, sampling, stop_at_eos), request.prompt_logprobs_last_n)
-        record = self._submit(owner, "sample", lane, body, None, None, key, batch=(SAMPLING, call))
-        ids = [f"{record.request_id}-{i}" for i in range(request.num_samples)]
+    def submit_sampling(
+        self,
+        owner: str,
+        call: SamplerCall,
+        lane: str,
+        body: bytes,
+        key: str | None,
+        prompt_logprobs_last_n: int | None = None,
+    ) -> Submitted:
+        """Queue one sampling request (Tinker's `sample`, or an OpenAI-compatible completion) into the shared
+        generation batches; its future resolves to the encoded `SampleResponse`."""
+        record = self._submit(
+            owner, "sample", lane, body, None, None, key, batch=(SAMPLING, _PendingSample(call, prompt_logprobs_last_n))
+        )
+        ids = [f"{record.request_id}-{i}" for i in range(call.request.num_samples)]
         return Submitted(record, sample_sequence_ids=ids)
 
     def _run_samples(self, operations: Sequence[Operation[_PendingSample]], pause: PauseCallback) -> list[Outcome]:
@@ -499,8 +512,11 @@ class TrainingService:
         else:
             self._check_base_model(request.base_model)
             path = request.model_path
-        if path is None:
-            return None
+        return None if path is None else self.owned_checkpoint(owner, path)
+
+    def owned_checkpoint(self, owner: str, path: str) -> CheckpointPath:
+        """The parsed tinker:// path of a checkpoint `owner` may use; raises NotFoundError (or UserInputError for a
+        malformed path) otherwise."""
         parsed = CheckpointPath.parse(path)
         self.checkpoints.info(owner, parsed)
         return parsed

@@ -16,19 +16,20 @@ from support.loopback import serving
 
 @dataclass
 class ScriptedLlm:
-    """Replies in order: a str is the assistant's message content; an int is an HTTP error status.
+    """Replies in order: a str is the assistant's message content; an int is an HTTP error status (a 400 to a request
+    for structured output says the server does not support it); a (status, message) pair is that error.
 
     Once the script is used up, requests for structured output (a proposal) get `default_proposal` and others
     (an analysis) `default_analysis`; without defaults they get HTTP 500.
     """
 
-    replies: list[str | int] = field(default_factory=list)
+    replies: list[str | int | tuple[int, str]] = field(default_factory=list)
     requests: list[dict] = field(default_factory=list)
     url: str = ""
     default_proposal: str | None = None
     default_analysis: str | None = None
 
-    def say(self, *replies: str | int | dict) -> None:
+    def say(self, *replies: str | int | tuple[int, str] | dict) -> None:
         self.replies += [json.dumps(r) if isinstance(r, dict) else r for r in replies]
 
 
@@ -41,10 +42,15 @@ def _app(script: ScriptedLlm) -> FastAPI:
         script.requests.append(body)
         default = script.default_proposal if "response_format" in body else script.default_analysis
         reply = script.replies.pop(0) if script.replies else (default if default is not None else 500)
+        if isinstance(reply, tuple):
+            status, message = reply
+            return JSONResponse({"error": {"message": message, "type": "invalid_request_error"}}, status_code=status)
         if isinstance(reply, int):
-            return JSONResponse(
-                {"error": {"message": f"scripted error {reply}", "type": "invalid_request_error"}}, status_code=reply
-            )
+            message = f"scripted error {reply}"
+            if reply == 400 and "response_format" in body:
+                # What a server without structured output answers (the proposer then asks in JSON mode).
+                message += f": response_format {body['response_format']['type']} is not supported"
+            return JSONResponse({"error": {"message": message, "type": "invalid_request_error"}}, status_code=reply)
         return JSONResponse(
             {
                 "id": f"chatcmpl-{len(script.requests)}",

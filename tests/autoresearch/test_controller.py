@@ -83,6 +83,44 @@ def test_a_study_runs_its_budget_with_llm_proposals_rejections_pruning_and_notes
     assert "PPO with a format bonus did no better" in get_note(study)
 
 
+def test_a_study_whose_llm_is_a_real_model_under_a_json_schema_finishes_its_budget(
+    backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The LLM is the backend's own /v1 endpoint: the tiny random model writes every proposal, constrained to the
+    proposal's JSON schema, so each reply parses; what it proposes is nonsense to the search space, so the controller
+    records each rejection with its reason and TPE fills the slots."""
+    monkeypatch.setenv("BACKEND_LLM_KEY", "tml-local")
+    # The tiny model's context (2048) holds the prompt (about 1,760 of its tokens) and this many more.
+    llm = {
+        "base_url": f"{backend_url}/v1",
+        "model": "tiny-gemma3",
+        "api_key_env": "BACKEND_LLM_KEY",
+        "max_retries": 0,
+        "max_tokens": 256,
+    }
+    spec = tiny_spec(
+        tmp_path,
+        backend_url,
+        llm=llm,
+        budget={**tiny_spec(tmp_path, backend_url).budget.model_dump(), "trials": 2, "steps_per_trial": 1},
+    )
+    study = open_study(spec)
+    executor = LocalExecutor(tmp_path / "trials")
+    controller = Controller(spec, study, executor, LlmProposer(spec.llm), [backend_url], poll_s=0.2)
+    with open_controller_state(spec.storage_url(), tmp_path) as checkpointer:
+        controller.run(checkpointer)
+
+    trials = study.get_trials(deepcopy=False)
+    assert len(trials) == spec.budget.trials
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+    assert all(set(t.params) <= set(distributions(spec)) for t in trials)
+    rejected = study.user_attrs.get("rejected_proposals", [])
+    # Each reply followed the schema: it parsed and was judged against the search space, or the model was still
+    # inside the schema when its token budget ran out. None was refused by the server or failed to parse.
+    assert rejected and all(" rejected: " in r or "was cut off at 256 tokens" in r for r in rejected), rejected
+    assert {t.user_attrs["source"] for t in trials} <= {"llm", "sampler"}
+
+
 def count_ended(storage: str, study_name: str) -> int:
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)

@@ -56,6 +56,14 @@ def test_a_server_without_json_schema_is_asked_again_in_json_mode(llm: ScriptedL
     assert llm.requests[2]["response_format"] == {"type": "json_object"}
 
 
+def test_a_refusal_for_another_reason_is_not_taken_for_missing_json_schema_support(llm: ScriptedLlm) -> None:
+    """The backend's own 400 when the prompt and max_tokens overflow the model's context."""
+    llm.say((400, "prompt length 1761 + max_tokens 2048 = 3809 exceeds the model's context length 2048"))
+    with pytest.raises(ProposalError, match="refused the request"):
+        proposer(llm.url).propose(SPEC, [], count=1)
+    assert len(llm.requests) == 1
+
+
 @pytest.mark.parametrize("reply", ["{not json", '{"candidates": []}', '{"candidates": [{"params": {}}]}'])
 def test_a_malformed_reply_is_refused_with_the_reason(llm: ScriptedLlm, reply: str) -> None:
     llm.say(reply)

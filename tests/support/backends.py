@@ -18,6 +18,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 TINY = "tiny-gemma3"
 REPOSITORY = Path(__file__).parents[2]
+# The chat template users give a Gemma base model without one; the tiny model spells its markup out in characters.
+GEMMA_CHAT_TEMPLATE = REPOSITORY / "experiments" / "chat_templates" / "gemma.jinja"
 
 
 def tiny_server_config(storage_root: Path, **overrides: object) -> ServerConfig:

@@ -10,25 +10,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import defaultdict
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
-from typing import Annotated, TypeVar
+from contextlib import asynccontextmanager
+from typing import Annotated
 
-from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi import FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from google.protobuf.message import DecodeError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 from tinker.proto import tinker_public_pb2 as pb
 
 from trainer_backend.api.body_limit import BodyLimit
+from trainer_backend.api.caller import FutureWaiters, IdempotencyKey, Owner, parse
 from trainer_backend.api.metrics import ServiceCollector
+from trainer_backend.api.openai_routes import add_openai_routes
 from trainer_backend.auth import KeyPolicy
-from trainer_backend.errors import BackendError, UserInputError, describe_validation_error
-from trainer_backend.ledger import FutureRecord, FutureState, ResultFormat
+from trainer_backend.errors import BackendError, describe_validation_error
+from trainer_backend.ledger import FutureState, ResultFormat
+from trainer_backend.openai_service import OpenAIInference
 from trainer_backend.service import Submitted, TrainingService
 from trainer_backend.wire import schemas
 from trainer_backend.wire.proto import PROTOBUF_CONTENT_TYPE, WireFormatError, decode_forward_backward_request
@@ -36,61 +37,6 @@ from trainer_backend.wire.proto import PROTOBUF_CONTENT_TYPE, WireFormatError, d
 log = logging.getLogger(__name__)
 # The most training runs one page of the listing holds.
 MAX_PAGE = 1000
-Model = TypeVar("Model", bound=BaseModel)
-
-
-class FutureWaiters:
-    """Wakes long-polls when the device worker finishes a future (the worker calls `notify` from its thread)."""
-
-    def __init__(self) -> None:
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._events: dict[str, set[asyncio.Event]] = defaultdict(set)
-
-    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-
-    def notify(self, record: FutureRecord) -> None:
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._wake, record.request_id)
-
-    def _wake(self, request_id: str) -> None:
-        for event in self._events.pop(request_id, ()):
-            event.set()
-
-    async def wait(self, service: TrainingService, owner: str, request_id: str, timeout: float) -> FutureRecord:
-        event = asyncio.Event()
-        self._events[request_id].add(event)
-        try:
-            # Checked after registering, so a completion between the two cannot be missed.
-            record = service.future(owner, request_id)
-            if not record.finished:
-                with suppress(TimeoutError):
-                    await asyncio.wait_for(event.wait(), timeout)
-                record = service.future(owner, request_id)
-            return record
-        finally:
-            waiting = self._events.get(request_id)
-            if waiting is not None:
-                waiting.discard(event)
-                if not waiting:
-                    del self._events[request_id]
-
-
-def parse(model: type[Model], body: bytes) -> Model:
-    """Validate a JSON body; the error names every bad field."""
-    try:
-        return model.model_validate_json(body or b"{}")
-    except ValidationError as error:
-        raise UserInputError(f"invalid {model.__name__}: {describe_validation_error(error, 'body')}") from None
-
-
-def _owner(request: Request, x_api_key: Annotated[str | None, Header()] = None) -> str:
-    return request.app.state.policy.owner(x_api_key)
-
-
-# The owner a request acts for (from its X-API-Key), and the SDK's idempotency key.
-Owner = Annotated[str, Depends(_owner)]
-IdempotencyKey = Annotated[str | None, Header(alias="X-Idempotency-Key")]
 
 
 def _sequence_of(raw: bytes, content_encoding: str | None) -> tuple[str | None, int | None]:
@@ -116,6 +62,18 @@ def future_response(submitted: Submitted) -> dict:
     ).model_dump(mode="json", exclude_none=True)
 
 
+def error_response(request: Request, message: str, category: str, status_code: int) -> JSONResponse:
+    """Every refusal's JSON: `{"error": message, "category": …}` on the Tinker routes, OpenAI's
+    `{"error": {"message", "type", "code"}}` (with the category beside it) on /v1/, where OpenAI clients read it."""
+    if request.url.path.startswith("/v1/"):
+        kind = "server_error" if category == "server" else "invalid_request_error"
+        return JSONResponse(
+            {"error": {"message": message, "type": kind, "code": status_code}, "category": category},
+            status_code=status_code,
+        )
+    return JSONResponse({"error": message, "category": category}, status_code=status_code)
+
+
 def create_app(service: TrainingService, policy: KeyPolicy, long_poll_s: float = 25.0) -> FastAPI:
     """The ASGI app for one service; the caller owns the service's lifetime."""
     waiters = FutureWaiters()
@@ -131,26 +89,26 @@ def create_app(service: TrainingService, policy: KeyPolicy, long_poll_s: float =
     app = FastAPI(title="trainer_backend", summary="A Tinker-compatible LoRA training server", lifespan=lifespan)
 
     @app.exception_handler(BackendError)
-    async def backend_error(_: Request, error: BackendError) -> JSONResponse:
-        return JSONResponse({"error": str(error), "category": error.category}, status_code=error.status_code)
+    async def backend_error(request: Request, error: BackendError) -> JSONResponse:
+        return error_response(request, str(error), error.category, error.status_code)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_parameters(_: Request, error: RequestValidationError) -> JSONResponse:
+    async def invalid_parameters(request: Request, error: RequestValidationError) -> JSONResponse:
         problems = describe_validation_error(error, "request")
-        return JSONResponse({"error": f"invalid request: {problems}", "category": "user"}, status_code=400)
+        return error_response(request, f"invalid request: {problems}", "user", 400)
 
     @app.exception_handler(HTTPException)
-    async def http_error(_: Request, error: HTTPException) -> JSONResponse:
+    async def http_error(request: Request, error: HTTPException) -> JSONResponse:
         # Unknown routes and methods: the same JSON shape as every other error.
-        return JSONResponse({"error": str(error.detail), "category": "user"}, status_code=error.status_code)
+        return error_response(request, str(error.detail), "user", error.status_code)
 
     @app.exception_handler(Exception)
     async def unexpected_error(request: Request, _: Exception) -> JSONResponse:
         log.exception("unhandled error in %s %s", request.method, request.url.path)
         # The exception's text stays in the log: it may name server paths.
-        message = "internal error; the server's log has the details"
-        return JSONResponse({"error": message, "category": "server"}, status_code=500)
+        return error_response(request, "internal error; the server's log has the details", "server", 500)
 
+    add_openai_routes(app, service, OpenAIInference(service, service.config.chat_template), waiters, long_poll_s)
     app.state.policy = policy
     app.add_middleware(BodyLimit, max_bytes=service.config.max_request_bytes)
     api = "/api/v1"

@@ -45,6 +45,7 @@ from trainer_backend.engine.adapters import routed_rows
 from trainer_backend.engine.drawing import draw_from_hidden, draw_from_logits
 from trainer_backend.engine.kv_cache import preallocated_cache
 from trainer_backend.engine.prefixes import plan_shared_prefill
+from trainer_backend.engine.types import TokenConstraint
 from trainer_backend.engine.unembedding import unembedding_logits
 from trainer_backend.errors import UserInputError
 
@@ -83,6 +84,8 @@ class SamplingRequest:
     stop_strings: tuple[str, ...] = ()
     prompt_logprobs: bool = False
     topk_prompt_logprobs: int = 0  # k > 0 returns the k most likely tokens at each prompt position
+    # Makes each sample's constraint (structured output); a sample ends when its constraint is finished.
+    constraint: Callable[[], TokenConstraint] | None = None
 
 
 @dataclass(frozen=True)
@@ -516,8 +519,17 @@ def _decode(
     tokens = [[[] for _ in range(job.request.num_samples)] for job in jobs]
     logprobs = [[[] for _ in range(job.request.num_samples)] for job in jobs]
     reasons: list[list[StopReason]] = [["length"] * job.request.num_samples for job in jobs]
+    constraints = [
+        [
+            job.request.constraint() if job.request.constraint is not None else None
+            for _ in range(job.request.num_samples)
+        ]
+        for job in jobs
+    ]
     for step in itertools.count(1):
-        token_R, token_logprob_R = _draw(next_R, jobs, rows.job, generators)
+        constraint_R = [constraints[j][s] for j, s in zip(rows.job, rows.sample, strict=True)]
+        allowed_R = [None if constraint is None else constraint.allowed() for constraint in constraint_R]
+        token_R, token_logprob_R = _draw(next_R, jobs, rows.job, generators, allowed_R)
         kept = []
         for row, (j, s, token, logprob) in enumerate(
             zip(rows.job, rows.sample, token_R.tolist(), token_logprob_R.tolist(), strict=True)
@@ -526,8 +538,16 @@ def _decode(
             sequence = tokens[j][s]
             sequence.append(token)
             logprobs[j][s].append(logprob)
-            if token in stop_ids[j] or (
-                request.stop_strings and any(stop in decode(sequence[-windows[j] :]) for stop in request.stop_strings)
+            constraint = constraint_R[row]
+            if constraint is not None:
+                constraint.advance(token)
+            if (
+                token in stop_ids[j]
+                or (constraint is not None and constraint.finished())
+                or (
+                    request.stop_strings
+                    and any(stop in decode(sequence[-windows[j] :]) for stop in request.stop_strings)
+                )
             ):
                 reasons[j][s] = "stop"
             elif len(sequence) < request.max_tokens:
@@ -561,13 +581,18 @@ def _decode(
 
 
 def _draw(
-    scores: _NextTokenScores, jobs: Sequence[SamplingJob], job_R: Sequence[int], generators: Sequence[torch.Generator]
+    scores: _NextTokenScores,
+    jobs: Sequence[SamplingJob],
+    job_R: Sequence[int],
+    generators: Sequence[torch.Generator],
+    allowed_R: Sequence[Tensor | None],
 ) -> tuple[Tensor, Tensor]:
-    """Each row's next token and its logprob, row r drawn for job `job_R[r]`.
+    """Each row's next token and its logprob, row r drawn for job `job_R[r]` among the tokens `allowed_R[r]` lets
+    through (all when None).
 
     Each job draws its rows (in sample order) from its own generator, one uniform number a row, as it would alone.
-    Rows whose job asks for neither top-k nor top-p are drawn together in one pass over the vocabulary when the
-    scores are hidden states (`draw_from_hidden`); the others from their job's logits.
+    Rows whose job asks for neither top-k nor top-p nor a constraint are drawn together in one pass over the
+    vocabulary when the scores are hidden states (`draw_from_hidden`); the others from their job's logits.
     """
     device = scores.logits_RV.device if scores.logits_RV is not None else scores.hidden_RH.device
     token_R = torch.empty(len(job_R), dtype=torch.long, device=device)
@@ -580,14 +605,19 @@ def _draw(
         request = jobs[j].request
         rows = [r for r, owner in enumerate(job_R) if owner == j]
         rows_R = torch.tensor(rows, device=device)
-        if scores.logits_RV is None and not 0 < request.top_k < vocab_size and request.top_p == 1:
+        plain_job = not 0 < request.top_k < vocab_size and request.top_p == 1 and request.constraint is None
+        if scores.logits_RV is None and plain_job:
             plain.extend(rows)
             temperature_R[rows_R] = request.temperature
             if request.temperature > 0:
                 uniform_R[rows_R] = torch.rand(len(rows), generator=generators[j], device=device)
         else:
+            logits = scores.rows(rows_R).logits()
+            if request.constraint is not None:
+                allowed = torch.stack([allowed_R[r] for r in rows]).to(logits.device)
+                logits = logits.masked_fill(~allowed, -math.inf)
             token_R[rows_R], logprob_R[rows_R] = draw_from_logits(
-                scores.rows(rows_R).logits(), request.temperature, request.top_k, request.top_p, generators[j]
+                logits, request.temperature, request.top_k, request.top_p, generators[j]
             )
     if plain:
         plain_R = torch.tensor(plain, device=device)

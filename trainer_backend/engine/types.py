@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -73,3 +74,20 @@ class AdamSettings:
             value = getattr(self, name)
             if not ok or not math.isfinite(value):
                 raise UserInputError(f"adam_params.{name}={value} is out of range")
+
+
+class TokenConstraint(Protocol):
+    """What one sequence may draw next (a grammar, a JSON schema), advanced with each token it draws.
+
+    The engine draws a constrained row from its logits with every other token masked out, so the token's logprob is
+    that of the constrained distribution.
+    """
+
+    def allowed(self) -> torch.Tensor:
+        """A bool mask over the logits' width: the tokens that may come next."""
+
+    def advance(self, token: int) -> None:
+        """Take the drawn token."""
+
+    def finished(self) -> bool:
+        """Whether nothing may follow: the sequence ends with the token just taken."""

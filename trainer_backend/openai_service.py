@@ -1,0 +1,267 @@
+"""OpenAI-compatible inference over the training service: completions and chat of the base model or of any sampler
+checkpoint the caller's key owns, through the same generation batches as Tinker's `sample`.
+
+A request is translated at this edge into the engine's `SamplingRequest` (with a structured-output constraint when
+`response_format` asks for JSON) and queued with `TrainingService.submit_sampling`, so it batches with every
+tenant's Tinker sampling and counts against the same limits. Its answer is read back from the sampling future.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tinker import types
+
+from trainer_backend.checkpoints import CheckpointKind
+from trainer_backend.engine.model_engine import SamplerCall
+from trainer_backend.engine.sampling import SamplingRequest
+from trainer_backend.engine.types import TokenConstraint
+from trainer_backend.errors import NotFoundError, UserInputError
+from trainer_backend.service import Submitted, TrainingService
+from trainer_backend.structured_output import JsonSchemaConstraints
+from trainer_backend.wire import openai as oa
+from trainer_backend.wire.proto import decode_sample_response
+
+# OpenAI's default for /v1/completions; chat takes whatever room the context leaves, as OpenAI does.
+DEFAULT_COMPLETION_TOKENS = 16
+
+
+class ChatTemplateMissingError(UserInputError):
+    """A chat request to a model without a chat template."""
+
+
+@dataclass(frozen=True)
+class PendingGeneration:
+    """A queued OpenAI request: its sampling future and what is needed to answer it."""
+
+    submitted: Submitted
+    model: str
+    prompt_tokens: int
+    stop_strings: tuple[str, ...]
+    created: int
+
+
+@dataclass(frozen=True)
+class Generated:
+    """One finished choice: its text (stop sequence and EOS left out, as OpenAI does) and its tokens."""
+
+    text: str
+    token_texts: list[str]
+    token_logprobs: list[float]
+    finish_reason: str
+
+
+class OpenAIInference:
+    """Translates OpenAI requests to sampling calls and sampling results to OpenAI answers."""
+
+    def __init__(self, service: TrainingService, chat_template: Path | None) -> None:
+        self.service = service
+        loaded = service.loaded
+        self.tokenizer = loaded.tokenizer
+        self.chat_template = chat_template.read_text() if chat_template is not None else loaded.tokenizer.chat_template
+        self.constraints = JsonSchemaConstraints(loaded.tokenizer, loaded.vocab_size)
+
+    # --- models -------------------------------------------------------------------------------------------
+
+    def models(self, owner: str) -> oa.ModelList:
+        """The base model and every sampler checkpoint the key owns, by the names requests use."""
+        base = oa.ModelCard(id=self.service.loaded.name, created=0, owned_by="trainer_backend")
+        checkpoints = [
+            oa.ModelCard(id=info.path, created=int(info.created_at), owned_by=owner)
+            for info in self.service.checkpoints.list(owner)
+            if info.kind is CheckpointKind.SAMPLER
+        ]
+        return oa.ModelList(data=[base, *checkpoints])
+
+    def _weights_folder(self, owner: str, model: str) -> Path | None:
+        if model == self.service.loaded.name:
+            return None
+        if not model.startswith("tinker://"):
+            raise NotFoundError(
+                f"model {model!r} is neither this server's base model {self.service.loaded.name!r} nor a tinker:// "
+                "checkpoint path; GET /v1/models lists those this key can use"
+            )
+        return self.service.checkpoints.folder(self.service.owned_checkpoint(owner, model))
+
+    # --- requests -----------------------------------------------------------------------------------------
+
+    def submit_completion(self, owner: str, request: oa.CompletionRequest, body: bytes) -> PendingGeneration:
+        if request.logprobs:
+            raise UserInputError(
+                f"logprobs={request.logprobs}: this server gives the sampled token's logprob only (logprobs=0), "
+                "not alternatives"
+            )
+        prompt = list(request.prompt) if isinstance(request.prompt, list) else self.tokenizer.encode(request.prompt)
+        return self._submit(owner, request, body, prompt, request.max_tokens or DEFAULT_COMPLETION_TOKENS)
+
+    def submit_chat(self, owner: str, request: oa.ChatCompletionRequest, body: bytes) -> PendingGeneration:
+        if request.top_logprobs:
+            raise UserInputError(
+                f"top_logprobs={request.top_logprobs}: this server gives the sampled token's logprob only, "
+                "not alternatives"
+            )
+        if not self.chat_template:
+            raise ChatTemplateMissingError(
+                f"model {self.service.loaded.name!r} has no chat template: use /v1/completions with a prompt, or "
+                "start the server with --chat-template FILE"
+            )
+        text = self.tokenizer.apply_chat_template(
+            [{"role": m.role, "content": m.text()} for m in request.messages],
+            chat_template=self.chat_template,
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        # The template writes the special tokens (BOS) itself.
+        prompt = self.tokenizer.encode(text, add_special_tokens=False)
+        room = self.service.loaded.max_context_length - len(prompt)
+        max_tokens = request.max_completion_tokens or request.max_tokens or max(room, 1)
+        return self._submit(owner, request, body, prompt, max_tokens)
+
+    def _submit(
+        self, owner: str, request: oa.GenerationRequest, body: bytes, prompt: list[int], max_tokens: int
+    ) -> PendingGeneration:
+        unsupported = request.unsupported_fields()
+        if unsupported:
+            raise UserInputError(f"not supported by this server: {', '.join(unsupported)}")
+        sampling = SamplingRequest(
+            prompt_tokens=tuple(prompt),
+            num_samples=request.n,
+            max_tokens=max_tokens,
+            temperature=request.temperature,
+            top_k=request.top_k,
+            top_p=request.top_p,
+            seed=request.seed,
+            stop_strings=request.stop_strings(),
+            constraint=self._constraint(request.response_format),
+        )
+        if sampling.num_samples > self.service.config.max_num_samples:
+            raise UserInputError(
+                f"n must be at most this server's limit of {self.service.config.max_num_samples} "
+                f"(--max-num-samples), got {sampling.num_samples}"
+            )
+        call = SamplerCall(self._weights_folder(owner, request.model), sampling, stop_at_eos=True)
+        submitted = self.service.submit_sampling(owner, call, f"openai:{owner}", body, key=None)
+        return PendingGeneration(submitted, request.model, len(prompt), sampling.stop_strings, int(time.time()))
+
+    def _constraint(self, response_format: oa.ResponseFormat | None) -> Callable[[], TokenConstraint] | None:
+        if response_format is None or response_format.type == "text":
+            return None
+        if response_format.type == "json_object":
+            return self.constraints.for_schema(None, "response_format")
+        if response_format.json_schema is None or response_format.json_schema.json_schema is None:
+            raise UserInputError("response_format.json_schema.schema is required for type json_schema")
+        return self.constraints.for_schema(response_format.json_schema.json_schema, "response_format.json_schema")
+
+    # --- answers ------------------------------------------------------------------------------------------
+
+    def generated(self, pending: PendingGeneration, result: bytes) -> list[Generated]:
+        """The choices of a finished sampling future."""
+        response = decode_sample_response(result)
+        return [self._choice(sequence, pending.stop_strings) for sequence in response.sequences]
+
+    def _choice(self, sequence: types.SampledSequence, stop_strings: tuple[str, ...]) -> Generated:
+        tokens, logprobs = list(sequence.tokens), list(sequence.logprobs or [])
+        if sequence.stop_reason == "stop" and tokens and tokens[-1] in self.service.loaded.eos_token_ids:
+            tokens, logprobs = tokens[:-1], logprobs[:-1]
+        text = self.tokenizer.decode(tokens, skip_special_tokens=False)
+        cut = min((i for i in (text.find(s) for s in stop_strings) if i >= 0), default=-1)
+        if cut >= 0:
+            text = text[:cut]
+        token_texts = [self.tokenizer.decode([t], skip_special_tokens=False) for t in tokens]
+        finish_reason = "stop" if sequence.stop_reason == "stop" else "length"
+        return Generated(text, token_texts, logprobs, finish_reason)
+
+    def completion(self, pending: PendingGeneration, choices: list[Generated], want_logprobs: bool) -> oa.Completion:
+        return oa.Completion(
+            id=f"cmpl-{pending.submitted.record.request_id}",
+            created=pending.created,
+            model=pending.model,
+            choices=[
+                oa.CompletionChoice(
+                    index=i,
+                    text=c.text,
+                    finish_reason=c.finish_reason,
+                    logprobs=_completion_logprobs(c) if want_logprobs else None,
+                )
+                for i, c in enumerate(choices)
+            ],
+            usage=_usage(pending, choices),
+        )
+
+    def chat_completion(
+        self, pending: PendingGeneration, choices: list[Generated], want_logprobs: bool
+    ) -> oa.ChatCompletion:
+        return oa.ChatCompletion(
+            id=f"chatcmpl-{pending.submitted.record.request_id}",
+            created=pending.created,
+            model=pending.model,
+            choices=[
+                oa.ChatChoice(
+                    index=i,
+                    message=oa.AssistantMessage(content=c.text),
+                    finish_reason=c.finish_reason,
+                    logprobs=_chat_logprobs(c) if want_logprobs else None,
+                )
+                for i, c in enumerate(choices)
+            ],
+            usage=_usage(pending, choices),
+        )
+
+    def completion_chunks(self, pending: PendingGeneration, choices: list[Generated]) -> Iterator[dict]:
+        """The stream of a finished completion: each choice's text, then its finish reason."""
+        for i, choice in enumerate(choices):
+            for finish_reason, text in ((None, choice.text), (choice.finish_reason, "")):
+                chunk = oa.Completion(
+                    id=f"cmpl-{pending.submitted.record.request_id}",
+                    created=pending.created,
+                    model=pending.model,
+                    choices=[oa.CompletionChoice(index=i, text=text, finish_reason=finish_reason)],
+                )
+                yield chunk.model_dump(mode="json")
+
+    def chat_chunks(self, pending: PendingGeneration, choices: list[Generated]) -> Iterator[dict]:
+        """The stream of a finished chat completion: the role, the content, then the finish reason, per choice."""
+        for i, choice in enumerate(choices):
+            for delta, finish_reason in (
+                (oa.Delta(role="assistant", content=""), None),
+                (oa.Delta(content=choice.text), None),
+                (oa.Delta(), choice.finish_reason),
+            ):
+                chunk = oa.ChatCompletionChunk(
+                    id=f"chatcmpl-{pending.submitted.record.request_id}",
+                    created=pending.created,
+                    model=pending.model,
+                    choices=[oa.ChatChunkChoice(index=i, delta=delta, finish_reason=finish_reason)],
+                )
+                yield chunk.model_dump(mode="json")
+
+
+def _usage(pending: PendingGeneration, choices: list[Generated]) -> oa.Usage:
+    completion_tokens = sum(len(c.token_texts) for c in choices)
+    return oa.Usage(
+        prompt_tokens=pending.prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=pending.prompt_tokens + completion_tokens,
+    )
+
+
+def _completion_logprobs(choice: Generated) -> oa.CompletionLogprobs:
+    offsets, at = [], 0
+    for text in choice.token_texts:
+        offsets.append(at)
+        at += len(text)
+    return oa.CompletionLogprobs(
+        tokens=choice.token_texts, token_logprobs=choice.token_logprobs, text_offset=offsets, top_logprobs=None
+    )
+
+
+def _chat_logprobs(choice: Generated) -> oa.ChoiceLogprobs:
+    return oa.ChoiceLogprobs(
+        content=[
+            oa.TokenLogprob(token=text, logprob=logprob, bytes=list(text.encode()))
+            for text, logprob in zip(choice.token_texts, choice.token_logprobs, strict=True)
+        ]
+    )
