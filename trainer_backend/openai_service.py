@@ -166,7 +166,8 @@ class OpenAIInference:
         tokens, logprobs = list(sequence.tokens), list(sequence.logprobs or [])
         if sequence.stop_reason == "stop" and tokens and tokens[-1] in self.service.loaded.eos_token_ids:
             tokens, logprobs = tokens[:-1], logprobs[:-1]
-        text = self.tokenizer.decode(tokens, skip_special_tokens=False)
+        # Special tokens stay out of the text, as vLLM's default has it; each token's own text keeps them.
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         cut = min((i for i in (text.find(s) for s in stop_strings) if i >= 0), default=-1)
         if cut >= 0:
             text = text[:cut]

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tasks.errors import TaskError
+from tasks.errors import SplitError, TaskError
 from tasks.report import HeldOutReport
 from tasks.text2sql.bundled import load_bundled
 from tasks.text2sql.dataset import Difficulty, Example, Text2SqlDataset
@@ -103,6 +103,13 @@ def evaluate_command(
     api: Annotated[str, typer.Option(help="'completions' (base models) or 'chat'")] = "completions",
     few_shot: Annotated[int, typer.Option(help="solved training examples shown before each question")] = 3,
     limit: Annotated[int | None, typer.Option(help="evaluate only the first N examples")] = None,
+    eval_size: Annotated[
+        int | None, typer.Option(help="evaluate the held-out subset a trial of this eval_size evaluates")
+    ] = None,
+    eval_seed: Annotated[int, typer.Option(help="with --eval-size: the trial's eval_seed")] = 0,
+    max_tokens: Annotated[int, typer.Option(help="longest answer, with --model endpoint")] = 256,
+    stop: Annotated[list[str] | None, typer.Option(help="stop string (repeatable), with --model endpoint")] = None,
+    report_path: Annotated[Path | None, typer.Option("--report", help="also write the report as JSON here")] = None,
     source: Source = Source.bundled,
     path: Annotated[Path | None, typer.Option(help="Spider/BIRD folder, with --source spider/bird")] = None,
 ) -> None:
@@ -110,12 +117,19 @@ def evaluate_command(
     dataset = _load(source, path)
     chosen: Model
     if model is Reference.endpoint:
-        chosen = OpenAICompatibleModel(base_url=base_url, model=model_name, api=api)
+        stops = tuple(stop) if stop else OpenAICompatibleModel.stop
+        chosen = OpenAICompatibleModel(base_url=base_url, model=model_name, api=api, max_tokens=max_tokens, stop=stops)
     else:
         chosen = gold_model if model is Reference.gold else garbage_model
+    held_out = None if eval_size is None else (eval_size, eval_seed)
     with Text2SqlTask(dataset) as task:
-        report = evaluate(task, split, chosen, limit=limit, few_shot=few_shot)
+        try:
+            report = evaluate(task, split, chosen, limit=limit, few_shot=few_shot, held_out=held_out)
+        except SplitError as error:
+            raise typer.BadParameter(str(error)) from None
     console.print(_report_table(report, f"{model.value} on {dataset.name}/{split}"))
+    if report_path is not None:
+        report_path.write_text(report.model_dump_json(indent=2))
 
 
 # The agentic demo's reward: the answer, and how the episode went (SkyRL-SQL's -1 for no answer).

@@ -33,12 +33,17 @@ def evaluate(
     few_shot: int = 0,
     batch_size: int = 8,
     show_progress: bool = True,
+    held_out: tuple[int, int] | None = None,
 ) -> HeldOutReport:
     """Greedy answers from `model` on a split, judged as trials judge them (execution match on every variant).
 
-    The few-shot examples come from the training split.
+    The few-shot examples come from the training split. `held_out` = (size, seed) evaluates the task's held-out
+    subset that a trial of that eval_size and eval_seed evaluates, instead of the first `limit` examples.
+
+    Raises:
+        SplitError: the split does not exist, or has fewer examples than `held_out` asks for.
     """
-    examples = task.split(split)[:limit]
+    examples = task.split(split)[:limit] if held_out is None else task.held_out_subset(split, *held_out)
     shots = task.few_shot_examples(few_shot, "train") if few_shot else ()
     completions: list[str] = []
     with Progress(disable=not show_progress, transient=True) as progress:
@@ -69,6 +74,8 @@ class OpenAICompatibleModel:
     api_key_env: str = "OPENAI_API_KEY"
     api: str = "completions"
     max_tokens: int = 256
+    # On /completions; the endpoint leaves the stop string out of the answer, as OpenAI's API does.
+    stop: tuple[str, ...] = ("\nQuestion:",)
     timeout_s: float = 120.0
 
     def __call__(self, batch: Sequence[PromptedExample]) -> list[str]:
@@ -86,6 +93,6 @@ class OpenAICompatibleModel:
             )
             response.raise_for_status()
             return response.json()["choices"][0]["message"]["content"] or ""
-        response = client.post("/completions", json={**common, "prompt": prompt, "stop": ["\nQuestion:"]})
+        response = client.post("/completions", json={**common, "prompt": prompt, "stop": list(self.stop)})
         response.raise_for_status()
         return response.json()["choices"][0]["text"]

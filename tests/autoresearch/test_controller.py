@@ -37,6 +37,19 @@ def tiny_spec(tmp_path: Path, backend_url: str, **changes: object) -> StudySpec:
     return StudySpec.model_validate(data)
 
 
+def run_study_with_llm(spec: StudySpec, backend_url: str, tmp_path: Path) -> optuna.Study:
+    """Run the spec's study to its end with the LLM proposer; checks that it ran its budget, every trial to an end."""
+    study = open_study(spec)
+    executor = LocalExecutor(tmp_path / "trials")
+    controller = Controller(spec, study, executor, LlmProposer(spec.llm), [backend_url], poll_s=0.2)
+    with open_controller_state(spec.storage_url(), tmp_path) as checkpointer:
+        controller.run(checkpointer)
+    trials = study.get_trials(deepcopy=False)
+    assert len(trials) == spec.budget.trials
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+    return study
+
+
 PROPOSAL = {
     "candidates": [
         {
@@ -63,15 +76,9 @@ def test_a_study_runs_its_budget_with_llm_proposals_rejections_pruning_and_notes
             llm={"base_url": llm.url, "model": "scripted", "api_key_env": "SCRIPTED_LLM_KEY", "max_retries": 0},
             pruning={"kind": "threshold", "lower": 0.5, "warmup_steps": 1},
         )
-        study = open_study(spec)
-        executor = LocalExecutor(tmp_path / "trials")
-        controller = Controller(spec, study, executor, LlmProposer(spec.llm), [backend_url], poll_s=0.2)
-        with open_controller_state(spec.storage_url(), tmp_path) as checkpointer:
-            controller.run(checkpointer)
+        study = run_study_with_llm(spec, backend_url, tmp_path)
 
     trials = study.get_trials(deepcopy=False)
-    assert len(trials) == spec.budget.trials
-    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
     assert any(t.state is TrialState.PRUNED for t in trials)
     first = trials[0]
     assert first.user_attrs["source"] == "llm" and first.user_attrs["rationale"] == "PPO + fmt"
@@ -104,15 +111,9 @@ def test_a_study_whose_llm_is_a_real_model_under_a_json_schema_finishes_its_budg
         llm=llm,
         budget={**tiny_spec(tmp_path, backend_url).budget.model_dump(), "trials": 2, "steps_per_trial": 1},
     )
-    study = open_study(spec)
-    executor = LocalExecutor(tmp_path / "trials")
-    controller = Controller(spec, study, executor, LlmProposer(spec.llm), [backend_url], poll_s=0.2)
-    with open_controller_state(spec.storage_url(), tmp_path) as checkpointer:
-        controller.run(checkpointer)
+    study = run_study_with_llm(spec, backend_url, tmp_path)
 
     trials = study.get_trials(deepcopy=False)
-    assert len(trials) == spec.budget.trials
-    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
     assert all(set(t.params) <= set(distributions(spec)) for t in trials)
     rejected = study.user_attrs.get("rejected_proposals", [])
     # Each reply followed the schema: it parsed and was judged against the search space, or the model was still

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import tinker
+from tinker import types
 
 from autoresearch.errors import ConfigurationError
 from autoresearch.trials.config import InitialState, TrialConfig
@@ -240,3 +242,39 @@ def test_the_command_line_scores_the_baseline_without_training(
     assert int(match.group(1)) == tiny_trial_config.eval_size
     assert 0.0 <= float(match.group(2)) <= 1.0
     assert not list(tmp_path.glob("*/metrics.jsonl"))  # nothing was trained
+
+
+def test_the_endpoint_evaluation_of_a_checkpoint_agrees_with_the_trials_own(
+    tiny_trial_config: TrialConfig, backend_url: str, tmp_path: Path
+) -> None:
+    """`tasks.text2sql evaluate --model endpoint`, through the backend's /v1/completions with the trial's held-out
+    subset, few-shot prompt, max_tokens and stops, gives each question the answer and the verdict the trial's own
+    evaluation of the same sampler checkpoint gives (the endpoint leaves the stop string out, as OpenAI's does)."""
+    with tinker.ServiceClient(base_url=backend_url, api_key="tml-local") as service:
+        training = service.create_lora_training_client(base_model=tiny_trial_config.base_model, rank=4, seed=5)
+        ids = training.get_tokenizer().encode("SELECT COUNT(*) FROM employees;")
+        datum = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]), loss_fn_inputs={"target_tokens": ids[1:]})
+        training.forward_backward([datum], "cross_entropy")
+        training.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+        sampler_path = training.save_weights_for_sampler("for-the-endpoint").result().path
+    by_trial = evaluate_checkpoint(tiny_trial_config, backend_url, model_path=sampler_path, api_key="tml-local")
+
+    c = tiny_trial_config
+    command = [
+        sys.executable, "-m", "tasks.text2sql", "evaluate", "--model", "endpoint", "--base-url", f"{backend_url}/v1",
+        "--model-name", sampler_path, "--split", c.eval_split, "--few-shot", str(c.few_shot),
+        "--eval-size", str(c.eval_size), "--eval-seed", str(c.eval_seed), "--max-tokens", str(c.max_tokens),
+        *(option for stop in c.stop for option in ("--stop", stop)), "--report", str(tmp_path / "report.json"),
+    ]  # fmt: skip
+    environment = dict(os.environ) | {"OPENAI_API_KEY": "tml-local"}
+    finished = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300, check=False)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    by_endpoint = HeldOutReport.model_validate_json((tmp_path / "report.json").read_text())
+
+    assert [a.example_id for a in by_endpoint.answers] == [a.example_id for a in by_trial.answers]
+    assert [a.correct for a in by_endpoint.answers] == [a.correct for a in by_trial.answers]
+    assert by_endpoint.accuracy == by_trial.accuracy
+    for endpoint_answer, trial_answer in zip(by_endpoint.answers, by_trial.answers, strict=True):
+        rest = trial_answer.completion.removeprefix(endpoint_answer.completion)
+        assert trial_answer.completion.startswith(endpoint_answer.completion)
+        assert rest == "" or rest.startswith(c.stop), (endpoint_answer.completion, trial_answer.completion)
