@@ -22,6 +22,11 @@ COPY autoresearch/ autoresearch/
 RUN pip install .
 COPY experiments/ experiments/
 
+# vLLM as the sampler (--sampler vllm), in an environment of its own: its pins clash with the project's. Empty by
+# default; the gke overlay's backend needs it: docker build --build-arg VLLM_PACKAGE=vllm==0.33.0 …
+ARG VLLM_PACKAGE=
+RUN if [ -n "${VLLM_PACKAGE}" ]; then python -m venv /opt/vllm && /opt/vllm/bin/pip install "${VLLM_PACKAGE}"; fi
+
 # A fixed uid, which the k8s/ manifests run as (runAsUser/fsGroup 10001). /data is where the backend keeps
 # checkpoints and its converted base model; mount a volume there.
 RUN useradd --create-home --uid 10001 --user-group app \

@@ -1,6 +1,7 @@
 """What mixing adapters in one device call costs: the same work on 4 different adapters vs on one adapter.
 
 Run: python benchmarks/cross_tenant_batching.py [--model google/gemma-3-270m] [--device cpu] [--repeats 2]
+     [--vllm-python PATH]
 
 1. Sampling: 8 requests × 2 samples × 32 new tokens (no early stop) in one generation batch, every request on
    one adapter, then two requests on each of 4 adapters: tokens/s and the ratio mixed ÷ one adapter
@@ -10,7 +11,9 @@ Run: python benchmarks/cross_tenant_batching.py [--model google/gemma-3-270m] [-
    calls one at a time.
 
 Adapters are LoRA rank 8 on attention and MLP, trained one step so that none is zero. Each figure is the best
-of `--repeats` runs after a warm-up.
+of `--repeats` runs after a warm-up. With `--vllm-python` (the interpreter of vLLM's environment) the sampling row is
+measured again through vLLM (`--sampler vllm`: the same adapters hot-loaded, the 8 requests sent at once, vLLM
+batching them) and printed beside the built-in engine's.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -32,6 +36,7 @@ from trainer_backend.engine.sampling import SamplingRequest  # noqa: E402
 from trainer_backend.engine.types import AdamSettings, DecodedDatum, LoraSettings  # noqa: E402
 from trainer_backend.models.loading import load_base_model, select_device  # noqa: E402
 from trainer_backend.models.registry import default_cache_root, resolve_base_model  # noqa: E402
+from trainer_backend.vllm_sampler import VllmSampler, VllmSettings  # noqa: E402
 
 ADAPTERS = 4
 
@@ -52,6 +57,44 @@ def random_datum(generator: torch.Generator, tokens: int, vocab: int) -> Decoded
     return DecodedDatum(ids[:-1].tolist(), {"target_tokens": ids[1:], "weights": torch.ones(tokens)})
 
 
+def vllm_rates(loaded, names: list[str], folders: list[Path], prompts: list, args, scratch: Path):
+    """Tokens/s of the sampling row through vLLM: one adapter, the adapters mixed, one request at a time."""
+    settings = VllmSettings(
+        model_folder=loaded.folder,
+        served_name=loaded.name,
+        python=args.vllm_python,
+        max_loras=ADAPTERS,
+        max_lora_rank=8,
+        log_path=scratch / "vllm.log",
+        device=loaded.device.type,
+    )
+    sampler = VllmSampler(settings, lambda ids: loaded.tokenizer.decode(ids, skip_special_tokens=False))
+    try:
+        for name, folder in zip(names, folders, strict=True):
+            sampler.load_adapter(name, folder)
+        adapters = list(zip(names, folders, strict=True))
+
+        def request(index: int, prompt: tuple[int, ...], adapter: tuple[str, Path]) -> int:
+            sampling = SamplingRequest(prompt, num_samples=2, max_tokens=args.new_tokens, seed=index)
+            return sum(len(s.tokens) for s in sampler.sample(sampling, adapter, False).sequences)
+
+        def at_once(chosen: list[tuple[str, Path]]) -> Callable[[], int]:
+            def run() -> int:
+                with ThreadPoolExecutor(len(prompts)) as pool:
+                    return sum(pool.map(request, range(len(prompts)), prompts, chosen))
+
+            return run
+
+        def one_at_a_time() -> int:
+            return sum(request(i, p, adapters[i % ADAPTERS]) for i, p in enumerate(prompts))
+
+        one = best_rate(at_once([adapters[0]] * len(prompts)), args.repeats)
+        mixed = best_rate(at_once([adapters[i % ADAPTERS] for i in range(len(prompts))]), args.repeats)
+        return one, mixed, best_rate(one_at_a_time, args.repeats)
+    finally:
+        sampler.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="google/gemma-3-270m")
@@ -59,6 +102,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--datum-tokens", type=int, default=128)
+    parser.add_argument("--vllm-python", type=Path, help="also sample through vLLM, started with this interpreter")
     args = parser.parse_args()
 
     from rich.console import Console
@@ -109,6 +153,9 @@ def main() -> None:
         sample_one = best_rate(sampling([folders[0]] * len(prompts)), args.repeats)
         sample_mixed = best_rate(sampling([folders[i % ADAPTERS] for i in range(len(prompts))]), args.repeats)
         sample_serial = best_rate(sampling_one_at_a_time, args.repeats)
+        through_vllm = (
+            vllm_rates(loaded, names, folders, prompts, args, Path(scratch)) if args.vllm_python is not None else None
+        )
 
         datums = [random_datum(generator, args.datum_tokens, loaded.vocab_size) for _ in range(2 * ADAPTERS)]
         tokens = len(datums) * args.datum_tokens
@@ -152,6 +199,15 @@ def main() -> None:
         f"{sample_mixed / sample_one:.2f}",
         f"{sample_serial:.1f}",
     )
+    if through_vllm is not None:
+        one, mixed, serial = through_vllm
+        table.add_row(
+            f"the same sampling through vLLM ({args.device})",
+            f"{one:.1f}",
+            f"{mixed:.1f}",
+            f"{mixed / one:.2f}",
+            f"{serial:.1f}",
+        )
     table.add_row(
         f"forward_backward {len(datums)} × {args.datum_tokens} tokens",
         f"{train_one:.0f}",

@@ -2,7 +2,8 @@
 # The GPU checks, as one short script for a lent GPU machine (the `device` tool runs it in the repository root):
 #   bash benchmarks/gpu_check.sh
 # Installs the project on the machine's Python, checks that CUDA is visible, runs the engine tests that can use it
-# and the backend benchmarks on cuda, writing their output under $OUT (or ./gpu-results).
+# and the backend benchmarks on cuda, writing their output under $OUT (or ./gpu-results). vLLM's CUDA build goes in
+# an environment of its own (its pins clash with ours) and the sampling benchmark runs through it too.
 set -euo pipefail
 OUT="${OUT:-gpu-results}"
 mkdir -p "$OUT"
@@ -18,6 +19,9 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch
 print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")
 PY
 python benchmarks/backend_gemma.py --device cuda --batch 8 --tokens 128 --repeats 3 | tee "$OUT/backend_gemma.txt"
-python benchmarks/cross_tenant_batching.py --device cuda --repeats 3 | tee "$OUT/cross_tenant_batching.txt"
+python3 -m venv /tmp/vllm-venv
+/tmp/vllm-venv/bin/pip install -q "vllm==0.33.0"
+python benchmarks/cross_tenant_batching.py --device cuda --repeats 3 --vllm-python /tmp/vllm-venv/bin/python \
+  | tee "$OUT/cross_tenant_batching.txt"
 python benchmarks/duty_cycle.py --model google/gemma-3-270m --device cuda --concurrency 1 3 --steps 4 \
   --plot "$OUT/duty_cycle_gemma_cuda.png" | tee "$OUT/duty_cycle.txt"

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field, FilePath, field_validator
+from pydantic import Field, FilePath, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from trainer_backend.models.gemma import GEMMA_3_270M
@@ -46,6 +47,28 @@ class ServerConfig(BaseSettings):
     chat_template: FilePath | None = Field(
         None, description="Jinja chat template for /v1/chat/completions, for a model whose tokenizer has none"
     )
+    sampler: Literal["builtin", "vllm"] = Field(
+        "builtin", description="sampling engine: the built-in one, or vLLM in a process of its own"
+    )
+    vllm_python: FilePath | None = Field(
+        None, description="with --sampler vllm: the python of vLLM's own environment, to start vLLM with"
+    )
+    vllm_url: str | None = Field(
+        None, description="with --sampler vllm: a vLLM server already running (LoRA and runtime loading on) instead"
+    )
+    max_loras: int = Field(8, ge=1, description="with --sampler vllm: adapters vLLM holds at once")
+    vllm_gpu_memory_share: float = Field(
+        0.4,
+        gt=0,
+        lt=1,
+        description="with --sampler vllm on a GPU: the share of its memory vLLM takes; training the rest",
+    )
+
+    @model_validator(mode="after")
+    def _vllm_reachable(self) -> ServerConfig:
+        if self.sampler == "vllm" and (self.vllm_python is None) == (self.vllm_url is None):
+            raise ValueError("--sampler vllm needs one of --vllm-python (to start vLLM) or --vllm-url (one running)")
+        return self
 
     @field_validator("api_keys")
     @classmethod

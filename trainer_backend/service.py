@@ -33,6 +33,7 @@ from trainer_backend.runs import RunStore, TrainingRun
 from trainer_backend.scheduler import Operation, Outcome, PauseCallback, Scheduler
 from trainer_backend.status_view import server_status
 from trainer_backend.views import RegistryViews
+from trainer_backend.vllm_sampler import VllmSampler, VllmSettings
 from trainer_backend.wire import schemas
 from trainer_backend.wire.proto import (
     ForwardBackwardBatch,
@@ -141,8 +142,11 @@ class TrainingService:
         self.scheduler.on_busy(self.duty_cycle.record)
         self.tokens_processed = {"forward_backward": 0, "sample_prompt": 0, "sample_generated": 0}
         self.views = RegistryViews(self.runs, self.checkpoints, self.engine.has_adapter, loaded)
+        self.vllm = _vllm_sampler(config, loaded) if config.sampler == "vllm" else None
 
     def close(self) -> None:
+        if self.vllm is not None:
+            self.vllm.close()
         self.scheduler.stop()
         self.ledger.close()
         self.runs.close()
@@ -207,7 +211,10 @@ class TrainingService:
 
     def status(self, owner: str) -> ServerStatus:
         """The device's recent busy fraction and the caller's unfinished futures with their ages."""
-        return server_status(owner, self.loaded.name, self.ledger.in_flight(), self.scheduler.stats(), self.duty_cycle)
+        sampler = self.vllm.status() if self.vllm is not None else None
+        return server_status(
+            owner, self.loaded.name, self.ledger.in_flight(), self.scheduler.stats(), self.duty_cycle, sampler
+        )
 
     # --- sessions -----------------------------------------------------------------------------------------
 
@@ -355,12 +362,21 @@ class TrainingService:
         self, owner: str, request: schemas.SaveWeightsForSamplerRequest, body: bytes, key: str | None
     ) -> Submitted:
         run = self._live_run(owner, request.model_id)
+        if self.vllm is not None and run.lora.train_unembed:
+            raise UserInputError(
+                f"model {request.model_id} trains the unembedding (train_unembed), and vLLM cannot load a LoRA on "
+                "lm_head: create the training client with train_unembed=False, or run the server with --sampler builtin"
+            )
         ephemeral = request.path is None
         name = validate_name(request.path) if request.path else f"ephemeral-{secrets.token_hex(8)}"
         ttl = EPHEMERAL_TTL_S if ephemeral else request.ttl_seconds
 
         def work() -> tuple[bytes, ResultFormat]:
             info = self._save(owner, request.model_id, CheckpointKind.SAMPLER, name, ttl, overwrite=True)
+            if self.vllm is not None:
+                # In vLLM before the future resolves, so the client's next sample finds it there.
+                folder = self.checkpoints.folder(CheckpointPath.parse(info.path))
+                self.vllm.load_adapter(str(folder), folder)
             if not ephemeral:
                 return _json(schemas.SaveWeightsForSamplerResponseInternal(path=info.path))
             session = self.runs.create_sampling_session(owner, run.session_id, self.loaded.name, info.path)
@@ -480,11 +496,44 @@ class TrainingService:
         prompt_logprobs_last_n: int | None = None,
     ) -> Submitted:
         """Queue one sampling request (Tinker's `sample`, or an OpenAI-compatible completion) into the shared
-        generation batches; its future resolves to the encoded `SampleResponse`."""
+        generation batches, or send it to vLLM; its future resolves to the encoded `SampleResponse`."""
+        if self.vllm is not None:
+            return self._submit_to_vllm(owner, call, body, key, prompt_logprobs_last_n)
         record = self._submit(
             owner, "sample", lane, body, None, None, key, batch=(SAMPLING, _PendingSample(call, prompt_logprobs_last_n))
         )
         ids = [f"{record.request_id}-{i}" for i in range(call.request.num_samples)]
+        return Submitted(record, sample_sequence_ids=ids)
+
+    def _submit_to_vllm(
+        self, owner: str, call: SamplerCall, body: bytes, key: str | None, prompt_logprobs_last_n: int | None
+    ) -> Submitted:
+        """vLLM batches concurrent requests itself: the request goes to it at once, outside the device queue."""
+        assert self.vllm is not None
+        self.vllm.check(call.request)
+        record, created = self.ledger.submit(owner, "sample", body_hash(body), idempotency_key=key)
+        ids = [f"{record.request_id}-{i}" for i in range(call.request.num_samples)]
+        if not created:
+            return Submitted(record, sample_sequence_ids=ids)
+        self.ledger.mark_running(record.request_id)
+        folder = call.weights_folder
+
+        def done(outcome: SamplingResult | Exception) -> None:
+            if isinstance(outcome, BackendError):
+                self.ledger.fail(record.request_id, str(outcome), outcome.category)
+                return
+            if isinstance(outcome, Exception):
+                log.error("vLLM sampling request %s failed", record.request_id, exc_info=outcome)
+                self.ledger.fail(record.request_id, f"internal error in sample: {type(outcome).__name__}", "server")
+                return
+            if prompt_logprobs_last_n is not None:
+                outcome = _keep_last_prompt_logprobs(outcome, prompt_logprobs_last_n)
+            self.tokens_processed["sample_prompt"] += len(call.request.prompt_tokens)
+            self.tokens_processed["sample_generated"] += sum(len(seq.tokens) for seq in outcome.sequences)
+            self.ledger.complete(record.request_id, encode_sample_response(outcome), ResultFormat.PROTO)
+
+        adapter = None if folder is None else (str(folder), folder)
+        self.vllm.submit(call.request, adapter, call.stop_at_eos, done)
         return Submitted(record, sample_sequence_ids=ids)
 
     def _run_samples(self, operations: Sequence[Operation[_PendingSample]], pause: PauseCallback) -> list[Outcome]:
@@ -539,3 +588,18 @@ def _keep_last_prompt_logprobs(result: SamplingResult, last_n: int) -> SamplingR
     return dataclasses.replace(
         result, prompt_logprobs=cut(result.prompt_logprobs), topk_prompt_logprobs=cut(result.topk_prompt_logprobs)
     )
+
+
+def _vllm_sampler(config: ServerConfig, loaded: LoadedModel) -> VllmSampler:
+    settings = VllmSettings(
+        model_folder=loaded.folder,
+        served_name=loaded.name,
+        python=config.vllm_python,
+        url=config.vllm_url,
+        max_loras=config.max_loras,
+        max_lora_rank=config.max_lora_rank,
+        log_path=config.storage_root / "vllm.log",
+        device=loaded.device.type,
+        gpu_memory_share=config.vllm_gpu_memory_share,
+    )
+    return VllmSampler(settings, lambda ids: loaded.tokenizer.decode(ids, skip_special_tokens=False))

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from trainer_backend.duty_cycle import DutyCycle
 from trainer_backend.ledger import FutureRecord, FutureState
 from trainer_backend.scheduler import SchedulerStats
-from trainer_backend.wire.status import DeviceStatus, FutureInFlight, ServerStatus
+from trainer_backend.wire.status import DeviceStatus, FutureInFlight, SamplerStatus, ServerStatus
 
 
 def server_status(
@@ -18,6 +18,7 @@ def server_status(
     in_flight: Iterable[FutureRecord],
     stats: SchedulerStats,
     duty_cycle: DutyCycle,
+    sampler: SamplerStatus | None = None,
 ) -> ServerStatus:
     """The device's recent busy fraction and `owner`'s unfinished futures with their ages; other owners' futures
     are only counted."""
@@ -56,6 +57,7 @@ def server_status(
             batched_calls=stats.batches,
             batched_requests=stats.batched_operations,
         ),
+        sampler=sampler,
         queued=queued,
         in_flight=mine,
         other_tenants_in_flight=others,

@@ -260,6 +260,19 @@ def test_gke_backend_gets_a_gpu_on_a_gpu_node(rendered: dict) -> None:
     assert statefulset["spec"]["replicas"] == 2
 
 
+def test_gke_backend_samples_with_vllm_beside_it_on_its_gpu(rendered: dict) -> None:
+    _, container = backend(rendered["gke"])
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["TRAINER_BACKEND_SAMPLER"] == "vllm"
+    assert env["TRAINER_BACKEND_VLLM_PYTHON"] == "/opt/vllm/bin/python"
+    assert 0 < float(env["TRAINER_BACKEND_VLLM_GPU_MEMORY_SHARE"]) < 1
+    # The base settings stay: the key from the Secret, the model cache on the volume.
+    assert {"TINKER_API_KEY", "TRAINER_BACKEND_DEVICE", "TRAINER_BACKEND_CACHE"} <= set(env)
+    for target in ("base", "local"):
+        _, plain = backend(rendered[target])
+        assert "TRAINER_BACKEND_SAMPLER" not in {e["name"] for e in plain["env"]}
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_nothing_but_the_gke_backend_asks_for_a_gpu(rendered: dict, target: str) -> None:
     for workload, pod in pod_specs(rendered[target]):

@@ -55,6 +55,16 @@ class ServiceCollector(Collector):
         for phase, count in sorted(self.service.tokens_processed.items()):
             tokens.add_metric([phase], count)
         yield tokens
+        if self.service.vllm is not None:
+            sampler = self.service.vllm.status()
+            yield GaugeMetricFamily("trainer_vllm_in_flight", "Sampling requests in vLLM now", value=sampler.in_flight)
+            yield CounterMetricFamily(
+                "trainer_vllm_requests", "Sampling requests vLLM answered", value=sampler.requests
+            )
+            yield CounterMetricFamily(
+                "trainer_vllm_busy_seconds", "Summed time requests spent in vLLM", value=sampler.busy_seconds
+            )
+            yield CounterMetricFamily("trainer_vllm_restarts", "Times vLLM was started again", value=sampler.restarts)
         futures = GaugeMetricFamily("trainer_futures", "Futures in the ledger by state", labels=["state"])
         for state, count in sorted(self.service.ledger.counts_by_state().items()):
             futures.add_metric([state.value], count)

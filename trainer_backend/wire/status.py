@@ -31,9 +31,20 @@ class DeviceStatus(BaseModel):
     batched_requests: int
 
 
+class SamplerStatus(BaseModel):
+    """The vLLM sampler, with --sampler vllm (it batches requests itself, outside the device's queue)."""
+
+    engine: Literal["vllm"] = "vllm"
+    in_flight: int = Field(description="sampling requests sent to vLLM and not yet answered, of all tenants")
+    requests: int = Field(description="sampling requests vLLM answered (or failed) since start")
+    busy_seconds: float = Field(description="summed time requests spent in vLLM")
+    restarts: int = Field(description="times vLLM was found dead and started again")
+
+
 class ServerStatus(BaseModel):
     base_model: str
     device: DeviceStatus
+    sampler: SamplerStatus | None = Field(None, description="None with the built-in sampler (part of the device)")
     # The caller's waiting requests by training client (model id), sampling requests under "sampling".
     queued: dict[str, int]
     in_flight: list[FutureInFlight]

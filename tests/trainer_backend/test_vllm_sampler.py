@@ -1,0 +1,219 @@
+"""`--sampler vllm`: a real vLLM server (the CPU build, in its own environment) samples for the backend, and answers
+as the built-in engine answers: greedy tokens and logprobs, prompt logprobs, trained adapters (two in one batch),
+seeds, stop tokens and strings; a killed vLLM is started again and only the request it cut off fails.
+
+vLLM lives in a second virtual environment (its pins clash with ours): `VLLM_PYTHON` names its interpreter, as
+`.ci/run` sets it. Without it the module is skipped here, never in CI (`REQUIRE_VLLM=1`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import tinker
+from conftest import LOGPROB_ROUNDING, SQL, datum_for, next_token_datum, status_of
+from support.backends import TINY, tiny_server_config
+from tinker import types
+
+from trainer_backend.checkpoints import CheckpointPath
+from trainer_backend.config import ServerConfig
+from trainer_backend.engine.sampling import SamplingRequest
+from trainer_backend.models.gemma import GEMMA_3_270M
+from trainer_backend.server import RunningServer, running_server
+
+VLLM_PYTHON = os.environ.get("VLLM_PYTHON")
+if not VLLM_PYTHON and os.environ.get("REQUIRE_VLLM") == "1":
+    raise RuntimeError("REQUIRE_VLLM=1 but VLLM_PYTHON does not name vLLM's interpreter")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not VLLM_PYTHON, reason="vLLM's environment is not installed here (set VLLM_PYTHON)"),
+]
+KEY = "tml-vllm-tests"
+GREEDY = types.SamplingParams(max_tokens=10, temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    config = tiny_server_config(tmp_path_factory.mktemp("vllm"), sampler="vllm", vllm_python=VLLM_PYTHON)
+    with running_server(config) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def on_vllm(vllm_server: RunningServer) -> Iterator[tinker.ServiceClient]:
+    with tinker.ServiceClient(base_url=vllm_server.url, api_key=KEY) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def on_builtin(server: RunningServer) -> Iterator[tinker.ServiceClient]:
+    """The session's server with the built-in engine, the reference."""
+    with tinker.ServiceClient(base_url=server.url, api_key=KEY) as client:
+        yield client
+
+
+def trained_sampler(client: tinker.ServiceClient, seed: int, text: str) -> tinker.SamplingClient:
+    """Sampler weights of a few large steps on `text`: the same on both servers for the same seed and text."""
+    training = client.create_lora_training_client(base_model=TINY, rank=4, seed=seed, train_unembed=False).result()
+    datum = next_token_datum(training.get_tokenizer().encode(text))
+    for _ in range(3):
+        training.forward_backward([datum], "cross_entropy")
+        training.optim_step(types.AdamParams(learning_rate=5e-2)).result(timeout=60)
+    return training.save_weights_and_get_sampling_client().result(timeout=60)
+
+
+def prompt_of(client: tinker.ServiceClient, text: str = SQL) -> types.ModelInput:
+    tokenizer = client.create_lora_training_client(base_model=TINY, rank=1, train_unembed=False).get_tokenizer()
+    return types.ModelInput.from_ints(tokenizer.encode(text)[:6])
+
+
+def assert_same(one: types.SampleResponse, other: types.SampleResponse) -> None:
+    assert [s.tokens for s in one.sequences] == [s.tokens for s in other.sequences]
+    assert [s.stop_reason for s in one.sequences] == [s.stop_reason for s in other.sequences]
+    for sequence, reference in zip(one.sequences, other.sequences, strict=True):
+        assert sequence.logprobs == pytest.approx(reference.logprobs, abs=LOGPROB_ROUNDING)
+
+
+def test_greedy_samples_and_prompt_logprobs_are_the_builtin_engines(
+    on_vllm: tinker.ServiceClient, on_builtin: tinker.ServiceClient
+) -> None:
+    prompt = prompt_of(on_vllm)
+    answers = []
+    for client in (on_vllm, on_builtin):
+        sampler = client.create_sampling_client(base_model=TINY)
+        answers.append(sampler.sample(prompt, 2, GREEDY, include_prompt_logprobs=True).result(timeout=120))
+    assert_same(*answers)
+    assert answers[0].prompt_logprobs == pytest.approx(answers[1].prompt_logprobs, abs=LOGPROB_ROUNDING)
+    scores = [
+        c.create_sampling_client(base_model=TINY).compute_logprobs(prompt).result() for c in (on_vllm, on_builtin)
+    ]
+    assert scores[0] == pytest.approx(scores[1], abs=LOGPROB_ROUNDING)
+
+
+def test_trained_adapters_in_one_batch_each_answer_as_on_the_builtin_engine(
+    on_vllm: tinker.ServiceClient, on_builtin: tinker.ServiceClient
+) -> None:
+    prompt = prompt_of(on_vllm)
+    texts = {1: SQL, 2: "SELECT COUNT(*) FROM orders WHERE total > 10;"}
+    answers = {}
+    for name, client in (("vllm", on_vllm), ("builtin", on_builtin)):
+        samplers = [trained_sampler(client, seed, text) for seed, text in texts.items()]
+        with ThreadPoolExecutor(len(samplers)) as pool:  # at once: one vLLM batch holds both adapters
+            futures = [pool.submit(lambda s: s.sample(prompt, 1, GREEDY).result(timeout=120), s) for s in samplers]
+            answers[name] = [future.result() for future in futures]
+    base = on_vllm.create_sampling_client(base_model=TINY).sample(prompt, 1, GREEDY).result(timeout=120)
+    for from_vllm, from_builtin in zip(answers["vllm"], answers["builtin"], strict=True):
+        assert_same(from_vllm, from_builtin)
+    assert answers["vllm"][0].sequences[0].tokens != answers["vllm"][1].sequences[0].tokens
+    assert base.sequences[0].tokens not in [a.sequences[0].tokens for a in answers["vllm"]]
+
+
+def test_seeded_samples_repeat_and_their_logprobs_are_the_trainers(on_vllm: tinker.ServiceClient) -> None:
+    sampler = on_vllm.create_sampling_client(base_model=TINY)
+    prompt = prompt_of(on_vllm)
+    params = types.SamplingParams(max_tokens=12, temperature=1.0, seed=11)
+    first = sampler.sample(prompt, 3, params).result(timeout=120)
+    assert [s.tokens for s in first.sequences] == [
+        s.tokens for s in sampler.sample(prompt, 3, params).result(timeout=120).sequences
+    ]
+    other_seed = types.SamplingParams(max_tokens=12, temperature=1.0, seed=12)
+    assert first.sequences != sampler.sample(prompt, 3, other_seed).result(timeout=120).sequences
+    # At temperature 1 the distribution sampled from is the model's: the trainer's forward scores the same tokens.
+    training = on_vllm.create_lora_training_client(base_model=TINY, rank=1, train_unembed=False).result()
+    for sequence in first.sequences:
+        ids = prompt.to_ints() + list(sequence.tokens)
+        output = training.forward([next_token_datum(ids)], "cross_entropy").result(timeout=60)
+        trainer = output.loss_fn_outputs[0]["logprobs"].tolist()[-len(sequence.tokens) :]
+        assert sequence.logprobs == pytest.approx(trainer, abs=LOGPROB_ROUNDING)
+
+
+def test_stop_tokens_and_strings_end_where_the_builtin_engine_ends(
+    on_vllm: tinker.ServiceClient, on_builtin: tinker.ServiceClient
+) -> None:
+    prompt = prompt_of(on_builtin)
+    tokenizer = on_builtin.create_lora_training_client(base_model=TINY, rank=1).get_tokenizer()
+    free = on_builtin.create_sampling_client(base_model=TINY).sample(prompt, 1, GREEDY).result(timeout=120)
+    third = free.sequences[0].tokens[2]
+    for stop in ([third], tokenizer.decode([third]), []):
+        params = types.SamplingParams(max_tokens=10, temperature=0.0, stop=stop)
+        answers = [c.create_sampling_client(base_model=TINY).sample(prompt, 1, params) for c in (on_vllm, on_builtin)]
+        assert_same(*(a.result(timeout=120) for a in answers))
+
+
+def test_an_adapter_that_trains_the_unembedding_is_refused_by_name(on_vllm: tinker.ServiceClient) -> None:
+    training = on_vllm.create_lora_training_client(base_model=TINY, rank=2, train_unembed=True).result()
+    with pytest.raises(tinker.BadRequestError, match="train_unembed"):
+        training.save_weights_for_sampler("with-unembedding").result(timeout=60)
+
+
+def test_a_killed_vllm_is_started_again_and_only_the_request_it_cut_off_fails(
+    vllm_server: RunningServer, on_vllm: tinker.ServiceClient
+) -> None:
+    sampler = trained_sampler(on_vllm, 3, SQL)
+    prompt = prompt_of(on_vllm)
+    before = sampler.sample(prompt, 1, GREEDY).result(timeout=120)
+    # Long enough (no stop, nearly the whole context) to be in vLLM when it dies.
+    long = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=2000, temperature=1.0, stop=[]))
+    deadline = time.monotonic() + 60
+    while status_of(vllm_server, KEY)["sampler"]["in_flight"] == 0:
+        assert time.monotonic() < deadline, "the long request never reached vLLM"
+        time.sleep(0.05)
+
+    vllm_server.service.vllm.process.process.kill()
+    with pytest.raises(tinker.RequestFailedError, match="vLLM stopped answering during this request"):
+        long.result(timeout=300)
+
+    after = sampler.sample(prompt, 1, GREEDY).result(timeout=300)  # its adapter is loaded again on demand
+    assert_same(after, before)
+    sampler_status = status_of(vllm_server, KEY)["sampler"]
+    assert sampler_status["engine"] == "vllm" and sampler_status["restarts"] == 1 and sampler_status["in_flight"] == 0
+
+
+def test_structured_output_through_vllm_is_refused_by_name(vllm_server: RunningServer) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=f"{vllm_server.url}/v1", api_key=KEY, max_retries=0)
+    answer = client.completions.create(model=TINY, prompt="SELECT", max_tokens=4, temperature=0)
+    assert answer.choices[0].text is not None
+    with pytest.raises(openai.BadRequestError, match="--sampler builtin"):
+        client.completions.create(
+            model=TINY, prompt="SELECT", max_tokens=4, extra_body={"response_format": {"type": "json_object"}}
+        )
+    assert Path(vllm_server.service.config.storage_root, "vllm.log").exists()
+
+
+def test_gemma_greedy_tokens_through_vllm_are_the_builtin_engines(tmp_path: Path) -> None:
+    """The real Gemma 3 270M: vLLM's greedy tokens and logprobs, of the base model and of a trained adapter, against
+    the built-in engine of the same server (the trainer's own model, which --sampler vllm leaves to training)."""
+    config = ServerConfig(
+        base_model=GEMMA_3_270M, device="cpu", storage_root=tmp_path, port=0, sampler="vllm", vllm_python=VLLM_PYTHON
+    )
+    with running_server(config) as gemma, tinker.ServiceClient(base_url=gemma.url, api_key=KEY) as client:
+        training = client.create_lora_training_client(
+            base_model=GEMMA_3_270M, rank=8, seed=0, train_unembed=False
+        ).result()
+        tokenizer = training.get_tokenizer()
+        datum = datum_for(tokenizer, "SELECT COUNT(*) FROM customers WHERE city = 'Berlin';")
+        for _ in range(2):
+            training.forward_backward([datum], "cross_entropy")
+            training.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+        trained_path = training.save_weights_for_sampler("trained").result().path
+        prompt = tokenizer.encode("The Eiffel Tower is located in the city of")
+        for path in (None, trained_path):
+            sampler = (
+                client.create_sampling_client(model_path=path)
+                if path
+                else client.create_sampling_client(base_model=GEMMA_3_270M)
+            )
+            answer = sampler.sample(types.ModelInput.from_ints(prompt), 1, GREEDY).result(timeout=300).sequences[0]
+            folder = None if path is None else gemma.service.checkpoints.folder(CheckpointPath.parse(path))
+            reference = gemma.service.engine.sample(
+                folder, SamplingRequest(tuple(prompt), max_tokens=GREEDY.max_tokens, temperature=0.0), True
+            ).sequences[0]
+            assert list(answer.tokens) == list(reference.tokens)
+            assert answer.logprobs == pytest.approx(reference.logprobs, abs=LOGPROB_ROUNDING)
