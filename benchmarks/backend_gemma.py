@@ -1,13 +1,14 @@
 """Training and sampling cost of the backend's engine on the real Gemma 3 270M.
 
-Run: python benchmarks/backend_gemma.py [--device cpu] [--batch 8] [--tokens 128] [--repeats 2]
+Run: python benchmarks/backend_gemma.py [--device cpu] [--batch 8] [--tokens 128] [--repeats 2] [--vllm-python PATH]
 
 1. forward_backward (cross-entropy, LoRA rank 8 on attention and MLP) + optim_step for batch × tokens, with the
    chunked log-prob path the server uses and with the naive full-logits path: seconds per step, and the extra
    peak memory of a step (resident set high-water mark above the resident set before it). The first step also
    pays one-time allocations (thread pools, allocator arenas); the steady-state figure is the best of the later
    steps, which is what a long-running server pays per step.
-2. Sampling tokens per second at batch 1 and 8 (num_samples of one prompt, no early stop).
+2. Sampling tokens per second at batch 1 and 8 (num_samples of one prompt, no early stop); with `--vllm-python`
+   (the interpreter of vLLM's environment) the same requests through vLLM too, side by side (`--sampler vllm`).
 
 Each measurement runs in a fresh process, so one path's allocations cannot hide the other's peak, with
 MALLOC_MMAP_THRESHOLD_ set so that freed large buffers go back to the system instead of staying in glibc's heap
@@ -39,6 +40,42 @@ def _rss_kib(field: str) -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1])
     raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def measure_vllm(device: str, tokens: int, vllm_python: Path) -> dict:
+    """The 'sample' measurement's requests through a vLLM server started for it."""
+    import tempfile
+
+    from trainer_backend.engine.sampling import SamplingRequest
+    from trainer_backend.models.gemma import GEMMA_3_270M
+    from trainer_backend.models.loading import load_base_model, select_device
+    from trainer_backend.models.registry import default_cache_root, resolve_base_model
+    from trainer_backend.vllm_sampler import VllmSampler, VllmSettings
+
+    loaded = load_base_model(resolve_base_model(GEMMA_3_270M, default_cache_root()), select_device(device))
+    generator = torch.Generator().manual_seed(0)
+    prompt = tuple(torch.randint(10, 20_000, (32,), generator=generator).tolist())
+    with tempfile.TemporaryDirectory(prefix="vllm-benchmark-") as scratch:
+        settings = VllmSettings(
+            model_folder=loaded.folder,
+            served_name=loaded.name,
+            python=vllm_python,
+            log_path=Path(scratch) / "vllm.log",
+            device=loaded.device.type,
+        )
+        sampler = VllmSampler(settings, lambda ids: loaded.tokenizer.decode(ids, skip_special_tokens=False))
+        try:
+            rates = {}
+            for samples in (1, 8):
+                request = SamplingRequest(prompt, num_samples=samples, max_tokens=tokens // 4, temperature=1.0, seed=0)
+                sampler.sample(SamplingRequest(prompt, max_tokens=2), None, stop_at_eos=False)  # warm-up
+                start = time.perf_counter()
+                result = sampler.sample(request, None, stop_at_eos=False)
+                elapsed = time.perf_counter() - start
+                rates[f"batch {samples}"] = sum(len(s.tokens) for s in result.sequences) / elapsed
+        finally:
+            sampler.close()
+    return {"tokens_per_s": rates}
 
 
 def measure(kind: str, device: str, batch: int, tokens: int, repeats: int) -> dict:
@@ -86,6 +123,8 @@ def measure(kind: str, device: str, batch: int, tokens: int, repeats: int) -> di
 def _in_subprocess(kind: str, args: argparse.Namespace) -> dict:
     command = [sys.executable, __file__, MEASURE_FLAG, kind, "--device", args.device, "--batch", str(args.batch)]
     command += ["--tokens", str(args.tokens), "--repeats", str(args.repeats)]
+    if args.vllm_python is not None:
+        command += ["--vllm-python", str(args.vllm_python)]
     environment = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
     done = subprocess.run(command, capture_output=True, text=True, check=True, env=environment)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -93,12 +132,16 @@ def _in_subprocess(kind: str, args: argparse.Namespace) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(MEASURE_FLAG, choices=["chunked", "full", "sample"], help=argparse.SUPPRESS)
+    parser.add_argument(MEASURE_FLAG, choices=["chunked", "full", "sample", "sample-vllm"], help=argparse.SUPPRESS)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--vllm-python", type=Path, help="also sample through vLLM, started with this interpreter")
     args = parser.parse_args()
+    if args.measure == "sample-vllm":
+        print(json.dumps(measure_vllm(args.device, args.tokens, args.vllm_python)))
+        return
     if args.measure:
         print(json.dumps(measure(args.measure, args.device, args.batch, args.tokens, args.repeats)))
         return
@@ -111,6 +154,7 @@ def main() -> None:
         chunked = _in_subprocess("chunked", args)
         full = _in_subprocess("full", args)
         sampling = _in_subprocess("sample", args)
+        through_vllm = _in_subprocess("sample-vllm", args) if args.vllm_python is not None else None
     table = Table(title=f"Gemma 3 270M, LoRA rank 8, {args.batch} × {args.tokens} tokens, {args.device}")
     table.add_column("forward_backward + optim_step")
     table.add_column("seconds", justify="right")
@@ -132,9 +176,12 @@ def main() -> None:
     console.print(table)
     rates = Table(title=f"sampling, {args.tokens // 4} new tokens per sequence")
     rates.add_column("batch")
-    rates.add_column("tokens/s", justify="right")
+    rates.add_column("built-in engine, tokens/s", justify="right")
+    if through_vllm is not None:
+        rates.add_column("vLLM, tokens/s", justify="right")
     for batch, rate in sampling["tokens_per_s"].items():
-        rates.add_row(batch, f"{rate:.1f}")
+        vllm_rate = [] if through_vllm is None else [f"{through_vllm['tokens_per_s'][batch]:.1f}"]
+        rates.add_row(batch, f"{rate:.1f}", *vllm_rate)
     console.print(rates)
     console.print(
         "command: python benchmarks/backend_gemma.py "

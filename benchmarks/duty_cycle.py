@@ -77,6 +77,8 @@ def trial_config(args: argparse.Namespace, folder: Path) -> Path:
         eval_size=4,
         checkpoint_interval=max(args.steps, 1),
         run_id=None,
+        # vLLM cannot load a LoRA on lm_head.
+        train_unembed=args.vllm_python is None and config["train_unembed"],
     )
     path = folder / "trial.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -161,6 +163,7 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--no-sequential", action="store_true", help="skip the concurrent-vs-sequential comparison")
+    parser.add_argument("--vllm-python", type=Path, help="sample through vLLM (--sampler vllm), with this interpreter")
     parser.add_argument("--plot", type=Path, default=ROOT / "benchmarks" / "results" / "duty_cycle.png")
     args = parser.parse_args()
 
@@ -171,7 +174,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="duty-cycle-") as scratch:
         folder = Path(scratch)
         config = trial_config(args, folder)
-        server_config = ServerConfig(base_model=args.model, device=args.device, storage_root=folder / "backend", port=0)
+        sampler = {"sampler": "vllm", "vllm_python": args.vllm_python} if args.vllm_python is not None else {}
+        server_config = ServerConfig(
+            base_model=args.model, device=args.device, storage_root=folder / "backend", port=0, **sampler
+        )
         with running_server(server_config) as server:
             server.service.duty_cycle.keep_s = 24 * 3600.0
             scenarios = []

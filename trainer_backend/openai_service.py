@@ -9,11 +9,12 @@ tenant's Tinker sampling and counts against the same limits. Its answer is read 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from tinker import types
+from transformers import PreTrainedTokenizerBase
 
 from trainer_backend.checkpoints import CheckpointKind
 from trainer_backend.engine.model_engine import SamplerCall
@@ -25,6 +26,8 @@ from trainer_backend.structured_output import JsonSchemaConstraints
 from trainer_backend.wire import openai as oa
 from trainer_backend.wire.proto import decode_sample_response
 
+# (sample index, token) as each token is drawn, from the engine's thread.
+TokenCallback = Callable[[int, int], None]
 # OpenAI's default for /v1/completions; chat takes whatever room the context leaves, as OpenAI does.
 DEFAULT_COMPLETION_TOKENS = 16
 
@@ -88,16 +91,20 @@ class OpenAIInference:
 
     # --- requests -----------------------------------------------------------------------------------------
 
-    def submit_completion(self, owner: str, request: oa.CompletionRequest, body: bytes) -> PendingGeneration:
+    def submit_completion(
+        self, owner: str, request: oa.CompletionRequest, body: bytes, on_token: TokenCallback | None = None
+    ) -> PendingGeneration:
         if request.logprobs:
             raise UserInputError(
                 f"logprobs={request.logprobs}: this server gives the sampled token's logprob only (logprobs=0), "
                 "not alternatives"
             )
         prompt = list(request.prompt) if isinstance(request.prompt, list) else self.tokenizer.encode(request.prompt)
-        return self._submit(owner, request, body, prompt, request.max_tokens or DEFAULT_COMPLETION_TOKENS)
+        return self._submit(owner, request, body, prompt, request.max_tokens or DEFAULT_COMPLETION_TOKENS, on_token)
 
-    def submit_chat(self, owner: str, request: oa.ChatCompletionRequest, body: bytes) -> PendingGeneration:
+    def submit_chat(
+        self, owner: str, request: oa.ChatCompletionRequest, body: bytes, on_token: TokenCallback | None = None
+    ) -> PendingGeneration:
         if request.top_logprobs:
             raise UserInputError(
                 f"top_logprobs={request.top_logprobs}: this server gives the sampled token's logprob only, "
@@ -118,10 +125,16 @@ class OpenAIInference:
         prompt = self.tokenizer.encode(text, add_special_tokens=False)
         room = self.service.loaded.max_context_length - len(prompt)
         max_tokens = request.max_completion_tokens or request.max_tokens or max(room, 1)
-        return self._submit(owner, request, body, prompt, max_tokens)
+        return self._submit(owner, request, body, prompt, max_tokens, on_token)
 
     def _submit(
-        self, owner: str, request: oa.GenerationRequest, body: bytes, prompt: list[int], max_tokens: int
+        self,
+        owner: str,
+        request: oa.GenerationRequest,
+        body: bytes,
+        prompt: list[int],
+        max_tokens: int,
+        on_token: TokenCallback | None,
     ) -> PendingGeneration:
         unsupported = request.unsupported_fields()
         if unsupported:
@@ -136,13 +149,14 @@ class OpenAIInference:
             seed=request.seed,
             stop_strings=request.stop_strings(),
             constraint=self._constraint(request.response_format),
+            on_token=on_token,
         )
         if sampling.num_samples > self.service.config.max_num_samples:
             raise UserInputError(
                 f"n must be at most this server's limit of {self.service.config.max_num_samples} "
                 f"(--max-num-samples), got {sampling.num_samples}"
             )
-        call = SamplerCall(self._weights_folder(owner, request.model), sampling, stop_at_eos=True)
+        call = SamplerCall(self._weights_folder(owner, request.model), sampling, stop_at_eos=not request.ignore_eos)
         submitted = self.service.submit_sampling(owner, call, f"openai:{owner}", body, key=None)
         return PendingGeneration(submitted, request.model, len(prompt), sampling.stop_strings, int(time.time()))
 
@@ -211,33 +225,60 @@ class OpenAIInference:
             usage=_usage(pending, choices),
         )
 
-    def completion_chunks(self, pending: PendingGeneration, choices: list[Generated]) -> Iterator[dict]:
-        """The stream of a finished completion: each choice's text, then its finish reason."""
-        for i, choice in enumerate(choices):
-            for finish_reason, text in ((None, choice.text), (choice.finish_reason, "")):
-                chunk = oa.Completion(
-                    id=f"cmpl-{pending.submitted.record.request_id}",
-                    created=pending.created,
-                    model=pending.model,
-                    choices=[oa.CompletionChoice(index=i, text=text, finish_reason=finish_reason)],
-                )
-                yield chunk.model_dump(mode="json")
+    def completion_chunk(self, pending: PendingGeneration, index: int, text: str, finish_reason: str | None) -> dict:
+        chunk = oa.Completion(
+            id=f"cmpl-{pending.submitted.record.request_id}",
+            created=pending.created,
+            model=pending.model,
+            choices=[oa.CompletionChoice(index=index, text=text, finish_reason=finish_reason)],
+        )
+        return chunk.model_dump(mode="json")
 
-    def chat_chunks(self, pending: PendingGeneration, choices: list[Generated]) -> Iterator[dict]:
-        """The stream of a finished chat completion: the role, the content, then the finish reason, per choice."""
-        for i, choice in enumerate(choices):
-            for delta, finish_reason in (
-                (oa.Delta(role="assistant", content=""), None),
-                (oa.Delta(content=choice.text), None),
-                (oa.Delta(), choice.finish_reason),
-            ):
-                chunk = oa.ChatCompletionChunk(
-                    id=f"chatcmpl-{pending.submitted.record.request_id}",
-                    created=pending.created,
-                    model=pending.model,
-                    choices=[oa.ChatChunkChoice(index=i, delta=delta, finish_reason=finish_reason)],
-                )
-                yield chunk.model_dump(mode="json")
+    def chat_chunk(self, pending: PendingGeneration, index: int, delta: oa.Delta, finish_reason: str | None) -> dict:
+        chunk = oa.ChatCompletionChunk(
+            id=f"chatcmpl-{pending.submitted.record.request_id}",
+            created=pending.created,
+            model=pending.model,
+            choices=[oa.ChatChunkChoice(index=index, delta=delta, finish_reason=finish_reason)],
+        )
+        return chunk.model_dump(mode="json")
+
+    def incremental_text(self, stop_strings: tuple[str, ...]) -> IncrementalText:
+        return IncrementalText(self.tokenizer, stop_strings)
+
+
+class IncrementalText:
+    """One streamed choice's text as its tokens arrive: what may be sent now, holding back what a stop string still
+    forming could cut, or an unfinished multi-byte character."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop_strings: tuple[str, ...]) -> None:
+        self.tokenizer = tokenizer
+        self.stop_strings = stop_strings
+        # A stop string may be forming in the last characters: they wait for the next token.
+        self.hold_back = max(map(len, stop_strings), default=1) - 1
+        self.tokens: list[int] = []
+        self.sent = ""
+
+    def add(self, token: int) -> str:
+        """The text newly safe to send after `token`."""
+        self.tokens.append(token)
+        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+        safe = len(text) - self.hold_back
+        # One token can complete a stop string and run past it: the answer ends where the stop string starts.
+        cut = min((i for i in (text.find(stop) for stop in self.stop_strings) if i >= 0), default=-1)
+        if cut >= 0:
+            safe = min(safe, cut)
+        if text.endswith("\ufffd"):
+            safe = min(safe, len(text) - 1)
+        if safe <= len(self.sent) or not text.startswith(self.sent):
+            return ""
+        delta = text[len(self.sent) : safe]
+        self.sent += delta
+        return delta
+
+    def rest(self, final_text: str) -> str:
+        """What is left to send of the choice's final text (stop sequence cut off)."""
+        return final_text[len(self.sent) :] if final_text.startswith(self.sent) else ""
 
 
 def _usage(pending: PendingGeneration, choices: list[Generated]) -> oa.Usage:

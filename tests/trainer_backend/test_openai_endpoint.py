@@ -5,6 +5,7 @@ that add up to the answer, and JSON schemas that every output follows."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -124,6 +125,30 @@ def test_seeded_samples_repeat_and_a_stream_adds_up_to_the_answer(oai: openai.Op
         for choice in chunk.choices:
             streamed[choice.index] += choice.text
     assert streamed == first
+
+
+def test_a_stream_sends_text_as_the_tokens_are_drawn(oai: openai.OpenAI) -> None:
+    """400 tokens that cannot stop early: the first text arrives long before the last."""
+    started = time.monotonic()
+    arrivals = []
+    for chunk in oai.completions.create(
+        model=TINY, prompt=PROMPT, max_tokens=400, temperature=1.0, seed=1, stream=True, extra_body={"ignore_eos": True}
+    ):
+        if chunk.choices[0].text:
+            arrivals.append(time.monotonic() - started)
+    total = time.monotonic() - started
+    assert len(arrivals) > 20
+    assert arrivals[0] < 0.5 * total, (arrivals[0], total)
+
+
+def test_a_stream_with_stop_strings_adds_up_to_the_answer_without_them(oai: openai.OpenAI) -> None:
+    asked = {"model": TINY, "prompt": PROMPT, "max_tokens": 30, "temperature": 1.0, "seed": 4}
+    free = oai.completions.create(**asked).choices[0].text
+    stop = free[10:13]  # a piece of the text the seed gives, so the answer stops there
+    answer = oai.completions.create(**asked, stop=[stop]).choices[0]
+    assert answer.finish_reason == "stop" and stop not in answer.text and free.startswith(answer.text)
+    streamed = "".join(chunk.choices[0].text for chunk in oai.completions.create(**asked, stop=[stop], stream=True))
+    assert streamed == answer.text
 
 
 def test_chat_renders_the_given_template_and_answers_as_the_completion_of_it(

@@ -86,6 +86,8 @@ class SamplingRequest:
     topk_prompt_logprobs: int = 0  # k > 0 returns the k most likely tokens at each prompt position
     # Makes each sample's constraint (structured output); a sample ends when its constraint is finished.
     constraint: Callable[[], TokenConstraint] | None = None
+    # Called with (sample index, token) as each token is drawn, on the engine's thread (streaming).
+    on_token: Callable[[int, int], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -541,6 +543,8 @@ def _decode(
             constraint = constraint_R[row]
             if constraint is not None:
                 constraint.advance(token)
+            if request.on_token is not None:
+                request.on_token(s, token)
             if (
                 token in stop_ids[j]
                 or (constraint is not None and constraint.finished())

@@ -56,6 +56,8 @@ class GenerationRequest(BaseModel):
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=-(2**63), lt=2**63)
     response_format: ResponseFormat | None = None
+    # vLLM's extension: go on past EOS until max_tokens or a stop string.
+    ignore_eos: bool = False
 
     def unsupported_fields(self) -> list[str]:
         """The fields given that this server cannot honour: unknown ones, and known ones away from neutral."""
