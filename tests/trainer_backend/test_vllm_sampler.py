@@ -31,6 +31,8 @@ if not VLLM_PYTHON and os.environ.get("REQUIRE_VLLM") == "1":
     raise RuntimeError("REQUIRE_VLLM=1 but VLLM_PYTHON does not name vLLM's interpreter")
 pytestmark = [
     pytest.mark.slow,
+    # One worker runs them all, so one vLLM server serves the module (pytest-xdist's loadgroup).
+    pytest.mark.xdist_group("vllm"),
     pytest.mark.skipif(not VLLM_PYTHON, reason="vLLM's environment is not installed here (set VLLM_PYTHON)"),
 ]
 KEY = "tml-vllm-tests"
