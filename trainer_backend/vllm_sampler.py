@@ -179,7 +179,8 @@ class VllmSampler:
         self.stats = SamplerStats()
         # Adapters vLLM holds, least recently used first: name -> folder.
         self._adapters: OrderedDict[str, Path] = OrderedDict()
-        self._adapters_lock = threading.Lock()
+        # Reentrant: a load that finds vLLM down recovers it, which clears the adapters under the same lock.
+        self._adapters_lock = threading.RLock()
         if self.process is not None:
             self.process.start()
 
