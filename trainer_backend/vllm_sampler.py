@@ -12,8 +12,10 @@ device worker's queue; a request whose adapter vLLM no longer holds (it restarte
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import socket
 import subprocess
 import threading
@@ -93,8 +95,14 @@ class VllmProcess:
         environment.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         log.info("starting vLLM: %s", " ".join(self.command()))
         with self.settings.log_path.open("ab") as output:
+            # A session (process group) of its own: vLLM's engine runs in child processes, which must go with it.
             self.process = subprocess.Popen(
-                self.command(), stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=environment
+                self.command(),
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=environment,
+                start_new_session=True,
             )
         self._wait_until_healthy()
 
@@ -141,14 +149,20 @@ class VllmProcess:
             return False
 
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
+        """Stop vLLM and its engine processes; those of a server that crashed are left running by it otherwise."""
+        if self.process is None:
             return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        if self.process.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=30)
+        self._signal_group(signal.SIGKILL)
+        self.process.wait()
+
+    def _signal_group(self, signum: int) -> None:
+        assert self.process is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signum)
 
 
 def _tail(path: Path, lines: int = 20) -> str:
@@ -280,9 +294,10 @@ class VllmSampler:
                     self.load_adapter(*adapter)
                 continue
             except httpx.HTTPError as error:
-                self._recover()
+                # This request fails now; vLLM comes back meanwhile, and requests that find it starting wait for it.
+                threading.Thread(target=self._recover, name="vllm-restart", daemon=True).start()
                 raise VllmUnavailableError(
-                    f"vLLM stopped answering during this request ({type(error).__name__}); it has been started "
+                    f"vLLM stopped answering during this request ({type(error).__name__}); it is being started "
                     "again, submit the request again"
                 ) from None
             if response.status_code == 404 and adapter is not None and attempt == 1:
