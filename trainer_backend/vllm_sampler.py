@@ -247,15 +247,17 @@ class VllmSampler:
             started = time.monotonic()
             with self.stats._lock:
                 self.stats.in_flight += 1
+            outcome: SamplingResult | Exception
             try:
-                done(self.sample(request, adapter, stop_at_eos))
+                outcome = self.sample(request, adapter, stop_at_eos)
             except Exception as error:
-                done(error)
-            finally:
-                with self.stats._lock:
-                    self.stats.in_flight -= 1
-                    self.stats.requests += 1
-                    self.stats.busy_seconds += time.monotonic() - started
+                outcome = error
+            # Counted before the future resolves, so that a client reading the status after its answer sees it.
+            with self.stats._lock:
+                self.stats.in_flight -= 1
+                self.stats.requests += 1
+                self.stats.busy_seconds += time.monotonic() - started
+            done(outcome)
 
         self.pool.submit(run)
 
