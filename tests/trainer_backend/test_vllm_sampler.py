@@ -176,8 +176,10 @@ def test_a_killed_vllm_is_started_again_and_only_the_request_it_cut_off_fails(
     long = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=2000, temperature=1.0, stop=[]))
     deadline = time.monotonic() + 60
     while status_of(vllm_server, KEY)["sampler"]["in_flight"] == 0:
+        assert not long.done(), f"the long request ended before vLLM was killed: {long.exception() or 'answered'}"
         assert time.monotonic() < deadline, "the long request never reached vLLM"
         time.sleep(0.05)
+    time.sleep(0.5)  # from the pool's thread into vLLM
 
     crashed = vllm_server.service.vllm.process.process
     crashed.kill()  # the API server alone, as a crash leaves it: its engine processes live on
