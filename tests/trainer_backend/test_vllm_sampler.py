@@ -166,14 +166,15 @@ def test_an_adapter_that_trains_the_unembedding_is_refused_by_name(on_vllm: tink
         training.save_weights_for_sampler("with-unembedding").result(timeout=60)
 
 
-def test_a_killed_vllm_is_started_again_and_only_the_request_it_cut_off_fails(
+def test_a_killed_vllm_is_started_again_and_nothing_but_the_request_it_cut_off_is_lost(
     vllm_server: RunningServer, on_vllm: tinker.ServiceClient
 ) -> None:
     sampler = trained_sampler(on_vllm, 3, SQL)
     prompt = prompt_of(on_vllm)
     before = sampler.sample(prompt, 1, GREEDY).result(timeout=120)
-    # Long enough (no stop, nearly the whole context) to be in vLLM when it dies.
-    long = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=2000, temperature=1.0, stop=[]))
+    # Long enough to be in vLLM when it dies: 32 samples of up to nearly the whole context (the SDK does not send an
+    # empty stop list, so EOS may end each; the longest of 32 runs far).
+    long = sampler.sample(prompt, 32, types.SamplingParams(max_tokens=2000, temperature=1.0))
     deadline = time.monotonic() + 60
     while status_of(vllm_server, KEY)["sampler"]["in_flight"] == 0:
         assert not long.done(), f"the long request ended before vLLM was killed: {long.exception() or 'answered'}"
@@ -183,8 +184,11 @@ def test_a_killed_vllm_is_started_again_and_only_the_request_it_cut_off_fails(
 
     crashed = vllm_server.service.vllm.process.process
     crashed.kill()  # the API server alone, as a crash leaves it: its engine processes live on
-    with pytest.raises(tinker.RequestFailedError, match="vLLM stopped answering during this request"):
-        long.result(timeout=300)
+    # The request in flight fails by name, or (when it had not reached vLLM yet) is sent again once vLLM is back.
+    try:
+        assert len(long.result(timeout=300).sequences) == 32
+    except tinker.RequestFailedError as error:
+        assert "vLLM stopped answering during this request" in str(error)
 
     after = sampler.sample(prompt, 1, GREEDY).result(timeout=300)  # waits for the restart; its adapter loads again
     assert_same(after, before)
