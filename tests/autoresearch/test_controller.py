@@ -98,7 +98,7 @@ def test_a_study_whose_llm_is_a_real_model_under_a_json_schema_finishes_its_budg
     that fits (a random model can write one, such as empty params and weights) runs as the LLM's trial, one that
     does not is recorded with its reason and TPE fills the slot."""
     monkeypatch.setenv("BACKEND_LLM_KEY", "tml-local")
-    # The tiny model's context (2048) holds the prompt (about 1,760 of its tokens) and this many more.
+    # The tiny model's context (2048) holds the prompt (about 820 of its tokens) and this many more.
     llm = {
         "base_url": f"{backend_url}/v1",
         "model": "tiny-gemma3",

@@ -24,8 +24,13 @@ from autoresearch.spec import StudySpec, load_study_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
-TARGETS = {"base": K8S / "base", "local": K8S / "overlays" / "local", "gke": K8S / "overlays" / "gke"}
-OVERLAYS = ["local", "gke"]
+TARGETS = {
+    "base": K8S / "base",
+    "local": K8S / "overlays" / "local",
+    "gke": K8S / "overlays" / "gke",
+    "gke-llm": K8S / "overlays" / "gke-llm",
+}
+OVERLAYS = ["local", "gke", "gke-llm"]
 KUBERNETES_VERSION = kubernetes_validate.latest_version()
 
 # The image every container but PostgreSQL's runs, as each target sets it.
@@ -33,15 +38,29 @@ PROJECT_IMAGE = {
     "base": "rl-posttrain:latest",
     "local": "rl-posttrain:dev",
     "gke": "REGION-docker.pkg.dev/PROJECT/rl-posttrain/rl-posttrain:TAG",
+    "gke-llm": "REGION-docker.pkg.dev/PROJECT/rl-posttrain/rl-posttrain:TAG",
 }
 POSTGRES_IMAGE = "postgres:15"
 # Objects the operator creates before applying (k8s/README.md), so no key is ever committed: rendered nowhere but in
 # the local overlay's dev-only Secret.
-USER_CREATED = {"base": {("Secret", "rl-posttrain")}, "local": set(), "gke": {("Secret", "rl-posttrain")}}
+USER_CREATED = {
+    "base": {("Secret", "rl-posttrain")},
+    "local": set(),
+    "gke": {("Secret", "rl-posttrain")},
+    "gke-llm": {("Secret", "rl-posttrain")},
+}
 # How each overlay's copy of the spec may differ from the base's, by dotted field.
 OVERLAY_SPEC_CHANGES = {
     "local": {"executor.image", "executor.cpu", "executor.memory"},
     "gke": {"executor.image", "backend"},
+    "gke-llm": {"executor.image", "backend", "llm.base_url", "llm.model", "llm.api_key_env"},
+}
+# Workloads that ask for a GPU, by target; nothing else may, or tolerate the GPU nodes' taint.
+GPU_WORKLOADS = {
+    "base": set(),
+    "local": set(),
+    "gke": {"trainer-backend"},
+    "gke-llm": {"trainer-backend", "proposer-llm"},
 }
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PersistentVolume", "StorageClass"}
 BACKEND_PORT = 8000
@@ -239,7 +258,9 @@ def test_backend_pods_invite_prometheus_to_scrape_metrics(rendered: dict, target
     assert annotations["prometheus.io/port"] == str(BACKEND_PORT)
 
 
-@pytest.mark.parametrize(("target", "device"), [("base", "auto"), ("local", "cpu"), ("gke", "auto")])
+@pytest.mark.parametrize(
+    ("target", "device"), [("base", "auto"), ("local", "cpu"), ("gke", "auto"), ("gke-llm", "auto")]
+)
 def test_backend_serves_on_all_interfaces_with_the_api_key(rendered: dict, target: str, device: str) -> None:
     _, container = backend(rendered[target])
     command = expanded_command(container)
@@ -250,8 +271,9 @@ def test_backend_serves_on_all_interfaces_with_the_api_key(rendered: dict, targe
     assert api_key["valueFrom"]["secretKeyRef"] == {"name": "rl-posttrain", "key": "api-key"}
 
 
-def test_gke_backend_gets_a_gpu_on_a_gpu_node(rendered: dict) -> None:
-    statefulset, container = backend(rendered["gke"])
+@pytest.mark.parametrize("target", ["gke", "gke-llm"])
+def test_gke_backend_gets_a_gpu_on_a_gpu_node(rendered: dict, target: str) -> None:
+    statefulset, container = backend(rendered[target])
     pod = statefulset["spec"]["template"]["spec"]
     assert container["resources"]["requests"]["nvidia.com/gpu"] == "1"
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
@@ -273,10 +295,41 @@ def test_gke_backend_samples_with_vllm_beside_it_on_its_gpu(rendered: dict) -> N
         assert "TRAINER_BACKEND_SAMPLER" not in {e["name"] for e in plain["env"]}
 
 
+def test_the_gke_llm_controller_reaches_a_vllm_instruct_model_on_its_own_gpu(rendered: dict) -> None:
+    docs = rendered["gke-llm"]
+    llm = study_spec(docs)["llm"]
+    url = urlsplit(llm["base_url"])
+    service = find(docs, "Service", url.hostname)
+    deployment = find(docs, "Deployment", url.hostname)
+    pod = deployment["spec"]["template"]["spec"]
+    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    (port,) = service["spec"]["ports"]
+    (container,) = pod["containers"]
+    assert url.port == port["port"] and url.path == "/v1"
+    assert port["targetPort"] in [p["name"] for p in container["ports"]]
+    command = container["command"]
+    assert command[:3] == ["/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert flag(command, "--served-model-name") == llm["model"] and flag(command, "--port") == str(url.port)
+    assert flag(command, "--host") == "0.0.0.0" and float(flag(command, "--gpu-memory-utilization")) < 1
+    # The controller's key for it is the one vLLM checks: the same Secret key.
+    _, controller_container = controller(docs)
+    key_of = {
+        "controller": {e["name"]: e.get("valueFrom") for e in controller_container["env"]}[llm["api_key_env"]],
+        "proposer": {e["name"]: e.get("valueFrom") for e in container["env"]}["VLLM_API_KEY"],
+    }
+    assert key_of["controller"] == key_of["proposer"] == {"secretKeyRef": {"name": "rl-posttrain", "key": "api-key"}}
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert "llm" not in study_spec(rendered["gke"]) and not [
+        d for d in rendered["gke"] if d["metadata"]["name"] == url.hostname
+    ]
+
+
 @pytest.mark.parametrize("target", TARGETS)
-def test_nothing_but_the_gke_backend_asks_for_a_gpu(rendered: dict, target: str) -> None:
+def test_nothing_but_the_gpu_workloads_asks_for_a_gpu(rendered: dict, target: str) -> None:
     for workload, pod in pod_specs(rendered[target]):
-        if target == "gke" and workload["metadata"]["name"] == "trainer-backend":
+        if workload["metadata"]["name"] in GPU_WORKLOADS[target]:
             continue
         assert not any(t.get("key") == "nvidia.com/gpu" for t in pod.get("tolerations", [])), workload["metadata"]
         for container in containers(pod):
@@ -398,7 +451,11 @@ def test_trial_pods_get_no_api_token_and_no_role(rendered: dict, target: str) ->
 
 @pytest.mark.parametrize(
     ("target", "modes", "storage_class"),
-    [("local", ["ReadWriteOnce"], None), ("gke", ["ReadWriteMany"], "standard-rwx")],
+    [
+        ("local", ["ReadWriteOnce"], None),
+        ("gke", ["ReadWriteMany"], "standard-rwx"),
+        ("gke-llm", ["ReadWriteMany"], "standard-rwx"),
+    ],
 )
 def test_the_runs_volume_is_shared_where_pods_spread_across_nodes(
     rendered: dict, target: str, modes: list[str], storage_class: str | None

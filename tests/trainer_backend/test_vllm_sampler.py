@@ -1,14 +1,11 @@
 """`--sampler vllm`: a real vLLM server (the CPU build, in its own environment) samples for the backend, and answers
 as the built-in engine answers: greedy tokens and logprobs, prompt logprobs, trained adapters (two in one batch),
-seeds, stop tokens and strings; a killed vLLM is started again and only the request it cut off fails.
-
-vLLM lives in a second virtual environment (its pins clash with ours): `VLLM_PYTHON` names its interpreter, as
-`.ci/run` sets it. Without it the module is skipped here, never in CI (`REQUIRE_VLLM=1`).
+seeds, stop tokens and strings; a killed vLLM is started again and only the request it cut off fails. vLLM's
+environment: tests/support/vllm.py.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +15,7 @@ import pytest
 import tinker
 from conftest import LOGPROB_ROUNDING, SQL, datum_for, next_token_datum, status_of
 from support.backends import TINY, tiny_server_config
+from support.vllm import NEEDS_VLLM, VLLM_PYTHON
 from tinker import types
 
 from trainer_backend.checkpoints import CheckpointPath
@@ -26,15 +24,7 @@ from trainer_backend.engine.sampling import SamplingRequest
 from trainer_backend.models.gemma import GEMMA_3_270M
 from trainer_backend.server import RunningServer, running_server
 
-VLLM_PYTHON = os.environ.get("VLLM_PYTHON")
-if not VLLM_PYTHON and os.environ.get("REQUIRE_VLLM") == "1":
-    raise RuntimeError("REQUIRE_VLLM=1 but VLLM_PYTHON does not name vLLM's interpreter")
-pytestmark = [
-    pytest.mark.slow,
-    # One worker runs them all, so one vLLM server serves the module (pytest-xdist's loadgroup).
-    pytest.mark.xdist_group("vllm"),
-    pytest.mark.skipif(not VLLM_PYTHON, reason="vLLM's environment is not installed here (set VLLM_PYTHON)"),
-]
+pytestmark = NEEDS_VLLM
 KEY = "tml-vllm-tests"
 GREEDY = types.SamplingParams(max_tokens=10, temperature=0.0)
 

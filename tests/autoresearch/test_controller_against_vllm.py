@@ -1,0 +1,90 @@
+"""The controller's LLM is a second real server: vLLM's own OpenAI endpoint (the CPU build, its own environment) on
+the tiny model, with a chat template given, answering proposals under the proposal's JSON schema with vLLM's
+structured output. As with the backend's own /v1 (test_controller.py), every reply follows the schema, each
+candidate is judged against the search space, and the study finishes its budget."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+from support.backends import GEMMA_CHAT_TEMPLATE, TINY
+from support.vllm import NEEDS_VLLM, VLLM_PYTHON
+from test_controller import run_study_with_llm, tiny_spec
+
+from autoresearch.proposer import Proposal
+from autoresearch.search import distributions
+from trainer_backend.models.registry import default_cache_root, resolve_base_model
+from trainer_backend.vllm_sampler import VllmProcess, VllmSettings
+
+pytestmark = NEEDS_VLLM
+# The tiny model's context (2048) holds the proposal prompt (about 820 tokens) and this many more.
+MAX_TOKENS = 1024
+
+
+class ChatServingVllm(VllmProcess):
+    """The backend's vLLM process, serving chat as a proposer's server would: with a chat template (the tiny model has
+    none) and llguidance for structured output (vLLM's default, xgrammar, can leave raw control characters inside a
+    JSON string, which strict JSON refuses; k8s/overlays/gke-llm makes the same choice)."""
+
+    def command(self) -> list[str]:
+        structured = '{"backend": "guidance", "disable_any_whitespace": true}'
+        template = str(GEMMA_CHAT_TEMPLATE)
+        return [*super().command(), "--chat-template", template, "--structured-outputs-config", structured]
+
+
+@pytest.fixture(scope="module")
+def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    folder = resolve_base_model(TINY, default_cache_root()).folder
+    log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    process = ChatServingVllm(VllmSettings(folder, TINY, python=Path(str(VLLM_PYTHON)), log_path=log_path))
+    process.start()
+    try:
+        yield process.url
+    finally:
+        process.stop()
+
+
+def test_vllms_replies_under_the_proposal_schema_parse_as_proposals(vllm_url: str) -> None:
+    """The random model writes long random strings, so some replies run out of tokens; every one that ends, parses."""
+    client = openai.OpenAI(base_url=f"{vllm_url}/v1", api_key="unused")
+    reply = client.chat.completions.create(
+        model=TINY,
+        messages=[{"role": "user", "content": "Propose two candidates."}],
+        n=8,
+        max_tokens=MAX_TOKENS,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "Proposal", "schema": Proposal.model_json_schema(), "strict": True},
+        },
+    )
+    ended = [choice.message.content for choice in reply.choices if choice.finish_reason == "stop"]
+    assert ended, [choice.finish_reason for choice in reply.choices]
+    for content in ended:
+        assert Proposal.model_validate_json(content).candidates
+
+
+def test_a_study_whose_llm_is_vllms_own_endpoint_under_a_json_schema_finishes_its_budget(
+    vllm_url: str, backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VLLM_LLM_KEY", "unused-vllm-has-no-key")
+    llm = {
+        "base_url": f"{vllm_url}/v1",
+        "model": TINY,
+        "api_key_env": "VLLM_LLM_KEY",
+        "max_retries": 0,
+        "max_tokens": MAX_TOKENS,
+    }
+    budget = {**tiny_spec(tmp_path, backend_url).budget.model_dump(), "trials": 2, "steps_per_trial": 1}
+    spec = tiny_spec(tmp_path, backend_url, llm=llm, budget=budget)
+    study = run_study_with_llm(spec, backend_url, tmp_path)
+
+    trials = study.get_trials(deepcopy=False)
+    assert all(set(t.params) <= set(distributions(spec)) for t in trials)
+    rejected = study.user_attrs.get("rejected_proposals", [])
+    sources = [t.user_attrs["source"] for t in trials]
+    assert rejected or "llm" in sources, (rejected, sources)
+    # vLLM took the schema (no refusal, no JSON mode), and each reply parsed or ran out of tokens inside it.
+    assert all(" rejected: " in r or f"was cut off at {MAX_TOKENS} tokens" in r for r in rejected), rejected
