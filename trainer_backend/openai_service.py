@@ -19,10 +19,9 @@ from transformers import PreTrainedTokenizerBase
 from trainer_backend.checkpoints import CheckpointKind
 from trainer_backend.engine.model_engine import SamplerCall
 from trainer_backend.engine.sampling import SamplingRequest
-from trainer_backend.engine.types import TokenConstraint
 from trainer_backend.errors import NotFoundError, UserInputError
 from trainer_backend.service import Submitted, TrainingService
-from trainer_backend.structured_output import JsonSchemaConstraints
+from trainer_backend.structured_output import JsonSchemaConstraint, JsonSchemaConstraints
 from trainer_backend.wire import openai as oa
 from trainer_backend.wire.proto import decode_sample_response
 
@@ -160,7 +159,7 @@ class OpenAIInference:
         submitted = self.service.submit_sampling(owner, call, f"openai:{owner}", body, key=None)
         return PendingGeneration(submitted, request.model, len(prompt), sampling.stop_strings, int(time.time()))
 
-    def _constraint(self, response_format: oa.ResponseFormat | None) -> Callable[[], TokenConstraint] | None:
+    def _constraint(self, response_format: oa.ResponseFormat | None) -> JsonSchemaConstraint | None:
         if response_format is None or response_format.type == "text":
             return None
         if response_format.type == "json_object":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import llguidance
@@ -36,21 +36,32 @@ class JsonSchemaConstraints:
         self.tokenizer = llguidance.hf.from_tokenizer(tokenizer)
         self.vocab_size = vocab_size
 
-    def for_schema(self, schema: dict[str, Any] | None, where: str) -> Callable[[], TokenConstraint]:
+    def for_schema(self, schema: dict[str, Any] | None, where: str) -> JsonSchemaConstraint:
         """A factory of constraints to `schema` (None: any JSON object), one per sampled sequence.
 
         Raises:
             UserInputError: the schema is not one llguidance can compile; the message names `where` and why.
         """
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(
-            json.dumps(ANY_OBJECT if schema is None else schema), defaults=COMPACT
-        )
+        schema = ANY_OBJECT if schema is None else schema
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=COMPACT)
         problem = llguidance.LLMatcher.validate_grammar(grammar, self.tokenizer)
         if problem and not problem.startswith("WARNING"):
             raise UserInputError(f"{where} is not a JSON schema this server can follow: {problem}")
-        return lambda: _MatcherConstraint(
-            llguidance.LLMatcher(self.tokenizer, grammar), self.tokenizer, self.vocab_size
-        )
+        return JsonSchemaConstraint(schema, grammar, self.tokenizer, self.vocab_size)
+
+
+@dataclass(frozen=True)
+class JsonSchemaConstraint:
+    """Output that follows one JSON schema: called, a fresh constraint for one sequence (the built-in engine draws
+    through it); `schema` is for an engine that compiles its own (vLLM, with llguidance too)."""
+
+    schema: dict[str, Any]
+    grammar: str
+    tokenizer: llguidance.LLTokenizer
+    vocab_size: int
+
+    def __call__(self) -> TokenConstraint:
+        return _MatcherConstraint(llguidance.LLMatcher(self.tokenizer, self.grammar), self.tokenizer, self.vocab_size)
 
 
 class _MatcherConstraint:

@@ -30,6 +30,7 @@ import httpx
 
 from trainer_backend.engine.sampling import SampledSequence, SamplingRequest, SamplingResult
 from trainer_backend.errors import ServerError, UserInputError
+from trainer_backend.structured_output import JsonSchemaConstraint
 from trainer_backend.wire.status import SamplerStatus
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,9 @@ class VllmProcess:
             "--served-model-name", s.served_name, "--host", "127.0.0.1", "--port", str(self.port), "--dtype", dtype,
             "--enforce-eager", "--enable-lora", "--max-loras", str(s.max_loras),
             "--max-lora-rank", str(s.max_lora_rank), "--logprobs-mode", "processed_logprobs",
+            # Structured output through llguidance, compact as the built-in engine's: vLLM's default (xgrammar) can
+            # leave raw control characters inside a JSON string, which strict JSON refuses.
+            "--structured-outputs-config", '{"backend": "guidance", "disable_any_whitespace": true}',
         ]  # fmt: skip
         if s.device != "cpu":
             command += ["--gpu-memory-utilization", str(s.gpu_memory_share)]
@@ -263,8 +267,8 @@ class VllmSampler:
 
     def check(self, request: SamplingRequest) -> None:
         """Raises UserInputError for what vLLM cannot serve as the built-in engine would, before it is queued."""
-        if request.constraint is not None:
-            raise UserInputError("structured output (response_format) is served by --sampler builtin only, for now")
+        if request.constraint is not None and not isinstance(request.constraint, JsonSchemaConstraint):
+            raise UserInputError("this structured output is served by --sampler builtin only")
 
     def status(self) -> SamplerStatus:
         with self.stats._lock:
@@ -348,6 +352,9 @@ def _completion_body(request: SamplingRequest, model: str, stop_at_eos: bool) ->
         body["stop"] = list(request.stop_strings)
     if request.prompt_logprobs or request.topk_prompt_logprobs:
         body["prompt_logprobs"] = request.topk_prompt_logprobs
+    if isinstance(request.constraint, JsonSchemaConstraint):
+        # vLLM masks the logits before it samples, so logprobs are of the constrained distribution, as built in.
+        body["structured_outputs"] = {"json": request.constraint.schema}
     return body
 
 

@@ -6,6 +6,7 @@ environment: tests/support/vllm.py.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -187,17 +188,40 @@ def test_a_killed_vllm_is_started_again_and_nothing_but_the_request_it_cut_off_i
     assert sampler_status["engine"] == "vllm" and sampler_status["restarts"] == 1 and sampler_status["in_flight"] == 0
 
 
-def test_structured_output_through_vllm_is_refused_by_name(vllm_server: RunningServer) -> None:
+SETTINGS_SCHEMA = {
+    "type": "object",
+    "properties": {"rank": {"type": "integer", "minimum": 1, "maximum": 64}, "loss": {"enum": ["ppo", "dro"]}},
+    "required": ["rank", "loss"],
+    "additionalProperties": False,
+}
+
+
+def test_structured_output_through_vllm_follows_the_schema_as_the_builtin_engine_does(
+    vllm_server: RunningServer, server: RunningServer
+) -> None:
+    """Both engines mask with llguidance, compactly: greedy answers under a JSON schema are the same text, with the
+    same logprobs (those of the constrained distribution), and parse and validate."""
     import openai
 
-    client = openai.OpenAI(base_url=f"{vllm_server.url}/v1", api_key=KEY, max_retries=0)
-    answer = client.completions.create(model=TINY, prompt="SELECT", max_tokens=4, temperature=0)
-    assert answer.choices[0].text is not None
-    with pytest.raises(openai.BadRequestError, match="--sampler builtin"):
-        client.completions.create(
-            model=TINY, prompt="SELECT", max_tokens=4, extra_body={"response_format": {"type": "json_object"}}
+    answers = []
+    for running in (vllm_server, server):
+        client = openai.OpenAI(base_url=f"{running.url}/v1", api_key=KEY, max_retries=0)
+        answers.append(
+            client.completions.create(
+                model=TINY,
+                prompt=SQL,
+                max_tokens=30,
+                temperature=0,
+                logprobs=0,
+                extra_body={"response_format": {"type": "json_schema", "json_schema": {"schema": SETTINGS_SCHEMA}}},
+            ).choices[0]
         )
-    assert Path(vllm_server.service.config.storage_root, "vllm.log").exists()
+    on_vllm, on_builtin = answers
+    assert on_vllm.finish_reason == "stop", on_vllm.text
+    settings = json.loads(on_vllm.text)
+    assert set(settings) == {"rank", "loss"} and 1 <= settings["rank"] <= 64 and settings["loss"] in ("ppo", "dro")
+    assert on_vllm.text == on_builtin.text
+    assert on_vllm.logprobs.token_logprobs == pytest.approx(on_builtin.logprobs.token_logprobs, abs=LOGPROB_ROUNDING)
 
 
 def test_gemma_greedy_tokens_through_vllm_are_the_builtin_engines(tmp_path: Path) -> None:
