@@ -90,6 +90,35 @@ def test_a_study_runs_its_budget_with_llm_proposals_rejections_pruning_and_notes
     assert "PPO with a format bonus did no better" in get_note(study)
 
 
+def run_study_with_a_real_llm(
+    llm_url: str, backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, max_tokens: int
+) -> None:
+    """A two-trial study whose LLM is a real model at `llm_url` (the tiny one, on a server that needs no key of
+    ours or takes `tml-local`), asked under the proposal's JSON schema. Checks that the LLM's answers were used and
+    each followed the schema: it parsed and was judged against the search space, or the model was still inside the
+    schema when its token budget ran out; none was refused by the server or failed to parse."""
+    monkeypatch.setenv("REAL_LLM_KEY", "tml-local")
+    llm = {
+        "base_url": f"{llm_url}/v1",
+        "model": "tiny-gemma3",
+        "api_key_env": "REAL_LLM_KEY",
+        "max_retries": 0,
+        "max_tokens": max_tokens,
+    }
+    budget = {**tiny_spec(tmp_path, backend_url).budget.model_dump(), "trials": 2, "steps_per_trial": 1}
+    spec = tiny_spec(tmp_path, backend_url, llm=llm, budget=budget)
+    study = run_study_with_llm(spec, backend_url, tmp_path)
+
+    trials = study.get_trials(deepcopy=False)
+    assert all(set(t.params) <= set(distributions(spec)) for t in trials)
+    rejected = study.user_attrs.get("rejected_proposals", [])
+    sources = [t.user_attrs["source"] for t in trials]
+    # A candidate ran as the LLM's trial, or was rejected with a reason.
+    assert rejected or "llm" in sources, (rejected, sources)
+    assert all(" rejected: " in r or f"was cut off at {max_tokens} tokens" in r for r in rejected), rejected
+    assert set(sources) <= {"llm", "sampler"}
+
+
 def test_a_study_whose_llm_is_a_real_model_under_a_json_schema_finishes_its_budget(
     backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -97,33 +126,8 @@ def test_a_study_whose_llm_is_a_real_model_under_a_json_schema_finishes_its_budg
     proposal's JSON schema, so each reply parses. What it proposes is judged against the search space: a candidate
     that fits (a random model can write one, such as empty params and weights) runs as the LLM's trial, one that
     does not is recorded with its reason and TPE fills the slot."""
-    monkeypatch.setenv("BACKEND_LLM_KEY", "tml-local")
     # The tiny model's context (2048) holds the prompt (about 820 of its tokens) and this many more.
-    llm = {
-        "base_url": f"{backend_url}/v1",
-        "model": "tiny-gemma3",
-        "api_key_env": "BACKEND_LLM_KEY",
-        "max_retries": 0,
-        "max_tokens": 256,
-    }
-    spec = tiny_spec(
-        tmp_path,
-        backend_url,
-        llm=llm,
-        budget={**tiny_spec(tmp_path, backend_url).budget.model_dump(), "trials": 2, "steps_per_trial": 1},
-    )
-    study = run_study_with_llm(spec, backend_url, tmp_path)
-
-    trials = study.get_trials(deepcopy=False)
-    assert all(set(t.params) <= set(distributions(spec)) for t in trials)
-    rejected = study.user_attrs.get("rejected_proposals", [])
-    sources = [t.user_attrs["source"] for t in trials]
-    # The LLM was asked and its answer used: a candidate ran, or was rejected with a reason.
-    assert rejected or "llm" in sources, (rejected, sources)
-    # Each reply followed the schema: it parsed and was judged against the search space, or the model was still
-    # inside the schema when its token budget ran out. None was refused by the server or failed to parse.
-    assert all(" rejected: " in r or "was cut off at 256 tokens" in r for r in rejected), rejected
-    assert set(sources) <= {"llm", "sampler"}
+    run_study_with_a_real_llm(backend_url, backend_url, tmp_path, monkeypatch, max_tokens=256)
 
 
 def count_ended(storage: str, study_name: str) -> int:

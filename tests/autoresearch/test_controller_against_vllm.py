@@ -12,10 +12,9 @@ import openai
 import pytest
 from support.backends import GEMMA_CHAT_TEMPLATE, TINY
 from support.vllm import NEEDS_VLLM, VLLM_PYTHON
-from test_controller import run_study_with_llm, tiny_spec
+from test_controller import run_study_with_a_real_llm
 
 from autoresearch.proposer import Proposal
-from autoresearch.search import distributions
 from trainer_backend.models.registry import default_cache_root, resolve_base_model
 from trainer_backend.vllm_sampler import VllmProcess, VllmSettings
 
@@ -66,22 +65,4 @@ def test_vllms_replies_under_the_proposal_schema_parse_as_proposals(vllm_url: st
 def test_a_study_whose_llm_is_vllms_own_endpoint_under_a_json_schema_finishes_its_budget(
     vllm_url: str, backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("VLLM_LLM_KEY", "unused-vllm-has-no-key")
-    llm = {
-        "base_url": f"{vllm_url}/v1",
-        "model": TINY,
-        "api_key_env": "VLLM_LLM_KEY",
-        "max_retries": 0,
-        "max_tokens": MAX_TOKENS,
-    }
-    budget = {**tiny_spec(tmp_path, backend_url).budget.model_dump(), "trials": 2, "steps_per_trial": 1}
-    spec = tiny_spec(tmp_path, backend_url, llm=llm, budget=budget)
-    study = run_study_with_llm(spec, backend_url, tmp_path)
-
-    trials = study.get_trials(deepcopy=False)
-    assert all(set(t.params) <= set(distributions(spec)) for t in trials)
-    rejected = study.user_attrs.get("rejected_proposals", [])
-    sources = [t.user_attrs["source"] for t in trials]
-    assert rejected or "llm" in sources, (rejected, sources)
-    # vLLM took the schema (no refusal, no JSON mode), and each reply parsed or ran out of tokens inside it.
-    assert all(" rejected: " in r or f"was cut off at {MAX_TOKENS} tokens" in r for r in rejected), rejected
+    run_study_with_a_real_llm(vllm_url, backend_url, tmp_path, monkeypatch, MAX_TOKENS)
