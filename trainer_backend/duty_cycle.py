@@ -1,4 +1,5 @@
-"""When the device was busy: recent busy intervals, the busy fraction over a window, and a timeline to plot.
+"""What the engines did: when the device was busy (recent busy intervals, the busy fraction over a window, and a
+timeline to plot), and how many tokens each phase processed.
 
 The scheduler reports each device call's (start, end) when it finishes; the call running now is passed in by
 whoever asks, so a long call counts as busy while it runs, not only once it ends.
@@ -43,3 +44,21 @@ class DutyCycle:
         now = time.monotonic() if now is None else now
         busy = sum(end - start for start, end in self.intervals(now - window_s, running_since, now))
         return min(1.0, busy / window_s)
+
+
+class TokenCounts:
+    """Tokens processed by phase since start; thread-safe (vLLM's answers are counted from its pool's threads)."""
+
+    PHASES = ("forward_backward", "sample_prompt", "sample_generated")
+
+    def __init__(self) -> None:
+        self._counts = dict.fromkeys(self.PHASES, 0)
+        self._lock = threading.Lock()
+
+    def add(self, phase: str, tokens: int) -> None:
+        with self._lock:
+            self._counts[phase] += tokens
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)

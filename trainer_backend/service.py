@@ -22,7 +22,7 @@ from typing import Protocol, TypeVar
 
 from trainer_backend.checkpoints import CheckpointInfo, CheckpointKind, CheckpointPath, CheckpointStore, validate_name
 from trainer_backend.config import ServerConfig
-from trainer_backend.duty_cycle import DutyCycle
+from trainer_backend.duty_cycle import DutyCycle, TokenCounts
 from trainer_backend.engine.adapters import saved_adapter_settings
 from trainer_backend.engine.model_engine import ForwardBackwardCall, ModelEngine, SamplerCall
 from trainer_backend.engine.sampling import SamplingInputError, SamplingRequest, SamplingResult
@@ -140,7 +140,7 @@ class TrainingService:
         )
         self.duty_cycle = DutyCycle()
         self.scheduler.on_busy(self.duty_cycle.record)
-        self.tokens_processed = {"forward_backward": 0, "sample_prompt": 0, "sample_generated": 0}
+        self.tokens_processed = TokenCounts()
         self.views = RegistryViews(self.runs, self.checkpoints, self.engine.has_adapter, loaded)
         self.vllm = _vllm_sampler(config, loaded) if config.sampler == "vllm" else None
 
@@ -305,7 +305,7 @@ class TrainingService:
             if isinstance(result, BackendError):
                 outcomes.append(result)
                 continue
-            self.tokens_processed["forward_backward"] += sum(len(d.model_input_tokens) for d in call.datums)
+            self.tokens_processed.add("forward_backward", sum(len(d.model_input_tokens) for d in call.datums))
             outcomes.append((encode_forward_backward_output(result), ResultFormat.PROTO))
         return outcomes
 
@@ -528,8 +528,8 @@ class TrainingService:
                 return
             if prompt_logprobs_last_n is not None:
                 outcome = _keep_last_prompt_logprobs(outcome, prompt_logprobs_last_n)
-            self.tokens_processed["sample_prompt"] += len(call.request.prompt_tokens)
-            self.tokens_processed["sample_generated"] += sum(len(seq.tokens) for seq in outcome.sequences)
+            self.tokens_processed.add("sample_prompt", len(call.request.prompt_tokens))
+            self.tokens_processed.add("sample_generated", sum(len(seq.tokens) for seq in outcome.sequences))
             self.ledger.complete(record.request_id, encode_sample_response(outcome), ResultFormat.PROTO)
 
         adapter = None if folder is None else (str(folder), folder)
@@ -549,8 +549,8 @@ class TrainingService:
                 continue
             if item.prompt_logprobs_last_n is not None:
                 result = _keep_last_prompt_logprobs(result, item.prompt_logprobs_last_n)
-            self.tokens_processed["sample_prompt"] += len(item.call.request.prompt_tokens)
-            self.tokens_processed["sample_generated"] += sum(len(s.tokens) for s in result.sequences)
+            self.tokens_processed.add("sample_prompt", len(item.call.request.prompt_tokens))
+            self.tokens_processed.add("sample_generated", sum(len(s.tokens) for s in result.sequences))
             outcomes.append((encode_sample_response(result), ResultFormat.PROTO))
         return outcomes
 

@@ -52,7 +52,7 @@ class ServiceCollector(Collector):
         adapters.add_metric(["spilled"], self.service.engine.residency.spilled)
         yield adapters
         tokens = CounterMetricFamily("trainer_tokens", "Tokens processed", labels=["phase"])
-        for phase, count in sorted(self.service.tokens_processed.items()):
+        for phase, count in sorted(self.service.tokens_processed.snapshot().items()):
             tokens.add_metric([phase], count)
         yield tokens
         if self.service.vllm is not None:
