@@ -73,6 +73,11 @@ def test_numbers_compare_with_a_tolerance_across_types() -> None:
     assert results_match(result((1 / 3,)), result((0.33333333,)), ordered=False)
     assert not results_match(result((1 / 3,)), result((0.334,)), ordered=False)
     assert results_match(result((True,)), result((1,)), ordered=False)
+    # Integers too, on both sides of the six digits an integer can hold exactly.
+    assert not results_match(result((999_998,)), result((999_999,)), ordered=False)
+    assert results_match(result((999_999,)), result((999_999.0,)), ordered=False)
+    assert results_match(result((1_234_567,)), result((1_234_568,)), ordered=False)
+    assert not results_match(result((1_234_567,)), result((1_235_567,)), ordered=False)
 
 
 def test_dates_match_their_iso_text_and_null_matches_null() -> None:
