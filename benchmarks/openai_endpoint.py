@@ -5,7 +5,8 @@ Run: python benchmarks/openai_endpoint.py [--model gemma-3-270m] [--requests 4] 
 
 Each mode sends `--requests` requests at once (one prompt each, temperature 1, seeded) to one server and waits for
 all; tokens/s is generated tokens over the wall time of the whole round. Prints one line per mode, then the median
-microseconds llguidance takes to fill a token mask over the model's vocabulary while following the schema.
+microseconds llguidance takes to fill a token mask over the model's vocabulary while following the schema, and what
+turning a long stream's tokens into text costs: `IncrementalText` against decoding the whole answer at each token.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from tinker import types  # noqa: E402
 
 from trainer_backend.config import ServerConfig  # noqa: E402
 from trainer_backend.models.registry import GEMMA_3_270M  # noqa: E402
+from trainer_backend.openai_service import IncrementalText  # noqa: E402
 from trainer_backend.server import running_server  # noqa: E402
 from trainer_backend.structured_output import COMPACT  # noqa: E402
 
@@ -77,6 +79,21 @@ def mask_microseconds(tokenizer, steps: int = 200) -> float:
     return statistics.median(times) * 1e6
 
 
+def stream_text_seconds(tokenizer, tokens: int = 2048) -> tuple[float, float]:
+    """Seconds to turn a `tokens`-token answer (this README, tokenized) into streamed text: IncrementalText, and the
+    reference of decoding everything drawn so far at each token."""
+    ids = tokenizer.encode((ROOT / "README.md").read_text(), add_special_tokens=False)[:tokens]
+    started = time.perf_counter()
+    text = IncrementalText(tokenizer, ("\n\n\n",))
+    for token in ids:
+        text.add(token)
+    incremental = time.perf_counter() - started
+    started = time.perf_counter()
+    for end in range(1, len(ids) + 1):
+        tokenizer.decode(ids[:end], skip_special_tokens=True)
+    return incremental, time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=GEMMA_3_270M)
@@ -115,6 +132,8 @@ def main() -> None:
             seconds, tokens = timed_round(send, args.requests)
             print(f"  {name:32s} {tokens:5d} tokens in {seconds:6.1f} s = {tokens / seconds:6.1f} tokens/s")
         print(f"llguidance token mask over {len(tokenizer)} tokens: median {mask_microseconds(tokenizer):.0f} us")
+        incremental, whole = stream_text_seconds(tokenizer)
+        print(f"text of a 2,048-token stream: {incremental * 1e3:.0f} ms; {whole * 1e3:.0f} ms decoding it whole")
 
 
 if __name__ == "__main__":

@@ -248,7 +248,13 @@ class OpenAIInference:
 
 class IncrementalText:
     """One streamed choice's text as its tokens arrive: what may be sent now, holding back what a stop string still
-    forming could cut, or an unfinished multi-byte character."""
+    forming could cut, or an unfinished multi-byte character.
+
+    Each token decodes only the few tokens since the last complete text (the prefix/read offsets of text-generation-
+    inference's streaming): decoding the whole sequence each time would cost time quadratic in its length. Both
+    decodes start at the same token, so a tokenizer that drops a leading space at the start of a decode drops it
+    from both, and their difference is the new text.
+    """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, stop_strings: tuple[str, ...]) -> None:
         self.tokenizer = tokenizer
@@ -256,24 +262,38 @@ class IncrementalText:
         # A stop string may be forming in the last characters: they wait for the next token.
         self.hold_back = max(map(len, stop_strings), default=1) - 1
         self.tokens: list[int] = []
+        self.text = ""  # the decoded text of every complete character so far
         self.sent = ""
+        self._prefix_offset = 0  # where the decodes start
+        self._read_offset = 0  # tokens before this are in `text`
 
     def add(self, token: int) -> str:
         """The text newly safe to send after `token`."""
         self.tokens.append(token)
-        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+        self.text += self._new_text()
+        text = self.text
         safe = len(text) - self.hold_back
-        # One token can complete a stop string and run past it: the answer ends where the stop string starts.
-        cut = min((i for i in (text.find(stop) for stop in self.stop_strings) if i >= 0), default=-1)
+        # One token can complete a stop string and run past it: the answer ends where the stop string starts. A stop
+        # string cannot start inside what was sent (it would have been held back), so the search starts after it.
+        found = (text.find(stop, len(self.sent)) for stop in self.stop_strings)
+        cut = min((i for i in found if i >= 0), default=-1)
         if cut >= 0:
             safe = min(safe, cut)
-        if text.endswith("\ufffd"):
-            safe = min(safe, len(text) - 1)
-        if safe <= len(self.sent) or not text.startswith(self.sent):
+        if safe <= len(self.sent):
             return ""
         delta = text[len(self.sent) : safe]
         self.sent += delta
         return delta
+
+    def _new_text(self) -> str:
+        """The complete characters the tokens since the read offset add; none while a character is unfinished."""
+        decode = self.tokenizer.decode
+        before = decode(self.tokens[self._prefix_offset : self._read_offset], skip_special_tokens=True)
+        after = decode(self.tokens[self._prefix_offset :], skip_special_tokens=True)
+        if len(after) <= len(before) or after.endswith("\ufffd"):
+            return ""
+        self._prefix_offset, self._read_offset = self._read_offset, len(self.tokens)
+        return after[len(before) :]
 
     def rest(self, final_text: str) -> str:
         """What is left to send of the choice's final text (stop sequence cut off)."""
