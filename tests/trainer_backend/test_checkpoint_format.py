@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import tinker
 import torch
-from conftest import LOGPROB_ROUNDING, SQL, next_token_datum
 from peft import PeftModel
 from support.backends import TINY
+from support.trainer import LOGPROB_ROUNDING, SQL, next_token_datum
 from tinker import types
 from transformers import AutoModelForCausalLM
 

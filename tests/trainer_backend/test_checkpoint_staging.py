@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import tinker
-from conftest import assert_still_serves, next_token_datum
 from support.backends import TINY, start_backend_process
 from support.loopback import free_port
+from support.trainer import assert_still_serves, next_token_datum
 from tinker import types
 
 from trainer_backend.checkpoints import CheckpointKind, CheckpointPath, CheckpointStore

@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 
 import tinker
-from conftest import LOGPROB_ROUNDING, RawApi, datum_for, request_id_of
 from support.backends import TINY
+from support.trainer import LOGPROB_ROUNDING, RawApi, datum_for, request_id_of
 from tinker import types
 from tinker.proto.response_conv import deserialize_proto_response
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import tinker
-from conftest import datum_for
+from support.trainer import datum_for
 from tinker import types
 
 from trainer_backend.config import ServerConfig

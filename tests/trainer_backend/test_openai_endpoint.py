@@ -12,9 +12,9 @@ from pathlib import Path
 import openai
 import pytest
 import tinker
-from conftest import LOGPROB_ROUNDING, next_token_datum
 from pydantic import BaseModel, ConfigDict
 from support.backends import GEMMA_CHAT_TEMPLATE, TINY, tiny_server_config
+from support.trainer import LOGPROB_ROUNDING, next_token_datum
 from tinker import types
 
 from trainer_backend.server import RunningServer, running_server

@@ -15,8 +15,8 @@ import httpx
 import pytest
 import tinker
 import zstandard
-from conftest import RawApi, assert_still_serves, error_of, next_token_datum
 from support.backends import TINY, tiny_server_config
+from support.trainer import RawApi, assert_still_serves, error_of, next_token_datum
 from tinker import types
 
 from trainer_backend.server import RunningServer, running_server

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import LOGPROB_ROUNDING, assert_answered_alike, peaked_tiny_gemma
 from peft import LoraConfig, PeftModel, get_peft_model
+from support.trainer import LOGPROB_ROUNDING, assert_answered_alike, peaked_tiny_gemma
 from transformers import Gemma3ForCausalLM
 
 from trainer_backend.engine import sampling

@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import pytest
 import tinker
-from conftest import next_token_datum, status_of
 from support.backends import TINY
+from support.trainer import next_token_datum, status_of
 from tinker import types
 
 from trainer_backend.errors import OverloadedError, UserInputError

@@ -6,8 +6,8 @@ import math
 
 import pytest
 import tinker
-from conftest import LOGPROB_ROUNDING, SQL, datum_for
 from support.backends import TINY
+from support.trainer import LOGPROB_ROUNDING, SQL, datum_for
 from tinker import types
 
 from trainer_backend.server import RunningServer

@@ -17,9 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 import tinker
-from conftest import RawApi, assert_still_serves, error_of, next_token_datum, request_id_of
 from prometheus_client.parser import text_string_to_metric_families
 from support.backends import TINY, tiny_server_config
+from support.trainer import RawApi, assert_still_serves, error_of, next_token_datum, request_id_of
 from tinker import types
 
 from trainer_backend.auth import KeyPolicy

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 import tinker
-from conftest import SQL, RawApi, error_of, next_token_datum, request_id_of
 from support.backends import TINY, tiny_server_config
+from support.trainer import SQL, RawApi, error_of, next_token_datum, request_id_of
 from tinker import types
 
 from trainer_backend.server import RunningServer, running_server

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import LOGPROB_ROUNDING, assert_answered_alike, peaked_tiny_gemma
 from peft import LoraConfig, PeftModel, get_peft_model
+from support.trainer import LOGPROB_ROUNDING, assert_answered_alike, peaked_tiny_gemma
 
 from trainer_backend.engine import sampling
 from trainer_backend.engine.prefixes import GROUP_OVERHEAD_TOKENS, plan_shared_prefill

@@ -7,8 +7,8 @@ import time
 import httpx
 import pytest
 import tinker
-from conftest import status_of
 from support.backends import TINY
+from support.trainer import status_of
 from tinker import types
 
 from trainer_backend.duty_cycle import DutyCycle

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import tinker
-from conftest import LOGPROB_ROUNDING, SQL, datum_for, next_token_datum, status_of
 from support.backends import TINY, tiny_server_config
+from support.trainer import LOGPROB_ROUNDING, SQL, datum_for, next_token_datum, status_of
 from support.vllm import NEEDS_VLLM, VLLM_PYTHON
 from tinker import types
 
