@@ -75,6 +75,7 @@ class VllmProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None
         self.restarts = 0
+        self.restarting = False  # between finding it down and its answering again
         self._lock = threading.Lock()
 
     def command(self) -> list[str]:
@@ -141,9 +142,13 @@ class VllmProcess:
             log.warning(
                 "vLLM is not answering (exit status %s); starting it again", self.process and self.process.poll()
             )
-            self.stop()
-            self.restarts += 1
-            self.start()
+            self.restarting = True
+            try:
+                self.stop()
+                self.restarts += 1
+                self.start()
+            finally:
+                self.restarting = False
             return True
 
     def _answers(self) -> bool:
@@ -287,6 +292,10 @@ class VllmSampler:
             VllmUnavailableError: vLLM died or did not answer; it is started again for the next request.
         """
         body = _completion_body(request, adapter[0] if adapter else self.settings.served_name, stop_at_eos)
+        if self.process is not None and (self.process.restarting or not self.process.alive()):
+            # Down since the last request: wait for the restart (or make it) first. Sent now, the request could reach
+            # a server on its way down or up and fail as if it had been cut off.
+            self._recover()
         if adapter is not None and adapter[0] not in self._adapters:
             self.load_adapter(*adapter)
         for attempt in (1, 2):

@@ -174,15 +174,16 @@ def test_a_killed_vllm_is_started_again_and_nothing_but_the_request_it_cut_off_i
     time.sleep(0.5)  # from the pool's thread into vLLM
 
     crashed = vllm_server.service.vllm.process.process
-    crashed.kill()  # the API server alone, as a crash leaves it: its engine processes live on
+    crashed.kill()  # the API server alone, as a crash leaves it: its engine processes live on, holding its port
+    crashed.wait()
+    # Sent to a dead vLLM: it waits for the restart (its adapter loads again), never reaching the dead one's port.
+    after = sampler.sample(prompt, 1, GREEDY)
     # The request in flight fails by name, or (when it had not reached vLLM yet) is sent again once vLLM is back.
     try:
         assert len(long.result(timeout=300).sequences) == 32
     except tinker.RequestFailedError as error:
         assert "vLLM stopped answering during this request" in str(error)
-
-    after = sampler.sample(prompt, 1, GREEDY).result(timeout=300)  # waits for the restart; its adapter loads again
-    assert_same(after, before)
+    assert_same(after.result(timeout=300), before)
     assert live_processes_of_group(crashed.pid) == [], "the crashed server's engine processes were left running"
     sampler_status = status_of(vllm_server, KEY)["sampler"]
     assert sampler_status["engine"] == "vllm" and sampler_status["restarts"] == 1 and sampler_status["in_flight"] == 0
