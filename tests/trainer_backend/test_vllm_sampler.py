@@ -174,9 +174,9 @@ def test_a_killed_vllm_is_started_again_and_nothing_but_the_request_it_cut_off_i
     time.sleep(0.5)  # from the pool's thread into vLLM
 
     crashed = vllm_server.service.vllm.process.process
-    crashed.kill()  # the API server alone, as a crash leaves it: its engine processes live on, holding its port
+    crashed.kill()  # the API server alone, as a crash leaves it: its engine processes live on
     crashed.wait()
-    # Sent to a dead vLLM: it waits for the restart (its adapter loads again), never reaching the dead one's port.
+    # Sent while vLLM is down or restarting: it waits for the restart (its adapter loads again), and is answered.
     after = sampler.sample(prompt, 1, GREEDY)
     # The request in flight fails by name, or (when it had not reached vLLM yet) is sent again once vLLM is back.
     try:
