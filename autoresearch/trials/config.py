@@ -98,6 +98,11 @@ class TrialConfig(BaseModel):
     max_turns: int = Field(4, ge=2, le=16, description="turns of an agentic episode, its answer included")
     reward_spec: RewardSpec = Field(DEFAULT_REWARD_SPEC, description="the training reward")
     few_shot: int = Field(1, ge=0, le=8, description="solved examples shown before each question")
+    prompt_format: Literal["auto", "chat", "plain"] = Field(
+        "auto",
+        description="chat: the prompt as the user turn of the model's chat template; plain: the text as it is; "
+        "auto: chat when the tokenizer has a chat template",
+    )
     train_split: str = Field("train", min_length=1, description="split that prompts and few-shot examples come from")
 
     # Held-out evaluation (greedy, execution accuracy over every database variant).

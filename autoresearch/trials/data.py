@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 from autoresearch.errors import ConfigurationError
 from tasks.errors import SplitError
@@ -15,9 +15,34 @@ from tasks.interface import AnyTask, TaskExample
 class Tokenizer(Protocol):
     """The part of a Hugging Face tokenizer a trial uses (the SDK's `get_tokenizer()` returns one)."""
 
+    chat_template: str | None
+    eos_token_id: int | None
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
+
+    def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: object) -> object: ...
+
+
+PromptFormat = Literal["auto", "chat", "plain"]
+
+
+def resolved_prompt_format(requested: PromptFormat, tokenizer: Tokenizer) -> Literal["chat", "plain"]:
+    """`chat` or `plain`: "auto" is chat exactly when the tokenizer has a chat template.
+
+    Raises:
+        ConfigurationError: chat was asked for and the tokenizer has no chat template.
+    """
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if requested == "chat" and not has_template:
+        raise ConfigurationError(
+            "prompt_format: chat was asked for, but the base model's tokenizer has no chat template; use "
+            "prompt_format: plain, or serve the model with one (trainer_backend serve --chat-template FILE)"
+        )
+    if requested == "auto":
+        return "chat" if has_template else "plain"
+    return requested
 
 
 @dataclass(frozen=True)
@@ -79,17 +104,32 @@ def held_out_subset(task: AnyTask, split: str, size: int, seed: int) -> tuple[Ta
 
 
 class PromptRenderer:
-    """Renders questions with the task's prompt and few-shot examples, and tokenizes prompts and answers."""
+    """Renders questions with the task's prompt and few-shot examples, and tokenizes prompts and answers.
+
+    In the chat format the task's prompt is the user turn of the model's chat template with the generation prompt
+    after it, and a gold answer is the assistant's turn as the template closes it (its end-of-turn token is what
+    ends a sampled answer); in the plain format the prompt is the text itself, which the model continues.
+    """
 
     def __init__(
-        self, task: AnyTask, tokenizer: Tokenizer, few_shot: int, shots_split: str, max_turns: int | None = None
+        self,
+        task: AnyTask,
+        tokenizer: Tokenizer,
+        few_shot: int,
+        shots_split: str,
+        max_turns: int | None = None,
+        prompt_format: PromptFormat = "plain",
     ) -> None:
-        """`max_turns` renders the task's agentic prompt, for episodes of at most that many turns."""
+        """`max_turns` renders the task's agentic prompt, for episodes of at most that many turns.
+
+        Raises ConfigurationError for a chat format the tokenizer has no template for.
+        """
         split_of(task, shots_split, "train_split")
         self.task = task
         self.tokenizer = tokenizer
         self.max_turns = max_turns
         self.shots = task.few_shot_examples(few_shot, shots_split)
+        self.format = resolved_prompt_format(prompt_format, tokenizer)
 
     @property
     def shot_ids(self) -> frozenset[str]:
@@ -97,20 +137,50 @@ class PromptRenderer:
         return frozenset(shot.id for shot in self.shots)
 
     def prompt(self, example: TaskExample) -> Prompt:
-        if self.max_turns is None:
-            text = self.task.render_prompt(example, self.shots)
-        else:
-            text = self.task.agentic_prompt(example, self.shots, self.max_turns)
-        return Prompt(example=example, tokens=tuple(self.tokenizer.encode(text)))
+        text = self._prompt_text(example)
+        if self.format == "plain":
+            return Prompt(example=example, tokens=tuple(self.tokenizer.encode(text)))
+        return Prompt(example=example, tokens=self._chat_tokens(text, add_generation_prompt=True))
 
     def gold_completion(self, example: TaskExample) -> tuple[int, ...]:
         """The tokens of the task's gold completion, as the model should continue the prompt (in the agentic mode,
-        a first turn that answers at once)."""
+        a first turn that answers at once); in the chat format, through the end of the assistant's turn."""
         if self.max_turns is None:
             text = self.task.gold_completion(example)
         else:
             text = self.task.agentic_gold_completion(example)
-        return tuple(self.tokenizer.encode(text, add_special_tokens=False))
+        if self.format == "plain":
+            return tuple(self.tokenizer.encode(text, add_special_tokens=False))
+        prompt = self.prompt(example).tokens
+        # An assistant turn starts on its own line: the plain format's leading space (after "SQL:") has no place.
+        whole = self._chat_tokens(self._prompt_text(example), answer=text.strip())
+        if whole[: len(prompt)] != prompt:
+            raise ConfigurationError(
+                "prompt_format: chat: the model's chat template renders a user turn followed by an answer "
+                "differently from the user turn alone, so its answers cannot be trained on; use prompt_format: plain"
+            )
+        answer = whole[len(prompt) :]
+        # What the template writes after the end-of-turn token (a newline) is never sampled: a sample ends there.
+        end = self.tokenizer.eos_token_id
+        return answer[: answer.index(end) + 1] if end in answer else answer
+
+    def _prompt_text(self, example: TaskExample) -> str:
+        if self.max_turns is None:
+            return self.task.render_prompt(example, self.shots)
+        return self.task.agentic_prompt(example, self.shots, self.max_turns)
+
+    def _chat_tokens(
+        self, user: str, add_generation_prompt: bool = False, answer: str | None = None
+    ) -> tuple[int, ...]:
+        conversation = [{"role": "user", "content": user}]
+        if answer is not None:
+            conversation.append({"role": "assistant", "content": answer})
+        rendered = self.tokenizer.apply_chat_template(
+            conversation, add_generation_prompt=add_generation_prompt, tokenize=True
+        )
+        # Tokenizers of transformers 5 answer with a BatchEncoding, earlier ones with the ids.
+        ids = rendered["input_ids"] if isinstance(rendered, Mapping) else rendered
+        return tuple(int(token) for token in ids)
 
     def decode(self, tokens: Sequence[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)

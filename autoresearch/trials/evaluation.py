@@ -67,6 +67,8 @@ def evaluate_checkpoint(
         else:
             sampler = service.create_sampling_client(model_path=model_path).result()
         max_turns = config.max_turns if config.mode == "agentic" else None
-        renderer = PromptRenderer(opened, tokenizer, config.few_shot, config.train_split, max_turns)
+        renderer = PromptRenderer(
+            opened, tokenizer, config.few_shot, config.train_split, max_turns, config.prompt_format
+        )
         examples = held_out_subset(opened, config.eval_split, config.eval_size, config.eval_seed)
         return evaluate_sampler(sampler, renderer, examples, config.eval_split, config.max_tokens, config.stop, step=0)

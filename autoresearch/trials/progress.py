@@ -47,6 +47,13 @@ class TrialProgress:
         if not self.enabled:
             log.info("%s: %s from step %d of %d", self.run_id, name, completed, total)
 
+    def note(self, text: str) -> None:
+        """A fact about the run worth a line of its own (how its prompts are rendered)."""
+        if self.enabled:
+            self._progress.console.print(f"{self.run_id}: {text}")
+        else:
+            log.info("%s: %s", self.run_id, text)
+
     def warmup_step(self, step: int, loss: float) -> None:
         self._progress.update(self._task, completed=step, figures=f"nll/token {loss:.3f}")
         if not self.enabled:

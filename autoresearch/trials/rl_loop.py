@@ -17,6 +17,7 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Literal
 
 import tinker
 from pydantic import BaseModel, ConfigDict
@@ -67,6 +68,8 @@ class TrialResult(BaseModel):
     # What RL did: the evaluation where it started (after any warm-up) against the last one, question by question;
     # None when the trial did not evaluate where RL started (eval_interval 0) or ran no RL step.
     rl_comparison: PairedComparison | None = None
+    # How prompts were rendered: "chat" (the model's chat template) or "plain".
+    prompt_format: Literal["chat", "plain"] = "plain"
     # Reward mean of the last RL step; None when the trial ran no RL step.
     final_reward_mean: float | None
     stopped_early: bool
@@ -224,7 +227,10 @@ class _Trial:
         self.view = view
         self.on_eval = on_eval
         max_turns = config.max_turns if config.mode == "agentic" else None
-        self.renderer = PromptRenderer(task, training.get_tokenizer(), config.few_shot, config.train_split, max_turns)
+        self.renderer = PromptRenderer(
+            task, training.get_tokenizer(), config.few_shot, config.train_split, max_turns, config.prompt_format
+        )
+        view.note(f"prompts in the {self.renderer.format} format ({_FORMAT_MEANING[self.renderer.format]})")
         train_examples = split_of(task, config.train_split, "train_split")
         self.order = TrainingOrder([e for e in train_examples if e.id not in self.renderer.shot_ids], config.seed)
         self.held_out = held_out_subset(task, config.eval_split, config.eval_size, config.eval_seed)
@@ -420,6 +426,7 @@ class _Trial:
             held_out_by_difficulty=report.accuracy_by_difficulty,
             held_out_history={e["step"]: e["accuracy"] for e in evals},
             rl_comparison=rl_comparison,
+            prompt_format=self.renderer.format,
             final_reward_mean=metrics[-1]["reward_mean"] if metrics else None,
             stopped_early=stopped_early,
             resumed_from_step=resumed_from_step,
@@ -431,6 +438,12 @@ class _Trial:
         directory.result_path.write_text(result.model_dump_json(indent=2))
         directory.save_state(state.model_copy(update={"finished": True, "sampler_path": sampler_path}))
         return result
+
+
+_FORMAT_MEANING = {
+    "chat": "the task's prompt as the user turn of the model's chat template",
+    "plain": "the task's prompt as text the model continues",
+}
 
 
 def _checkpoint_name(step: int) -> str:

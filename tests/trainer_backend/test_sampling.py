@@ -1,7 +1,8 @@
-"""The sampling engine against plain full forwards of a tiny random Gemma 3, with and without a LoRA adapter.
+"""The sampling engine against plain full forwards of tiny random models, with and without a LoRA adapter.
 
-The model's sliding window (8) is shorter than prompt plus completion, so the sliding layers' cache eviction
-is exercised; every check recomputes the logits without a cache.
+Every test runs on a Gemma 3 (softcapped logits; its sliding window of 8 is shorter than prompt plus completion, so
+the sliding layers' cache eviction is exercised) and on a Qwen2 (biases on q/k/v, an untied head); every check
+recomputes the logits without a cache, through the model's own forward.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from peft import LoraConfig, PeftModel, get_peft_model
-from support.trainer import LOGPROB_ROUNDING, assert_answered_alike, peaked_tiny_gemma
-from transformers import Gemma3ForCausalLM
+from support.trainer import LOGPROB_ROUNDING, TINY_ARCHITECTURES, assert_answered_alike, peaked_tiny_model
+from transformers import PreTrainedModel, Qwen2ForCausalLM
 
 from trainer_backend.engine import sampling
+from trainer_backend.engine.output_head import linear_output_head
 from trainer_backend.engine.sampling import (
     SamplingInputError,
     SamplingJob,
@@ -34,9 +36,9 @@ def letters(ids: Sequence[int]) -> str:
     return "".join(chr(ord("a") + token % 26) for token in ids)
 
 
-@pytest.fixture(scope="module")
-def model() -> Gemma3ForCausalLM:
-    return peaked_tiny_gemma(VOCAB, CONTEXT, sliding_window=8)
+@pytest.fixture(scope="module", params=TINY_ARCHITECTURES)
+def model(request: pytest.FixtureRequest) -> PreTrainedModel:
+    return peaked_tiny_model(request.param, VOCAB, CONTEXT, sliding_window=8)
 
 
 def run(
@@ -65,9 +67,9 @@ def reference_sampling_logprobs(logits_V: torch.Tensor, temperature: float, top_
     return F.log_softmax(scaled_V, dim=-1)
 
 
-def test_greedy_follows_full_forward_argmax_past_the_sliding_window(model: Gemma3ForCausalLM) -> None:
+def test_greedy_follows_full_forward_argmax_past_the_sliding_window(model: PreTrainedModel) -> None:
     (sequence,) = run(model, temperature=0, max_tokens=24).sequences
-    assert len(PROMPT) + len(sequence.tokens) > 3 * model.config.sliding_window
+    assert len(PROMPT) + len(sequence.tokens) > 3 * (model.config.sliding_window or 0)
     context = list(PROMPT)
     for token, logprob in zip(sequence.tokens, sequence.logprobs, strict=True):
         logprobs_V = full_forward_logprobs(model, context)[-1]
@@ -80,7 +82,7 @@ def test_greedy_follows_full_forward_argmax_past_the_sliding_window(model: Gemma
     ("temperature", "top_k", "top_p"), [(1.0, -1, 1.0), (0.7, -1, 1.0), (1.3, 5, 1.0), (0.8, -1, 0.9), (1.0, 6, 0.8)]
 )
 def test_sampled_logprobs_are_those_of_the_sampling_distribution(
-    model: Gemma3ForCausalLM, temperature: float, top_k: int, top_p: float
+    model: PreTrainedModel, temperature: float, top_k: int, top_p: float
 ) -> None:
     result = run(model, num_samples=4, max_tokens=12, temperature=temperature, top_k=top_k, top_p=top_p, seed=7)
     for sequence in result.sequences:
@@ -92,7 +94,7 @@ def test_sampled_logprobs_are_those_of_the_sampling_distribution(
             assert logprob == pytest.approx(float(expected_V[token]), abs=LOGPROB_ROUNDING)
 
 
-def test_rows_that_stop_early_leave_the_batch_without_disturbing_the_others(model: Gemma3ForCausalLM) -> None:
+def test_rows_that_stop_early_leave_the_batch_without_disturbing_the_others(model: PreTrainedModel) -> None:
     stops = tuple(range(0, VOCAB, 9))
     result = run(model, num_samples=8, max_tokens=14, stop_token_ids=stops, seed=3)
     assert {sequence.stop_reason for sequence in result.sequences} == {"stop", "length"}
@@ -104,31 +106,31 @@ def test_rows_that_stop_early_leave_the_batch_without_disturbing_the_others(mode
         assert not set(sequence.tokens[:-1]) & set(stops)
 
 
-def test_same_seed_gives_same_samples_and_other_seeds_differ(model: Gemma3ForCausalLM) -> None:
+def test_same_seed_gives_same_samples_and_other_seeds_differ(model: PreTrainedModel) -> None:
     first = run(model, num_samples=4, max_tokens=16, seed=123)
     assert run(model, num_samples=4, max_tokens=16, seed=123) == first
     assert run(model, num_samples=4, max_tokens=16, seed=124).sequences != first.sequences
 
 
-def test_samples_of_one_request_are_independent(model: Gemma3ForCausalLM) -> None:
+def test_samples_of_one_request_are_independent(model: PreTrainedModel) -> None:
     result = run(model, num_samples=8, max_tokens=16, temperature=1.5, seed=5)
     assert len({sequence.tokens for sequence in result.sequences}) == 8
 
 
-def test_top_k_one_is_greedy(model: Gemma3ForCausalLM) -> None:
+def test_top_k_one_is_greedy(model: PreTrainedModel) -> None:
     greedy = run(model, temperature=0, max_tokens=16).sequences[0]
     top_one = run(model, num_samples=3, temperature=1.0, top_k=1, max_tokens=16, seed=9).sequences
     assert all(sequence.tokens == greedy.tokens for sequence in top_one)
     assert all(logprob == 0.0 for sequence in top_one for logprob in sequence.logprobs)
 
 
-def test_max_tokens_ends_the_sequence_with_reason_length(model: Gemma3ForCausalLM) -> None:
+def test_max_tokens_ends_the_sequence_with_reason_length(model: PreTrainedModel) -> None:
     result = run(model, num_samples=2, max_tokens=5, seed=1)
     assert [len(sequence.tokens) for sequence in result.sequences] == [5, 5]
     assert [sequence.stop_reason for sequence in result.sequences] == ["length", "length"]
 
 
-def test_a_stop_token_or_eos_ends_the_sequence_and_is_kept(model: Gemma3ForCausalLM) -> None:
+def test_a_stop_token_or_eos_ends_the_sequence_and_is_kept(model: PreTrainedModel) -> None:
     greedy = run(model, temperature=0, max_tokens=20).sequences[0].tokens
     stop = greedy[6]
     expected = greedy[: greedy.index(stop) + 1]
@@ -139,7 +141,7 @@ def test_a_stop_token_or_eos_ends_the_sequence_and_is_kept(model: Gemma3ForCausa
         assert sequence.stop_reason == "stop"
 
 
-def test_a_stop_string_ends_the_sequence_at_the_token_completing_it(model: Gemma3ForCausalLM) -> None:
+def test_a_stop_string_ends_the_sequence_at_the_token_completing_it(model: PreTrainedModel) -> None:
     greedy = run(model, temperature=0, max_tokens=24).sequences[0].tokens
     stop = letters(greedy[9:12])
     end = next(length for length in range(1, len(greedy) + 1) if stop in letters(greedy[:length]))
@@ -149,7 +151,7 @@ def test_a_stop_string_ends_the_sequence_at_the_token_completing_it(model: Gemma
 
 
 def test_prompt_logprobs_match_a_full_forward_when_scored_in_chunks(
-    model: Gemma3ForCausalLM, monkeypatch: pytest.MonkeyPatch
+    model: PreTrainedModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Three positions per chunk, so chunks straddle the sliding window and the prompt's end.
     monkeypatch.setattr(sampling, "_PROMPT_LOGITS_BYTES", 3 * 4 * VOCAB)
@@ -171,7 +173,7 @@ def test_prompt_logprobs_match_a_full_forward_when_scored_in_chunks(
     assert result.sequences[0].tokens[-1] == int(full_TV[-2].argmax())
 
 
-def test_prompt_scores_are_absent_unless_requested(model: Gemma3ForCausalLM) -> None:
+def test_prompt_scores_are_absent_unless_requested(model: PreTrainedModel) -> None:
     result = run(model, max_tokens=2, topk_prompt_logprobs=2)
     assert result.prompt_logprobs is None
     assert result.topk_prompt_logprobs is not None
@@ -197,7 +199,7 @@ def test_prompt_scores_are_absent_unless_requested(model: Gemma3ForCausalLM) -> 
     ],
 )
 def test_invalid_requests_name_the_field_and_value(
-    model: Gemma3ForCausalLM, fields: dict[str, object], message: str
+    model: PreTrainedModel, fields: dict[str, object], message: str
 ) -> None:
     request = SamplingRequest(**{"prompt_tokens": PROMPT, **fields})
     with pytest.raises(SamplingInputError) as raised:
@@ -206,7 +208,7 @@ def test_invalid_requests_name_the_field_and_value(
     assert isinstance(raised.value, ValueError)
 
 
-def test_the_model_is_returned_in_its_previous_mode(model: Gemma3ForCausalLM) -> None:
+def test_the_model_is_returned_in_its_previous_mode(model: PreTrainedModel) -> None:
     model.train()
     try:
         run(model, max_tokens=2)
@@ -216,10 +218,10 @@ def test_the_model_is_returned_in_its_previous_mode(model: Gemma3ForCausalLM) ->
 
 
 @pytest.fixture
-def lora_model(model: Gemma3ForCausalLM) -> PeftModel:
+def lora_model(model: PreTrainedModel) -> PeftModel:
     torch.manual_seed(1)
     # get_peft_model injects into the module it is given, so the shared base stays untouched on a copy.
-    base = Gemma3ForCausalLM(model.config)
+    base = type(model)(model.config)
     base.load_state_dict(model.state_dict())
     peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
     with torch.no_grad():
@@ -229,7 +231,7 @@ def lora_model(model: Gemma3ForCausalLM) -> PeftModel:
     return peft_model.eval()
 
 
-def test_sampling_goes_through_a_lora_adapter(model: Gemma3ForCausalLM, lora_model: PeftModel) -> None:
+def test_sampling_goes_through_a_lora_adapter(model: PreTrainedModel, lora_model: PeftModel) -> None:
     adapted = run(lora_model, adapter="default", temperature=0, max_tokens=16).sequences[0]
     context = list(PROMPT)
     for token, logprob in zip(adapted.tokens, adapted.logprobs, strict=True):
@@ -299,3 +301,60 @@ def test_a_bad_request_in_a_batch_gets_its_error_and_the_others_their_samples(tw
     assert isinstance(second, SamplingInputError) and f"prompt_tokens[1] = {VOCAB + 3}" in str(second)
     # The same request twice in one batch: two rows of the same matmuls, which a GEMM may round differently.
     assert_answered_alike(first, third)
+
+
+def test_every_architecture_draws_from_hidden_states_through_its_linear_head(model: PreTrainedModel) -> None:
+    head = linear_output_head(model)
+    assert head is not None
+    assert head.softcap == getattr(model.config, "final_logit_softcapping", None)
+    with torch.inference_mode():
+        scores, _ = sampling._next_token_scores(model, [None], input_ids=torch.tensor([PROMPT]))
+        # The fast path: the rows' hidden states and the head's weight, no [rows, vocabulary] logits.
+        assert scores.logits_RV is None and scores.hidden_RH is not None
+        logits_1V = scores.logits()
+    torch.testing.assert_close(logits_1V, full_forward_logits(model, PROMPT)[-1:], atol=1e-4, rtol=0)
+
+
+def full_forward_logits(model: torch.nn.Module, ids: Sequence[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([list(ids)]), use_cache=False).logits[0]
+
+
+def test_a_lora_on_the_head_samples_through_its_low_rank_logits(model: PreTrainedModel) -> None:
+    torch.manual_seed(3)
+    base = type(model)(model.config)
+    base.load_state_dict(model.state_dict())
+    head_lora = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "lm_head"])).eval()
+    with torch.no_grad():
+        for name, parameter in head_lora.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(std=0.5)
+    adapted = run(head_lora, adapter="default", temperature=0, max_tokens=12).sequences[0]
+    context = list(PROMPT)
+    for token, logprob in zip(adapted.tokens, adapted.logprobs, strict=True):
+        logprobs_V = full_forward_logprobs(head_lora, context)[-1]
+        assert token == int(logprobs_V.argmax())
+        assert logprob == pytest.approx(float(logprobs_V[token]), abs=LOGPROB_ROUNDING)
+        context.append(token)
+
+
+class ScaledLogitsQwen2(Qwen2ForCausalLM):
+    """A model whose logits are more than a linear head over its hidden states (as Cohere's logit scale is)."""
+
+    def forward(self, *args: object, **kwargs: object) -> object:
+        output = super().forward(*args, **kwargs)
+        output.logits = output.logits * 0.5
+        return output
+
+
+def test_a_model_whose_logits_are_not_its_head_samples_through_its_own_forward() -> None:
+    plain = peaked_tiny_model("qwen2", VOCAB, CONTEXT, sliding_window=8)
+    scaled = ScaledLogitsQwen2(plain.config).eval()
+    scaled.load_state_dict(plain.state_dict())
+    assert linear_output_head(plain) is not None
+    assert linear_output_head(scaled) is None
+    result = run(scaled, num_samples=2, max_tokens=10, seed=4)
+    for sequence in result.sequences:
+        full_TV = full_forward_logprobs(scaled, PROMPT + sequence.tokens)
+        expected = full_TV[len(PROMPT) - 1 : -1].gather(1, torch.tensor(sequence.tokens)[:, None])[:, 0]
+        assert sequence.logprobs == pytest.approx(expected.tolist(), abs=LOGPROB_ROUNDING)

@@ -6,6 +6,8 @@ out of the way where it cannot be exact (a sliding window shorter than the conte
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
@@ -29,12 +31,15 @@ def letters(ids: tuple[int, ...] | list[int]) -> str:
 
 @pytest.fixture
 def forward_passes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Grows by one with every forward pass a generation makes (prefill passes and decode steps)."""
+    """Grows by one with every forward pass a generation of this test's thread makes (prefill passes and decode
+    steps); servers of other tests in the same process may still be sampling on theirs."""
     passes: list[int] = []
     forward = sampling._next_token_scores
+    test_thread = threading.current_thread()
 
     def counted(*args: object, **kwargs: object) -> object:
-        passes.append(1)
+        if threading.current_thread() is test_thread:
+            passes.append(1)
         return forward(*args, **kwargs)
 
     monkeypatch.setattr(sampling, "_next_token_scores", counted)

@@ -1,5 +1,6 @@
-"""A training pass computes a shared prefix once (the prompt of a group of completions) and still gives every datum
-the log-probs, loss and gradients it gets alone."""
+"""A training pass computes a shared prefix once (the prompt of a group of completions), its completions in batches
+of similar length, and its data in micro-batches within a memory budget, and still gives every datum the log-probs,
+loss and gradients it gets alone; on a Gemma 3 and on a Qwen2."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import random
 import pytest
 import torch
 
+from trainer_backend.engine.microbatches import plan_pieces
 from trainer_backend.engine.model_engine import ForwardBackwardCall, ModelEngine
-from trainer_backend.engine.prefixes import GROUP_OVERHEAD_TOKENS, shared_prefix_groups
+from trainer_backend.engine.prefixes import GROUP_OVERHEAD_TOKENS, PrefixGroup, length_buckets, shared_prefix_groups
 from trainer_backend.engine.types import AdamSettings, DecodedDatum, LoraSettings
+from trainer_backend.errors import UserInputError
 from trainer_backend.models.loading import load_base_model
 from trainer_backend.models.registry import resolve_base_model
 
@@ -19,9 +22,10 @@ from trainer_backend.models.registry import resolve_base_model
 PROMPT_TOKENS = 90
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> ModelEngine:
-    loaded = load_base_model(resolve_base_model("tiny-gemma3", tmp_path_factory.mktemp("models")), torch.device("cpu"))
+@pytest.fixture(scope="module", params=["tiny-gemma3", "tiny-qwen2"])
+def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> ModelEngine:
+    models = tmp_path_factory.mktemp("models")
+    loaded = load_base_model(resolve_base_model(request.param, models), torch.device("cpu"))
     engine = ModelEngine(loaded)
     for name, seed in (("alice", 1), ("bob", 2)):
         engine.create_adapter(name, LoraSettings(rank=4, seed=seed))
@@ -136,6 +140,64 @@ def test_several_targets_per_position_through_a_shared_prefix(engine: ModelEngin
     ]
     assert_same([o["logprobs"] for o in result.loss_fn_outputs], want_logprobs)
     assert_same(shared_grads, want_grads)
+
+
+def test_micro_batches_within_a_small_budget_give_the_gradients_of_one_pass(engine: ModelEngine) -> None:
+    datums = rl_group(5, 5) + rl_group(6, 3) + [rl_group(7, 1)[0]]
+    call = ForwardBackwardCall("bob", datums, "importance_sampling", None, False)
+    (whole,) = run(engine, [call])
+    whole_grads = adapter_gradients(engine, "bob")
+    budget = engine.piece_tokens
+    # Less than one group: each group is split, and each part computes its prompt again.
+    engine.piece_tokens = PROMPT_TOKENS + 20
+    try:
+        (pieces,) = run(engine, [call])
+    finally:
+        engine.piece_tokens = budget
+    assert_same([o["logprobs"] for o in pieces.loss_fn_outputs], [o["logprobs"] for o in whole.loss_fn_outputs])
+    assert pieces.metrics["loss:sum"] == pytest.approx(whole.metrics["loss:sum"], rel=1e-4, abs=1e-5)
+    assert_same(adapter_gradients(engine, "bob"), whole_grads)
+
+
+def test_a_bad_call_leaves_no_gradient_even_where_micro_batches_ran_before_it(engine: ModelEngine) -> None:
+    good = ForwardBackwardCall("alice", rl_group(8, 3), "importance_sampling", None, False)
+    broken = rl_group(9, 3)
+    del broken[-1].loss_fn_inputs["advantages"]
+    bad = ForwardBackwardCall("bob", broken, "importance_sampling", None, False)
+    budget = engine.piece_tokens
+    engine.piece_tokens = PROMPT_TOKENS + 20
+    try:
+        good_result, bad_result = engine.forward_backward_batch([good, bad])
+    finally:
+        engine.piece_tokens = budget
+    assert isinstance(bad_result, UserInputError) and "advantages" in str(bad_result)
+    assert all(p.grad is None for p in engine.adapters.parameters("bob"))
+    assert not isinstance(good_result, Exception)
+    adapter_gradients(engine, "alice")
+
+
+def test_completions_of_a_group_are_batched_by_length() -> None:
+    lengths = [3, 90, 5, 88, 4, 91, 2, 6]
+    buckets = length_buckets(lengths)
+    assert sorted(i for bucket in buckets for i in bucket) == list(range(len(lengths)))
+    # The short and the long completions apart: padding all to 91 would compute 728 positions, this 2 × 91 + ...
+    assert [sorted(lengths[i] for i in bucket) for bucket in buckets] == [[2, 3, 4, 5, 6], [88, 90, 91]]
+    assert length_buckets([10, 11, 12]) == [[0, 1, 2]]
+
+
+def test_pieces_hold_whole_groups_within_the_budget_and_split_a_group_larger_than_it() -> None:
+    groups = [(0, PrefixGroup((0, 1, 2, 3), 50)), (1, PrefixGroup((0, 1), 50))]
+    lengths = {(0, 0): 60, (0, 1): 60, (0, 2): 60, (0, 3): 60, (1, 0): 55, (1, 1): 58, (1, 2): 30, (1, 3): 20}
+    alone = [(1, 2), (1, 3)]
+    pieces = plan_pieces(alone, groups, lengths, token_budget=100)
+    work = sorted((c, m) for p in pieces for c, g in p.groups for m in g.members) + sorted(
+        k for p in pieces for k in p.alone
+    )
+    assert work == sorted((c, m) for c, g in groups for m in g.members) + sorted(alone)
+    # The group of four (50 + 4 × 10 = 90) fits whole; with a budget of 70 it is split in two of 50 + 2 × 10.
+    assert any(g.members == (0, 1, 2, 3) for p in pieces for _, g in p.groups)
+    split = plan_pieces([], groups[:1], lengths, token_budget=70)
+    assert [g.members for p in split for _, g in p.groups] == [(0, 1), (2, 3)]
 
 
 def test_prefix_groups_keep_each_prompt_whole_when_all_prompts_share_a_header() -> None:

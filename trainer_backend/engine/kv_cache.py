@@ -11,8 +11,10 @@ full layer; a generation that would outgrow the window keeps transformers' own s
 
 from __future__ import annotations
 
+import copy
+
 from torch import Tensor
-from transformers import DynamicCache, PretrainedConfig
+from transformers import Cache, DynamicCache, PretrainedConfig
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 
@@ -93,3 +95,16 @@ def preallocated_cache(config: PretrainedConfig, capacity: int) -> DynamicCache:
             layers.append(layer)
     cache.layers = layers
     return cache
+
+
+def repeated_cache(cache: Cache, repeats: int) -> Cache:
+    """A new cache holding each row of `cache` `repeats` times, leaving `cache` as it is.
+
+    Several batches can then continue one prefix (a training pass runs a prompt's completions in batches of similar
+    length), and a gradient through any of them flows back into the prefix's keys and values. The layers are copied
+    shallowly: repeating assigns new tensors to the copy, and later updates concatenate, never writing in place.
+    """
+    copied = copy.copy(cache)
+    copied.layers = [copy.copy(layer) for layer in cache.layers]
+    copied.batch_repeat_interleave(repeats)
+    return copied

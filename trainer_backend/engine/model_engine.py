@@ -18,10 +18,18 @@ from safetensors import SafetensorError
 from torch import Tensor
 
 from trainer_backend.engine.adapters import AdapterPool
+from trainer_backend.engine.kv_cache import repeated_cache
 from trainer_backend.engine.logprobs import LowRankDelta, full_logits_target_logprobs, target_logprobs
 from trainer_backend.engine.losses import compute_loss, gradient_positions
+from trainer_backend.engine.microbatches import (
+    ACTIVATION_BUDGET_BYTES,
+    Piece,
+    activation_bytes_per_token,
+    plan_pieces,
+)
 from trainer_backend.engine.onednn_linear import route_linears
-from trainer_backend.engine.prefixes import PrefixGroup, shared_prefix_groups
+from trainer_backend.engine.output_head import LinearOutputHead, linear_output_head
+from trainer_backend.engine.prefixes import PrefixGroup, length_buckets, shared_prefix_groups
 from trainer_backend.engine.residency import AdapterResidency
 from trainer_backend.engine.sampling import (
     SamplingInputError,
@@ -31,7 +39,7 @@ from trainer_backend.engine.sampling import (
     sample_batch,
 )
 from trainer_backend.engine.types import AdamSettings, DecodedDatum, ForwardBackwardResult, LoraSettings
-from trainer_backend.errors import BackendError, UserInputError
+from trainer_backend.errors import BackendError, UnknownBaseModelError, UserInputError
 from trainer_backend.models.loading import LoadedModel
 
 # Logits of this many vocabulary entries (summed over positions) exist at once in a forward/backward: 32 Mi
@@ -51,6 +59,7 @@ class ModelEngine:
         self,
         loaded: LoadedModel,
         logits_budget: int = LOGITS_BUDGET,
+        activation_budget: int = ACTIVATION_BUDGET_BYTES,
         chunked_logprobs: bool = True,
         spill_root: Path | None = None,
         max_loaded_adapters: int | None = None,
@@ -63,9 +72,16 @@ class ModelEngine:
         self.adapters = AdapterPool(loaded.model)
         self.residency = AdapterResidency(self.adapters, spill_root, max_loaded_adapters)
         self.chunk_tokens = max(1, logits_budget // loaded.vocab_size)
+        dtype_bytes = next(loaded.model.parameters()).element_size()
+        self.piece_tokens = max(1, activation_budget // activation_bytes_per_token(loaded.model.config, dtype_bytes))
         self._sampler_adapters: OrderedDict[str, str] = OrderedDict()
-        config = loaded.model.config.get_text_config()
-        self.softcap = getattr(config, "final_logit_softcapping", None)
+        output = linear_output_head(loaded.model)
+        if output is None:
+            raise UnknownBaseModelError(
+                f"base model {loaded.name!r}: its logits are not a linear head (without bias) over its decoder's "
+                "hidden states, which the engine's training pass computes on its own; no other causal LM is supported"
+            )
+        self.softcap = output.softcap
         self.pad_token_id = loaded.tokenizer.pad_token_id or 0
 
     # --- training -----------------------------------------------------------------------------------------
@@ -127,26 +143,42 @@ class ModelEngine:
     def _forward_backward_pass(
         self, calls: Sequence[ForwardBackwardCall]
     ) -> list[ForwardBackwardResult | UserInputError]:
-        """One pass over the base model for every datum of the calls.
+        """Every datum of the calls through the base model, in micro-batches that fit the activation budget.
 
         Datums of one call that begin with the same tokens (the completions of one prompt) are computed through
         their shared prefix (`prefixes.py`): the prefix once, its KV cache repeated for the members, each member's
-        remaining tokens on top, gradients flowing back through the cache. The other datums go in one right-padded
-        batch. Either way a datum gets the log-probs, loss and gradients it gets alone, up to float rounding.
+        remaining tokens on top, gradients flowing back through the cache. The other datums go in right-padded
+        batches. Each micro-batch (`microbatches.py`) runs its forward and its losses' backward before the next
+        begins; the losses are sums over data, so the gradients add up to those of one pass. Either way a datum gets
+        the log-probs, loss and gradients it gets alone, up to float rounding.
         """
-        needs_grad = any(not call.forward_only for call in calls)
-        logprobs: dict[tuple[int, int], Tensor] = {}
-        plain: list[tuple[int, int]] = []
-        shared: list[tuple[int, PrefixGroup]] = []
+        outcomes: list[ForwardBackwardResult | UserInputError | None] = [None] * len(calls)
         for c, call in enumerate(calls):
-            groups, alone = shared_prefix_groups([d.model_input_tokens for d in call.datums])
+            try:
+                # Bad loss inputs fail their call before any of its gradients reach the adapter.
+                compute_loss(
+                    call.loss_fn,
+                    _placeholder_logprobs(call),
+                    [d.loss_fn_inputs for d in call.datums],
+                    call.loss_fn_config,
+                )
+            except UserInputError as error:
+                outcomes[c] = error
+        valid = [c for c, outcome in enumerate(outcomes) if outcome is None]
+        alone: list[tuple[int, int]] = []
+        shared: list[tuple[int, PrefixGroup]] = []
+        for c in valid:
+            groups, singles = shared_prefix_groups([d.model_input_tokens for d in calls[c].datums])
             shared += [(c, group) for group in groups]
-            plain += [(c, i) for i in alone]
+            alone += [(c, i) for i in singles]
+        lengths = {(c, i): len(d.model_input_tokens) for c in valid for i, d in enumerate(calls[c].datums)}
+        logprobs: dict[tuple[int, int], Tensor] = {}
+        losses = {c: 0.0 for c in valid}
         one_adapter = len({call.model_id for call in calls}) == 1
         adapter = self.adapters.active(calls[0].model_id) if one_adapter else contextlib.nullcontext()
-        with adapter, torch.set_grad_enabled(needs_grad):
-            causal_lm = self._causal_lm()
-            weight, delta = self._unembedding(causal_lm, calls[0].model_id)
+        with adapter:
+            output = self._output_head()
+            weight, delta = self._unembedding(output, calls[0].model_id)
             head = functools.partial(
                 self._logprobs,
                 lm_head_weight=weight,
@@ -154,49 +186,67 @@ class ModelEngine:
                 final_logit_softcapping=self.softcap,
                 lm_head_delta=delta,
             )
-            if plain:
-                datums = [calls[c].datums[i] for c, i in plain]
-                with self._routed(one_adapter, [calls[c].model_id for c, _ in plain]):
-                    tokens_B_T, mask_B_T, targets_B_T_K, live_B_T = self._batch(
-                        datums, [self._gradient_rows(calls[c], i) for c, i in plain]
-                    )
-                    hidden_B_T_H = causal_lm.model(input_ids=tokens_B_T, attention_mask=mask_B_T).last_hidden_state
-                logprobs_B_T_K = head(hidden_B_T_H, targets=targets_B_T_K, gradient_rows=live_B_T)
-                for row, key in enumerate(plain):
-                    logprobs[key] = logprobs_B_T_K[row, : len(datums[row].model_input_tokens)]
-            for c, group in shared:
-                call = calls[c]
-                members_logprobs = self._shared_prefix_logprobs(causal_lm, head, call, group, one_adapter)
-                for i, logprobs_T_K in zip(group.members, members_logprobs, strict=True):
-                    logprobs[(c, i)] = logprobs_T_K
-            outcomes: list[ForwardBackwardResult | UserInputError] = []
-            losses = []
-            for c, call in enumerate(calls):
-                per_datum = [
-                    logprobs[(c, i)].reshape(d.loss_fn_inputs["target_tokens"].shape) for i, d in enumerate(call.datums)
-                ]
-                try:
-                    result = compute_loss(
-                        call.loss_fn, per_datum, [d.loss_fn_inputs for d in call.datums], call.loss_fn_config
-                    )
-                except UserInputError as error:
-                    outcomes.append(error)
-                    continue
-                if not call.forward_only:
-                    losses.append(result.loss)
-                outcomes.append(
-                    ForwardBackwardResult(
-                        loss_fn_outputs=[{k: v.float().cpu() for k, v in o.items()} for o in result.outputs],
-                        metrics=result.metrics,
-                    )
-                )
-            if losses:
-                torch.stack(losses).sum().backward()
+            for piece in plan_pieces(alone, shared, lengths, self.piece_tokens):
+                keys = list(piece.alone) + [(c, i) for c, group in piece.groups for i in group.members]
+                needs_grad = any(not calls[c].forward_only for c, _ in keys)
+                with torch.set_grad_enabled(needs_grad):
+                    piece_logprobs = self._piece_logprobs(output.decoder, head, calls, piece, one_adapter)
+                    piece_loss = None
+                    for c in dict.fromkeys(c for c, _ in keys):
+                        call = calls[c]
+                        members = [i for owner, i in keys if owner == c]
+                        result = compute_loss(
+                            call.loss_fn,
+                            [
+                                piece_logprobs[(c, i)].reshape(call.datums[i].loss_fn_inputs["target_tokens"].shape)
+                                for i in members
+                            ],
+                            [call.datums[i].loss_fn_inputs for i in members],
+                            call.loss_fn_config,
+                        )
+                        losses[c] += float(result.loss.detach())
+                        for i, out in zip(members, result.outputs, strict=True):
+                            logprobs[(c, i)] = out["logprobs"].float().cpu()
+                        if not call.forward_only:
+                            piece_loss = result.loss if piece_loss is None else piece_loss + result.loss
+                    if piece_loss is not None:
+                        piece_loss.backward()
+        for c in valid:
+            outcomes[c] = ForwardBackwardResult(
+                loss_fn_outputs=[{"logprobs": logprobs[(c, i)]} for i in range(len(calls[c].datums))],
+                metrics={"loss:sum": losses[c]},
+            )
         return outcomes
+
+    def _piece_logprobs(
+        self,
+        decoder: torch.nn.Module,
+        head: Callable[..., Tensor],
+        calls: Sequence[ForwardBackwardCall],
+        piece: Piece,
+        one_adapter: bool,
+    ) -> dict[tuple[int, int], Tensor]:
+        """The `[T, K]` target log-probs of every datum of one micro-batch, keyed by (call, datum)."""
+        logprobs: dict[tuple[int, int], Tensor] = {}
+        if piece.alone:
+            datums = [calls[c].datums[i] for c, i in piece.alone]
+            with self._routed(one_adapter, [calls[c].model_id for c, _ in piece.alone]):
+                tokens_B_T, mask_B_T, targets_B_T_K, live_B_T = self._batch(
+                    datums, [self._gradient_rows(calls[c], i) for c, i in piece.alone]
+                )
+                hidden_B_T_H = decoder(input_ids=tokens_B_T, attention_mask=mask_B_T).last_hidden_state
+            logprobs_B_T_K = head(hidden_B_T_H, targets=targets_B_T_K, gradient_rows=live_B_T)
+            for row, key in enumerate(piece.alone):
+                logprobs[key] = logprobs_B_T_K[row, : len(datums[row].model_input_tokens)]
+        for c, group in piece.groups:
+            members_logprobs = self._shared_prefix_logprobs(decoder, head, calls[c], group, one_adapter)
+            for i, logprobs_T_K in zip(group.members, members_logprobs, strict=True):
+                logprobs[(c, i)] = logprobs_T_K
+        return logprobs
 
     def _shared_prefix_logprobs(
         self,
-        causal_lm: torch.nn.Module,
+        decoder: torch.nn.Module,
         head: Callable[..., Tensor],
         call: ForwardBackwardCall,
         group: PrefixGroup,
@@ -208,26 +258,7 @@ class ModelEngine:
         prefix = group.prefix_length
         prefix_1P = torch.tensor([members[0].model_input_tokens[:prefix]], dtype=torch.long, device=device)
         with self._routed(one_adapter, [call.model_id]):
-            prefix_output = causal_lm.model(input_ids=prefix_1P, use_cache=True)
-        cache = prefix_output.cache
-        cache.batch_repeat_interleave(len(members))
-        suffixes = [d.model_input_tokens[prefix:] for d in members]
-        longest = max(map(len, suffixes))
-        suffix_G_S = torch.full((len(members), longest), self.pad_token_id, dtype=torch.long)
-        mask_G_A = torch.zeros((len(members), prefix + longest), dtype=torch.long)
-        mask_G_A[:, :prefix] = 1
-        for g, suffix in enumerate(suffixes):
-            suffix_G_S[g, : len(suffix)] = torch.tensor(suffix)
-            mask_G_A[g, prefix : prefix + len(suffix)] = 1
-        positions_G_S = torch.arange(prefix, prefix + longest).expand(len(members), -1)
-        with self._routed(one_adapter, [call.model_id] * len(members)):
-            hidden_G_S_H = causal_lm.model(
-                input_ids=suffix_G_S.to(device),
-                attention_mask=mask_G_A.to(device),
-                position_ids=positions_G_S.to(device),
-                cache=cache,
-                use_cache=True,
-            ).last_hidden_state
+            prefix_output = decoder(input_ids=prefix_1P, use_cache=True)
         targets = [_targets_by_position(d) for d in members]
         live = [self._gradient_rows(call, i) for i in group.members]
         width = targets[0].shape[1]
@@ -235,14 +266,36 @@ class ModelEngine:
         targets_1P_GK = torch.cat([t[:prefix] for t in targets], dim=1)[None].to(device)
         live_1P = torch.stack([rows[:prefix] for rows in live]).any(dim=0)[None]
         prefix_1P_GK = head(prefix_output.last_hidden_state, targets=targets_1P_GK, gradient_rows=live_1P)
-        targets_G_S_K = torch.full((len(members), longest, width), IGNORED_TARGET, dtype=torch.long)
-        live_G_S = torch.zeros((len(members), longest), dtype=torch.bool)
-        for g, (member_targets, rows) in enumerate(zip(targets, live, strict=True)):
-            targets_G_S_K[g, : len(suffixes[g])] = member_targets[prefix:]
-            live_G_S[g, : len(suffixes[g])] = rows[prefix:]
-        suffix_G_S_K = head(hidden_G_S_H, targets=targets_G_S_K.to(device), gradient_rows=live_G_S.to(device))
+        suffixes = [d.model_input_tokens[prefix:] for d in members]
+        suffix_logprobs: dict[int, Tensor] = {}
+        # Completions of similar length together, each batch continuing its own copy of the prefix's cache.
+        for bucket in length_buckets([len(suffix) for suffix in suffixes]):
+            longest = max(len(suffixes[g]) for g in bucket)
+            suffix_B_S = torch.full((len(bucket), longest), self.pad_token_id, dtype=torch.long)
+            mask_B_A = torch.zeros((len(bucket), prefix + longest), dtype=torch.long)
+            mask_B_A[:, :prefix] = 1
+            targets_B_S_K = torch.full((len(bucket), longest, width), IGNORED_TARGET, dtype=torch.long)
+            live_B_S = torch.zeros((len(bucket), longest), dtype=torch.bool)
+            for b, g in enumerate(bucket):
+                length = len(suffixes[g])
+                suffix_B_S[b, :length] = torch.tensor(suffixes[g])
+                mask_B_A[b, prefix : prefix + length] = 1
+                targets_B_S_K[b, :length] = targets[g][prefix:]
+                live_B_S[b, :length] = live[g][prefix:]
+            positions_B_S = torch.arange(prefix, prefix + longest).expand(len(bucket), -1)
+            with self._routed(one_adapter, [call.model_id] * len(bucket)):
+                hidden_B_S_H = decoder(
+                    input_ids=suffix_B_S.to(device),
+                    attention_mask=mask_B_A.to(device),
+                    position_ids=positions_B_S.to(device),
+                    cache=repeated_cache(prefix_output.cache, len(bucket)),
+                    use_cache=True,
+                ).last_hidden_state
+            logprobs_B_S_K = head(hidden_B_S_H, targets=targets_B_S_K.to(device), gradient_rows=live_B_S.to(device))
+            for b, g in enumerate(bucket):
+                suffix_logprobs[g] = logprobs_B_S_K[b, : len(suffixes[g])]
         return [
-            torch.cat([prefix_1P_GK[0, :, g * width : (g + 1) * width], suffix_G_S_K[g, : len(suffixes[g])]])
+            torch.cat([prefix_1P_GK[0, :, g * width : (g + 1) * width], suffix_logprobs[g]])
             for g in range(len(members))
         ]
 
@@ -257,17 +310,19 @@ class ModelEngine:
             return torch.ones(length, dtype=torch.bool)
         return support.reshape(length, -1).any(dim=1)
 
-    def _causal_lm(self) -> torch.nn.Module:
+    def _output_head(self) -> LinearOutputHead:
+        """The model as decoder and head, as it stands now (a LoRA layer may wrap the head)."""
         model = self.adapters.peft_model or self.adapters.base_model
-        return model.get_base_model() if hasattr(model, "get_base_model") else model
+        output = linear_output_head(model.get_base_model() if hasattr(model, "get_base_model") else model)
+        assert output is not None, "checked when the engine was built"
+        return output
 
     def _routed(self, one_adapter: bool, rows: Sequence[str]) -> contextlib.AbstractContextManager:
         """Each row of the next forward through its own adapter; nothing to do when the pass has one adapter."""
         return contextlib.nullcontext() if one_adapter else self.adapters.routed(rows)
 
     def _trains_unembedding(self, model_id: str) -> bool:
-        head = self.adapters.peft_model.get_output_embeddings() if self.adapters.peft_model is not None else None
-        return head is not None and hasattr(head, "lora_A") and model_id in head.lora_A
+        return self.adapters.peft_model is not None and self._output_head().trained_by(model_id)
 
     def _check_datums(self, datums: Sequence[DecodedDatum]) -> None:
         """Raises UserInputError naming the first datum that cannot be batched (length, ids, targets)."""
@@ -319,14 +374,13 @@ class ModelEngine:
         device = self.loaded.device
         return tokens_B_T.to(device), mask_B_T.to(device), targets_B_T_K.to(device), live_B_T.to(device)
 
-    def _unembedding(self, causal_lm: torch.nn.Module, adapter: str) -> tuple[Tensor, LowRankDelta | None]:
-        """The lm_head weight, and the adapter's low-rank delta on it when the adapter trains the unembedding."""
-        head = causal_lm.get_output_embeddings()
-        weight = getattr(head, "base_layer", head).weight
-        if hasattr(head, "lora_A") and adapter in head.lora_A:
+    def _unembedding(self, output: LinearOutputHead, adapter: str) -> tuple[Tensor, LowRankDelta | None]:
+        """The head's weight, and the adapter's low-rank delta on it when the adapter trains the unembedding."""
+        if output.trained_by(adapter):
+            head = output.head
             delta = LowRankDelta(head.lora_A[adapter].weight, head.lora_B[adapter].weight, head.scaling[adapter])
-            return weight, delta
-        return weight, None
+            return output.weight, delta
+        return output.weight, None
 
     def optim_step(self, model_id: str, adam: AdamSettings) -> dict[str, float]:
         self.residency.use([model_id])
@@ -418,6 +472,11 @@ class ModelEngine:
             evicted, _ = self._sampler_adapters.popitem(last=False)
             self.adapters.delete(evicted)
         return name
+
+
+def _placeholder_logprobs(call: ForwardBackwardCall) -> list[Tensor]:
+    """Log-probs of the right shapes for checking a call's loss inputs before its pass."""
+    return [torch.zeros(d.loss_fn_inputs["target_tokens"].shape) for d in call.datums]
 
 
 def _targets_by_position(datum: DecodedDatum) -> Tensor:

@@ -76,6 +76,29 @@ def shared_prefix_groups(sequences: Sequence[Sequence[int]]) -> tuple[list[Prefi
     return sorted(groups, key=lambda g: g.members), sorted(alone)
 
 
+def length_buckets(lengths: Sequence[int]) -> list[list[int]]:
+    """Indices of `lengths` in batches of similar length, so that padding each batch to its longest costs little.
+
+    Minimises `GROUP_OVERHEAD_TOKENS` per batch plus rows × longest over batches of consecutive lengths in sorted
+    order (dynamic programming, quadratic in the count). The completions of one RL prompt run from a few tokens to
+    `max_tokens`: one batch padded to the longest computes about twice the tokens that exist.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    best = [0] * (len(order) + 1)
+    start_of = [0] * (len(order) + 1)
+    for end in range(1, len(order) + 1):
+        longest = lengths[order[end - 1]]
+        best[end], start_of[end] = min(
+            (best[start] + GROUP_OVERHEAD_TOKENS + longest * (end - start), start) for start in range(end)
+        )
+    buckets = []
+    end = len(order)
+    while end > 0:
+        buckets.append(order[start_of[end] : end])
+        end = start_of[end]
+    return buckets[::-1]
+
+
 @dataclass(frozen=True)
 class SharedPrefill:
     """A generation batch's prompts prefilled in two passes: the shared prefixes (one row each), then the rests.

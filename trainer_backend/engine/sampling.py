@@ -39,11 +39,12 @@ import torch
 import torch.nn.functional as F
 from peft import PeftModel
 from torch import Tensor
-from transformers import Cache, Gemma3ForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers import Cache, PretrainedConfig, PreTrainedModel
 
 from trainer_backend.engine.adapters import routed_rows
 from trainer_backend.engine.drawing import draw_from_hidden, draw_from_logits
 from trainer_backend.engine.kv_cache import preallocated_cache
+from trainer_backend.engine.output_head import cap, linear_output_head
 from trainer_backend.engine.prefixes import plan_shared_prefill
 from trainer_backend.engine.types import TokenConstraint
 from trainer_backend.engine.unembedding import unembedding_logits
@@ -248,10 +249,7 @@ class _NextTokenScores:
     def logits(self) -> Tensor:
         if self.logits_RV is not None:
             return self.logits_RV
-        logits_RV = unembedding_logits(self.hidden_RH, self.unembedding_VH)
-        if self.softcap is not None:
-            logits_RV = torch.tanh(logits_RV / self.softcap) * self.softcap
-        return logits_RV
+        return cap(unembedding_logits(self.hidden_RH, self.unembedding_VH), self.softcap)
 
 
 def _next_token_scores(
@@ -259,26 +257,24 @@ def _next_token_scores(
 ) -> tuple[_NextTokenScores, Cache]:
     """The scores of each row's last position, and the cache; each row through its own adapter.
 
-    For Gemma 3 the decoder runs on its own and the scores are its last hidden states with the unembedding (its
-    forward adds nothing else but the softcap), unless an adapter trains the unembedding: then the rows' logits come
-    through that adapter's own low-rank head. Other architectures run their own forward.
+    For a model whose logits are a linear head over its decoder's hidden states (`output_head.py`), the decoder runs
+    on its own and the scores are the rows' last hidden states with the head's weight, unless an adapter of the batch
+    trains the head: then the rows' logits come through the head with its low-rank term. Other models run their own
+    forward, keeping the logits of the last position only.
     """
     causal_lm = model.get_base_model() if isinstance(model, PeftModel) else model
+    # Before the adapter scope: the first call checks the head with a forward of its own, which routed rows would
+    # not fit.
+    output = linear_output_head(causal_lm)
     with _adapter_scope(model, adapters):
-        if not isinstance(causal_lm, Gemma3ForCausalLM):
-            output = model(**inputs, use_cache=True)
-            return _NextTokenScores(logits_RV=output.logits[:, -1]), output.cache
-        output = causal_lm.model(**inputs, use_cache=True)
-        hidden_RH = output.last_hidden_state[:, -1]
-        head = causal_lm.get_output_embeddings()
-        cap = causal_lm.config.final_logit_softcapping
-        if hasattr(head, "lora_A") and any(adapter in head.lora_A for adapter in adapters if adapter is not None):
-            logits_RV = head(hidden_RH)
-            if cap is not None:
-                logits_RV = torch.tanh(logits_RV / cap) * cap
-            return _NextTokenScores(logits_RV=logits_RV), output.cache
-    weight_VH = getattr(head, "base_layer", head).weight
-    return _NextTokenScores(hidden_RH=hidden_RH, unembedding_VH=weight_VH, softcap=cap), output.cache
+        if output is None:
+            forward = model(**inputs, use_cache=True, logits_to_keep=1)
+            return _NextTokenScores(logits_RV=forward.logits[:, -1]), forward.cache
+        decoded = output.decoder(**inputs, use_cache=True)
+        hidden_RH = decoded.last_hidden_state[:, -1]
+        if any(output.trained_by(adapter) for adapter in adapters):
+            return _NextTokenScores(logits_RV=output.logits(hidden_RH)), decoded.cache
+    return _NextTokenScores(hidden_RH=hidden_RH, unembedding_VH=output.weight, softcap=output.softcap), decoded.cache
 
 
 def _generator(request: SamplingRequest, device: torch.device) -> torch.Generator:

@@ -1,4 +1,9 @@
-"""A tiny random Gemma 3 with a tokenizer trained in code: a real Hugging Face folder built in a second, for tests."""
+"""Tiny random models with a tokenizer trained in code: real Hugging Face folders built in a second, for tests.
+
+Two architectures, the two the project ships at full size: Gemma 3 (`tiny-gemma3`: sliding and full attention
+layers, a tied unembedding, a BOS token) and Qwen2 (`tiny-qwen2`: biases on q/k/v, an untied head, ChatML's special
+tokens and chat template, no BOS), so every engine path is tested on both shapes of model.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +13,12 @@ from pathlib import Path
 import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import Gemma3ForCausalLM, Gemma3TextConfig, PreTrainedTokenizerFast
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from trainer_backend.models.cache import ensure_folder
 
 TINY_MODEL_NAME = "tiny-gemma3"
+TINY_QWEN2_NAME = "tiny-qwen2"
 
 # Gemma's own ids for its special tokens, so code that works with the tiny model sees the same layout as the real one.
 PAD, EOS, BOS, UNK = "<pad>", "<eos>", "<bos>", "<unk>"
@@ -77,6 +83,51 @@ def train_tiny_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
+# Qwen2's special tokens, and its chat format (ChatML) as a template: a turn is <|im_start|>role\ncontent<|im_end|>.
+ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+_CHATML_SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def train_tiny_chatml_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer with Qwen2's special tokens and ChatML chat template; no BOS, as Qwen2's."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=_VOCAB_SIZE,
+        special_tokens=list(_CHATML_SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_CORPUS, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=IM_END, pad_token=ENDOFTEXT)
+    fast.chat_template = CHATML_TEMPLATE
+    return fast
+
+
+def tiny_qwen2_config(vocab_size: int) -> Qwen2Config:
+    """Qwen2's architecture (grouped KV heads, q/k/v biases, an untied head) at toy size."""
+    return Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        pad_token_id=_CHATML_SPECIAL_TOKENS.index(ENDOFTEXT),
+        eos_token_id=_CHATML_SPECIAL_TOKENS.index(IM_END),
+        bos_token_id=None,
+    )
+
+
 def tiny_model_config(vocab_size: int) -> Gemma3TextConfig:
     """Gemma 3's architecture (sliding and full attention layers, grouped KV heads, tied embeddings) at toy size."""
     return Gemma3TextConfig(
@@ -98,23 +149,37 @@ def tiny_model_config(vocab_size: int) -> Gemma3TextConfig:
     )
 
 
-def build_tiny_model(folder: Path, seed: int = 0) -> Path:
-    """Write the tiny model and its tokenizer to `folder`; the same seed gives byte-identical files."""
-    tokenizer = train_tiny_tokenizer()
+def build_tiny_model(folder: Path, seed: int = 0, architecture: str = TINY_MODEL_NAME) -> Path:
+    """Write a tiny model (`tiny-gemma3` or `tiny-qwen2`) and its tokenizer to `folder`; the same seed gives
+    byte-identical files."""
+    qwen2 = architecture == TINY_QWEN2_NAME
+    tokenizer = train_tiny_chatml_tokenizer() if qwen2 else train_tiny_tokenizer()
     # A private generator state: building must not move the caller's random stream.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Gemma3ForCausalLM(tiny_model_config(len(tokenizer)))
+        if qwen2:
+            model = Qwen2ForCausalLM(tiny_qwen2_config(len(tokenizer)))
+        else:
+            model = Gemma3ForCausalLM(tiny_model_config(len(tokenizer)))
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 
 
-def ensure_tiny_model(cache_root: Path, seed: int = 0) -> Path:
-    """The tiny model under `cache_root`, built on first use and rebuilt when this recipe or transformers changes."""
+def _ensure(architecture: str, cache_root: Path, seed: int) -> Path:
     recipe = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
     return ensure_folder(
-        cache_root / f"{TINY_MODEL_NAME}-{seed}",
+        cache_root / f"{architecture}-{seed}",
         f"{recipe} transformers-{transformers.__version__}",
-        lambda scratch: build_tiny_model(scratch, seed),
+        lambda scratch: build_tiny_model(scratch, seed, architecture),
     )
+
+
+def ensure_tiny_model(cache_root: Path, seed: int = 0) -> Path:
+    """The tiny Gemma 3 under `cache_root`, built on first use and rebuilt when this recipe or transformers changes."""
+    return _ensure(TINY_MODEL_NAME, cache_root, seed)
+
+
+def ensure_tiny_qwen2(cache_root: Path, seed: int = 0) -> Path:
+    """The tiny Qwen2 under `cache_root`, built on first use and rebuilt when this recipe or transformers changes."""
+    return _ensure(TINY_QWEN2_NAME, cache_root, seed)

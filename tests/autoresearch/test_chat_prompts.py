@@ -1,0 +1,89 @@
+"""A trial renders its prompts in the model's chat format when the model has one: a real trial on the tiny Qwen2
+(ChatML template) against a real backend, with the tokens it sends recorded on their way into the SDK."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import tinker
+from support.backends import tiny_server_config
+
+from autoresearch.errors import ConfigurationError
+from autoresearch.trials.config import TrialConfig
+from autoresearch.trials.data import PromptRenderer
+from autoresearch.trials.rl_loop import run_trial
+from tasks.text2sql.task import Text2SqlTask
+from trainer_backend.models.tiny import TINY_QWEN2_NAME, train_tiny_chatml_tokenizer, train_tiny_tokenizer
+from trainer_backend.server import running_server
+
+USER_TURN = "<|im_start|>user\n"
+GENERATION_PROMPT = "<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture(scope="module")
+def chat_backend_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    config = tiny_server_config(tmp_path_factory.mktemp("backend"), base_model=TINY_QWEN2_NAME)
+    with running_server(config) as server:
+        yield server.url
+
+
+def test_a_trial_on_a_chat_model_samples_and_warms_up_in_its_chat_format(
+    chat_backend_url: str,
+    tiny_trial_config: TrialConfig,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sampled_prompts: list[list[int]] = []
+    trained: list[tinker.types.Datum] = []
+    sample, forward_backward = tinker.SamplingClient.sample, tinker.TrainingClient.forward_backward
+
+    def recording_sample(self, prompt, *args, **kwargs):
+        sampled_prompts.append(prompt.to_ints())
+        return sample(self, prompt, *args, **kwargs)
+
+    def recording_forward_backward(self, data, loss_fn, *args, **kwargs):
+        if loss_fn == "cross_entropy":
+            trained.extend(data)
+        return forward_backward(self, data, loss_fn, *args, **kwargs)
+
+    monkeypatch.setattr(tinker.SamplingClient, "sample", recording_sample)
+    monkeypatch.setattr(tinker.TrainingClient, "forward_backward", recording_forward_backward)
+    config = tiny_trial_config.model_copy(
+        update={"run_id": "chat", "base_model": TINY_QWEN2_NAME, "steps": 1, "eval_size": 2, "eval_interval": 1}
+    )
+    result = run_trial(config, chat_backend_url, tmp_path, progress=False)
+
+    assert result.prompt_format == "chat"
+    tokenizer = train_tiny_chatml_tokenizer()
+    assert sampled_prompts
+    for prompt in sampled_prompts:
+        text = tokenizer.decode(prompt)
+        # The task's prompt whole, as the one user turn, with the assistant's turn opened after it.
+        assert text.startswith(USER_TURN + "Write one DuckDB SQL query") and text.endswith("SQL:" + GENERATION_PROMPT)
+    end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert trained
+    for datum in trained:
+        weights = datum.loss_fn_inputs["weights"].to_numpy()
+        targets = datum.loss_fn_inputs["target_tokens"].to_numpy()
+        answer = [int(t) for t, w in zip(targets, weights, strict=True) if w > 0]
+        # The warm-up's target is the assistant's answer, closed by the token that ends a sampled answer.
+        assert answer[-1] == end_of_turn and end_of_turn not in answer[:-1]
+        assert tokenizer.decode(answer[:-1]).startswith("SELECT ")
+        assert tokenizer.decode(datum.model_input.to_ints()).endswith(
+            "SQL:" + GENERATION_PROMPT + tokenizer.decode(answer[:-1])
+        )
+
+
+def test_auto_renders_plain_text_for_a_tokenizer_without_a_chat_template(text2sql: Text2SqlTask) -> None:
+    tokenizer = train_tiny_tokenizer()
+    renderer = PromptRenderer(text2sql, tokenizer, few_shot=0, shots_split="train", prompt_format="auto")
+    example = text2sql.split("dev")[0]
+    assert renderer.format == "plain"
+    assert list(renderer.prompt(example).tokens) == tokenizer.encode(text2sql.render_prompt(example))
+
+
+def test_chat_asked_of_a_tokenizer_without_a_template_names_the_fix(text2sql: Text2SqlTask) -> None:
+    with pytest.raises(ConfigurationError, match=r"no chat template; use prompt_format: plain"):
+        PromptRenderer(text2sql, train_tiny_tokenizer(), few_shot=0, shots_split="train", prompt_format="chat")
