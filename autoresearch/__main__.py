@@ -25,6 +25,7 @@ from autoresearch.proposer import LlmProposer
 from autoresearch.sdk_logging import quiet_sdk_logs
 from autoresearch.spec import StudySpec, load_study_spec
 from autoresearch.study import open_study
+from autoresearch.trials.backend import api_key as trial_api_key
 from autoresearch.trials.backend import backend_for
 from autoresearch.view import StudyView, write_summary
 
@@ -49,11 +50,13 @@ def autoresearch(
     console = Console()
     try:
         spec = load_study_spec(spec_path)
-        proposer = LlmProposer(spec.llm) if spec.llm is not None else None
+        # An LLM of its own endpoint is checked now; the local backend's own is made once that backend answers.
+        remote_llm = spec.llm is not None and not spec.llm.is_local
+        proposer = LlmProposer(spec.llm) if remote_llm else None
     except (TrialError, ProposalError) as error:
         console.print(f"[red]{error}[/red]")
         raise typer.Exit(2) from None
-    if proposer is None:
+    if spec.llm is None:
         console.print("no LLM configured in the spec: Optuna's TPE sampler proposes every trial alone")
     run_root = run_root.resolve()
     folder = run_root / spec.study
@@ -64,6 +67,12 @@ def autoresearch(
             open_controller_state(spec.storage_url(), folder) as checkpointer,
             StudyView(progress, console) as view,
         ):
+            if spec.llm is not None and spec.llm.is_local:
+                proposer = LlmProposer(spec.llm.served_by(backend_urls[0], spec.base_model), api_key=trial_api_key())
+                console.print(
+                    f"proposals: {spec.base_model} on the local backend's {backend_urls[0]}/v1, with Optuna's TPE "
+                    "sampler for whatever it does not propose"
+                )
             executor = _executor(spec, folder, run_root)
             controller = Controller(spec, study, executor, proposer, backend_urls, on_tick=view.update, poll_s=poll_s)
             controller.run(checkpointer)

@@ -48,6 +48,9 @@ from autoresearch.spec import StudySpec
 from autoresearch.study import (
     BASELINE,
     ENDED,
+    LLM_PROPOSED,
+    LLM_VALID,
+    REJECTED_PROPOSALS,
     SHARED_WARMUP_PREFIX,
     RlGain,
     SharedWarmup,
@@ -214,6 +217,7 @@ class Controller:
         except ProposalError as error:
             self._record_rejection(f"round {state['round']}: {error}; Optuna's sampler proposes instead")
             return {"round": state["round"] + 1}
+        self._count(LLM_PROPOSED, len(proposed))
         for candidate in proposed:
             try:
                 check_candidate(self.spec, candidate.params, candidate.reward_weights)
@@ -224,6 +228,7 @@ class Controller:
             self.study.enqueue_trial(
                 chosen.optuna_params(), user_attrs={"rationale": chosen.rationale, "source": chosen.source}
             )
+            self._count(LLM_VALID, 1)
         return {"round": state["round"] + 1}
 
     def launch(self, state: ControllerState) -> dict:
@@ -326,10 +331,13 @@ class Controller:
         optuna.trial.Trial(self.study, trial._trial_id).set_user_attr("failure", reason)
         self.study.tell(trial.number, state=TrialState.FAIL)
 
+    def _count(self, name: str, added: int) -> None:
+        self.study.set_user_attr(name, int(self.study.user_attrs.get(name, 0)) + added)
+
     def _record_rejection(self, reason: str) -> None:
         log.warning("%s", reason)
-        rejected = list(self.study.user_attrs.get("rejected_proposals", []))
-        self.study.set_user_attr("rejected_proposals", [*rejected, reason])
+        rejected = list(self.study.user_attrs.get(REJECTED_PROPOSALS, []))
+        self.study.set_user_attr(REJECTED_PROPOSALS, [*rejected, reason])
 
     def _reconcile(self, frozen: optuna.trial.FrozenTrial) -> None:
         """Bring one RUNNING trial in line with its run: launch, report, prune, finish or fail it."""

@@ -68,8 +68,14 @@ SYSTEM = (
 class LlmProposer:
     """Asks an OpenAI-compatible chat model for candidates and analyses."""
 
-    def __init__(self, settings: LlmSettings, http_client: httpx.Client | None = None) -> None:
-        key = os.environ.get(settings.api_key_env)
+    def __init__(
+        self, settings: LlmSettings, http_client: httpx.Client | None = None, api_key: str | None = None
+    ) -> None:
+        """`api_key` is the key to send; by default the one in the environment variable the settings name.
+
+        Raises ProposalError when there is no key.
+        """
+        key = api_key or os.environ.get(settings.api_key_env)
         if not key:
             raise ProposalError(
                 f"no API key: set the environment variable {settings.api_key_env} for {settings.base_url}"

@@ -190,16 +190,37 @@ class Pruning(_Strict):
         return self
 
 
-class LlmSettings(_Strict):
-    """An OpenAI-compatible chat endpoint (vLLM, Ollama, Gemini's OpenAI endpoint, OpenAI)."""
+LOCAL_LLM = "local"
 
-    base_url: str = Field(pattern=r"^https?://")
-    model: str = Field(min_length=1)
+
+class LlmSettings(_Strict):
+    """An OpenAI-compatible chat endpoint (vLLM, Ollama, Gemini's OpenAI endpoint, OpenAI), or the study's own local
+    backend, which answers on its `/v1` with its base model (no key, no other server)."""
+
+    base_url: str = Field(
+        pattern=rf"^(https?://.+|{LOCAL_LLM})$",
+        description="the endpoint's URL (…/v1), or 'local': the /v1 of the backend the study starts (backend: local)",
+    )
+    model: str | None = Field(None, min_length=1, description="the model it serves; with 'local', the base model")
     api_key_env: str = Field("OPENAI_API_KEY", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     temperature: float = Field(0.7, ge=0, le=2)
     timeout_s: float = Field(120.0, gt=0)
     max_retries: int = Field(3, ge=0, le=10)
     max_tokens: int = Field(2048, ge=16, description="the most tokens one reply may take")
+
+    @property
+    def is_local(self) -> bool:
+        return self.base_url == LOCAL_LLM
+
+    @model_validator(mode="after")
+    def _model_named(self) -> LlmSettings:
+        if self.model is None and not self.is_local:
+            raise ValueError("model: required for an endpoint's URL (only base_url: local serves the base model)")
+        return self
+
+    def served_by(self, backend_url: str, base_model: str) -> LlmSettings:
+        """These settings pointed at the local backend at `backend_url`, whose `/v1` serves `base_model`."""
+        return self.model_copy(update={"base_url": f"{backend_url}/v1", "model": self.model or base_model})
 
 
 class LocalExecutorSettings(_Strict):
@@ -292,6 +313,15 @@ class StudySpec(_Strict):
         if missing:
             raise ConfigurationError(f"storage refers to {', '.join(missing)}, which the environment does not set")
         return _ENV_REFERENCE.sub(lambda match: os.environ[match.group(1)], self.storage)
+
+    @model_validator(mode="after")
+    def _local_llm_needs_the_local_backend(self) -> StudySpec:
+        if self.llm is not None and self.llm.is_local and self.backend != "local":
+            raise ValueError(
+                "llm.base_url: 'local' is the /v1 of the backend the controller starts (backend: local); with a "
+                f"remote backend give the LLM's own URL, e.g. {self.backend_urls[0].rstrip('/')}/v1 and its model"
+            )
+        return self
 
     @model_validator(mode="after")
     def _cluster_trials_need_a_backend_url(self) -> StudySpec:

@@ -159,4 +159,27 @@ def _summary_row(trial: FrozenTrial) -> dict:
         "run_id": trial.user_attrs.get("run_id"),
         "sampler_path": trial.user_attrs.get("sampler_path"),
         "source": trial.user_attrs.get("source"),
+        "rationale": trial.user_attrs.get("rationale"),
+    }
+
+
+# Study attributes: candidates the LLM proposed, and those that fit the search space and joined Optuna's queue.
+LLM_PROPOSED = "llm_proposed"
+LLM_VALID = "llm_valid"
+REJECTED_PROPOSALS = "rejected_proposals"
+
+
+def llm_proposal_counts(study: optuna.Study) -> dict:
+    """How the LLM's candidates fared: proposed, valid, run (trials started from them), and each rejection's reason
+    (an invalid candidate, or a round where the LLM gave none)."""
+    run = sum(
+        1
+        for t in study.get_trials(deepcopy=False)
+        if t.user_attrs.get("source") == "llm" and t.state is not TrialState.WAITING
+    )
+    return {
+        "proposed": int(study.user_attrs.get(LLM_PROPOSED, 0)),
+        "valid": int(study.user_attrs.get(LLM_VALID, 0)),
+        "run": run,
+        "rejected": list(study.user_attrs.get(REJECTED_PROPOSALS, [])),
     }

@@ -13,14 +13,18 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from autoresearch.study import BASELINE, rl_gain_of, shared_warmups, summary_rows
+from autoresearch.study import BASELINE, llm_proposal_counts, rl_gain_of, shared_warmups, summary_rows
+
+# The live table shows the start of each rationale; summary.json and the dashboard have it whole.
+_RATIONALE_CHARS = 80
 
 log = logging.getLogger(__name__)
 
 
 def trials_table(study: optuna.Study) -> Table:
     table = Table(title=f"study {study.study_name}{_references(study)}")
-    for column in ("#", "state", "source", "held-out at RL start", "latest held-out", "RL gain", "score", "parameters"):
+    columns = ("#", "state", "source", "held-out at RL start", "latest held-out", "RL gain", "score", "parameters")
+    for column in (*columns, "rationale"):
         table.add_column(column, overflow="fold")
     for trial in study.get_trials(deepcopy=False):
         if trial.state is TrialState.WAITING:
@@ -37,8 +41,13 @@ def trials_table(study: optuna.Study) -> Table:
             _signed(gain.gain),
             "-" if not trial.values else f"{trial.values[0]:.3f}",
             params,
+            _clipped(trial.user_attrs.get("rationale", "-")),
         )
     return table
+
+
+def _clipped(text: str) -> str:
+    return text if len(text) <= _RATIONALE_CHARS else text[: _RATIONALE_CHARS - 1] + "…"
 
 
 def _references(study: optuna.Study) -> str:
@@ -123,6 +132,14 @@ def write_summary(study: optuna.Study, folder: Path, console: Console) -> Path:
     baseline = study.user_attrs.get(BASELINE)
     if baseline is not None:
         console.print(f"baseline: the base model scores {baseline:.3f} on the same held-out questions")
+    proposals = llm_proposal_counts(study)
+    if proposals["proposed"] or proposals["rejected"]:
+        console.print(
+            f"LLM candidates: {proposals['proposed']} proposed, {proposals['valid']} valid, {proposals['run']} run, "
+            f"{len(proposals['rejected'])} rejections"
+        )
+        for reason in proposals["rejected"]:
+            console.print(f"  rejected: {reason}", markup=False)
     warmups = shared_warmups(study)
     for url, warmup in warmups.items():
         console.print(f"shared warm-up on {url}: held-out {warmup.held_out_accuracy:.3f}, state {warmup.path}")
@@ -136,6 +153,7 @@ def write_summary(study: optuna.Study, folder: Path, console: Console) -> Path:
                 "trials": states,
                 "baseline": baseline,
                 "shared_warmups": {url: warmup.model_dump() for url, warmup in warmups.items()},
+                "llm_proposals": proposals,
                 "best": rows,
             },
             indent=2,

@@ -26,13 +26,17 @@ sys.path.insert(0, str(ROOT))
 from autoresearch.sdk_logging import quiet_sdk_logs  # noqa: E402
 from autoresearch.trials.config import load_trial_config  # noqa: E402
 from autoresearch.trials.evaluation import evaluate_checkpoint  # noqa: E402
-from benchmarks.rl_step import GEMMA_TRIAL, server_from, worktree_at  # noqa: E402
+from benchmarks.rl_step import RECIPES, server_from, worktree_at  # noqa: E402
 from tasks.report import HeldOutReport  # noqa: E402
+from trainer_backend.models.gemma import GEMMA_3_270M  # noqa: E402
+from trainer_backend.models.registry import default_cache_root, resolve_base_model  # noqa: E402
 
 
 def measure(tree: Path, workdir: Path, name: str, eval_size: int) -> tuple[float, HeldOutReport]:
-    config = load_trial_config(GEMMA_TRIAL).model_copy(update={"eval_size": eval_size})
-    with server_from(tree, workdir / f"{name}-backend") as url:
+    folder = resolve_base_model(GEMMA_3_270M, default_cache_root()).folder
+    trial = RECIPES[GEMMA_3_270M].trial
+    config = load_trial_config(trial).model_copy(update={"eval_size": eval_size, "base_model": str(folder)})
+    with server_from(tree, workdir / f"{name}-backend", folder) as (url, _):
         started = time.perf_counter()
         report = evaluate_checkpoint(config, url)
         return time.perf_counter() - started, report

@@ -1,17 +1,24 @@
-"""One RL step of the shipped Gemma trial on the backend as it shipped and on this tree, in the same run.
+"""One RL step of a shipped trial recipe on the backend as it shipped and on this tree, in the same run.
 
-Run: python benchmarks/rl_step.py [--shipped 8945e16] [--steps 2]
+Run: python benchmarks/rl_step.py [--model google/gemma-3-270m | Qwen/Qwen2.5-Coder-0.5B-Instruct] [--shipped REV]
+     [--steps 2] [--max-backend-gib 20]
 
-The step is the trial's own (`autoresearch.trials`, the client code of this tree): 8 prompts of the shipped Gemma
-trial (`experiments/trials/text2sql_gemma.yaml`: zero-shot prompts of about 275 tokens) × 4 completions of at most
-64 new tokens at temperature 1, scored, one forward_backward (importance sampling) and one optim_step on a LoRA
-rank-16 adapter, then the next sampler's weights saved. The only difference between the two runs is the server:
-`--shipped` is checked out into a temporary git worktree and its `python -m trainer_backend serve` runs from there.
-A fresh adapter is the base model, whose answers are all wrong, so a small length penalty is added to the reward to
-give every group a spread of rewards and the step its full forward_backward.
+The step is the trial's own (`autoresearch.trials`, the client code of this tree), with the model's recipe:
+- Gemma 3 270M (`experiments/trials/text2sql_gemma.yaml`: zero-shot prompts of about 275 tokens): 8 prompts × 4
+  completions of at most 64 new tokens; shipped = 8945e16, main before issue 13 (RL steps 3x cheaper).
+- Qwen2.5-Coder-0.5B-Instruct (`experiments/trials/text2sql_qwen.yaml`: chat prompts of about 300 tokens): 8 prompts
+  × 8 completions of at most 96 new tokens; shipped = c486ff1, main before issue 26 (the engine's fast paths for
+  every model, micro-batched training).
+At temperature 1, scored, one forward_backward (importance sampling) and one optim_step on a LoRA rank-16 adapter,
+then the next sampler's weights saved. The only difference between the two runs is the server: `--shipped` is
+checked out into a temporary git worktree and its `python -m trainer_backend serve` runs from there, on the model's
+converted folder. A small length penalty is added to the reward to give every group a spread of rewards and the step
+its full forward_backward.
 
 Prints, per server: the last step's time, its sampling time and what the rest (scoring, forward_backward,
-optim_step, saving) took, and the tokens it sampled; then the ratio of the two step times.
+optim_step, saving) took, the tokens it sampled, and the backend's peak resident memory during the steps; then the
+ratio of the two step times. A backend that grows past `--max-backend-gib` is stopped (the machine would otherwise
+swap or kill), and its row says so.
 """
 
 from __future__ import annotations
@@ -22,8 +29,10 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,10 +43,23 @@ from autoresearch.trials.backend import free_port, wait_until_healthy  # noqa: E
 from autoresearch.trials.config import load_trial_config  # noqa: E402
 from autoresearch.trials.rl_loop import run_trial  # noqa: E402
 from tasks.text2sql.rewards import RewardSpec  # noqa: E402
+from trainer_backend.models.gemma import GEMMA_3_270M  # noqa: E402
+from trainer_backend.models.qwen import QWEN_2_5_CODER_0_5B_INSTRUCT  # noqa: E402
+from trainer_backend.models.registry import default_cache_root, resolve_base_model  # noqa: E402
 
-# main before the work of issue 13 (RL steps 3x cheaper): the code path the trial shipped with.
-SHIPPED_COMMIT = "8945e16"
-GEMMA_TRIAL = ROOT / "experiments" / "trials" / "text2sql_gemma.yaml"
+
+@dataclass(frozen=True)
+class Recipe:
+    trial: Path
+    shipped: str  # the commit whose server is measured against this tree
+    group_size: int
+    max_tokens: int
+
+
+RECIPES = {
+    GEMMA_3_270M: Recipe(ROOT / "experiments" / "trials" / "text2sql_gemma.yaml", "8945e16", 4, 64),
+    QWEN_2_5_CODER_0_5B_INSTRUCT: Recipe(ROOT / "experiments" / "trials" / "text2sql_qwen.yaml", "c486ff1", 8, 96),
+}
 REWARD_WITH_SPREAD = RewardSpec.parse(
     {
         "components": [
@@ -49,21 +71,53 @@ REWARD_WITH_SPREAD = RewardSpec.parse(
 )
 
 
+class MemoryWatch:
+    """Samples a process's resident memory twice a second; stops it when it grows past `limit_bytes`."""
+
+    def __init__(self, process: subprocess.Popen, limit_bytes: int) -> None:
+        self.process, self.limit_bytes = process, limit_bytes
+        self.peak_bytes = 0
+        self.exceeded = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        status = Path(f"/proc/{self.process.pid}/status")
+        while not self._stop.wait(0.5):
+            try:
+                line = next(x for x in status.read_text().splitlines() if x.startswith("VmRSS:"))
+            except (OSError, StopIteration):
+                return
+            self.peak_bytes = max(self.peak_bytes, int(line.split()[1]) * 1024)
+            if self.peak_bytes > self.limit_bytes:
+                self.exceeded = True
+                self.process.kill()
+                return
+
+    def __enter__(self) -> MemoryWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 @contextmanager
-def server_from(tree: Path, storage: Path) -> Iterator[str]:
-    """`python -m trainer_backend serve` for Gemma 3 270M with the code of `tree`, on a free loopback port."""
+def server_from(tree: Path, storage: Path, model_folder: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`python -m trainer_backend serve` of the model folder with the code of `tree`, on a free loopback port."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     storage.mkdir(parents=True, exist_ok=True)
     log_path = storage / "server.log"
-    command = [sys.executable, "-m", "trainer_backend", "serve", "--base-model", "google/gemma-3-270m"]
+    command = [sys.executable, "-m", "trainer_backend", "serve", "--base-model", str(model_folder)]
     command += ["--host", "127.0.0.1", "--port", str(port), "--storage-root", str(storage)]
     environment = {**os.environ, "PYTHONPATH": str(tree)}
     with log_path.open("ab") as log:
         server = subprocess.Popen(command, cwd=tree, env=environment, stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_until_healthy(server, url, log_path, 900.0)
-        yield url
+        yield url, server
     finally:
         server.terminate()
         server.wait(timeout=60)
@@ -81,15 +135,16 @@ def worktree_at(commit: str, folder: Path) -> Iterator[Path]:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(folder)], check=False)
 
 
-def measure(tree: Path, workdir: Path, name: str, steps: int) -> dict:
-    config = load_trial_config(GEMMA_TRIAL).model_copy(
+def measure(tree: Path, workdir: Path, name: str, steps: int, recipe: Recipe, folder: Path, limit: int) -> dict:
+    config = load_trial_config(recipe.trial).model_copy(
         update={
             "run_id": name,
+            "base_model": str(folder),
             "steps": steps,
             "warmup_steps": 0,
             "batch_size": 8,
-            "group_size": 4,
-            "max_tokens": 64,
+            "group_size": recipe.group_size,
+            "max_tokens": recipe.max_tokens,
             "lora_rank": 16,
             "reward_spec": REWARD_WITH_SPREAD,
             "eval_size": 1,
@@ -97,21 +152,39 @@ def measure(tree: Path, workdir: Path, name: str, steps: int) -> dict:
             "checkpoint_interval": 1000,
         }
     )
-    with server_from(tree, workdir / f"{name}-backend") as url:
-        run_trial(config, url, workdir / "runs", progress=False)
+    with server_from(tree, workdir / f"{name}-backend", folder) as (url, server), MemoryWatch(server, limit) as watch:
+        try:
+            run_trial(config, url, workdir / "runs", progress=False)
+        except Exception:  # the trial's error when its backend was stopped for its memory; else raised again
+            if not watch.exceeded:
+                raise
+    if watch.exceeded:
+        return {"exceeded": True, "peak_gib": watch.peak_bytes / 2**30}
     metrics = [json.loads(line) for line in (workdir / "runs" / name / "metrics.jsonl").read_text().splitlines()]
     last = metrics[-1]
     tokens = last["completion_tokens_mean"] * config.batch_size * config.group_size
     sampling_s = tokens / last["tokens_per_s"]
-    return {"step_s": last["step_time_s"], "sampling_s": sampling_s, "tokens": tokens, "datums": last["datums"]}
+    return {
+        "step_s": last["step_time_s"],
+        "sampling_s": sampling_s,
+        "tokens": tokens,
+        "datums": last["datums"],
+        "peak_gib": watch.peak_bytes / 2**30,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shipped", default=SHIPPED_COMMIT, help="commit of the shipped server")
+    parser.add_argument("--model", default=GEMMA_3_270M, choices=sorted(RECIPES), help="base model and its recipe")
+    parser.add_argument("--shipped", default=None, help="commit of the shipped server (default: the model's)")
     parser.add_argument("--steps", type=int, default=2, help="RL steps per server; the last one is reported")
+    parser.add_argument("--max-backend-gib", type=float, default=20.0, help="stop a backend that grows past this")
     args = parser.parse_args()
     quiet_sdk_logs()
+    recipe = RECIPES[args.model]
+    shipped = args.shipped or recipe.shipped
+    folder = resolve_base_model(args.model, default_cache_root()).folder
+    limit = int(args.max_backend_gib * 2**30)
 
     from rich.console import Console
     from rich.table import Table
@@ -120,25 +193,35 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         workdir = Path(scratch)
         results = {}
-        with worktree_at(args.shipped, workdir / "shipped") as shipped_tree:
+        shape = f"8 prompts × {recipe.group_size} completions ≤ {recipe.max_tokens} tokens"
+        with worktree_at(shipped, workdir / "shipped") as shipped_tree:
             for name, tree in (("shipped", shipped_tree), ("new", ROOT)):
-                with console.status(f"{name} server: {args.steps} RL steps of 8 × 4 on Gemma 3 270M"):
-                    results[name] = measure(tree, workdir, name, args.steps)
-    table = Table(title="one RL step, Gemma 3 270M, 8 prompts × 4 completions ≤ 64 tokens, LoRA rank 16")
-    for column in ("server", "step s", "sampling s", "rest s", "tokens sampled", "datums"):
+                with console.status(f"{name} server: {args.steps} RL steps of {shape} on {args.model}"):
+                    results[name] = measure(tree, workdir, name, args.steps, recipe, folder, limit)
+    table = Table(title=f"one RL step, {args.model}, {shape}, LoRA rank 16")
+    for column in ("server", "step s", "sampling s", "rest s", "tokens sampled", "datums", "backend peak GiB"):
         table.add_column(column, justify="right" if column != "server" else "left")
     for name, r in results.items():
+        label = f"{name} ({shipped})" if name == "shipped" else "this tree"
+        if r.get("exceeded"):
+            table.add_row(label, f"stopped: past {args.max_backend_gib:g} GiB", "", "", "", "", f"{r['peak_gib']:.1f}")
+            continue
         table.add_row(
-            f"{name} ({args.shipped})" if name == "shipped" else "this tree",
+            label,
             f"{r['step_s']:.1f}",
             f"{r['sampling_s']:.1f}",
             f"{r['step_s'] - r['sampling_s']:.1f}",
             f"{r['tokens']:.0f}",
             str(r["datums"]),
+            f"{r['peak_gib']:.1f}",
         )
     console.print(table)
-    console.print(f"step time, new ÷ shipped: {results['new']['step_s'] / results['shipped']['step_s']:.2f}")
-    console.print(f"command: python benchmarks/rl_step.py --shipped {args.shipped} --steps {args.steps}")
+    if not any(r.get("exceeded") for r in results.values()):
+        console.print(f"step time, new ÷ shipped: {results['new']['step_s'] / results['shipped']['step_s']:.2f}")
+    console.print(
+        f"command: python benchmarks/rl_step.py --model {args.model} --shipped {shipped} --steps {args.steps} "
+        f"--max-backend-gib {args.max_backend_gib:g}"
+    )
 
 
 if __name__ == "__main__":

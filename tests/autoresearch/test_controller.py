@@ -16,6 +16,7 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 from optuna_dashboard import get_note
+from pydantic import ValidationError
 from scripted_llm import scripted_llm
 
 from autoresearch.controller import Controller
@@ -305,3 +306,49 @@ def test_with_a_shared_warmup_new_trials_go_only_to_backends_that_hold_one(tmp_p
     study.set_user_attr(SHARED_WARMUP_PREFIX + urls[1], warmup.model_dump())
     controller = Controller(spec, study, LocalExecutor(tmp_path / "trials"), None, urls)
     assert controller._least_busy_backend() == urls[1]
+
+
+def test_the_main_command_proposes_with_its_local_backends_own_model_and_reports_how_the_candidates_fared(
+    tmp_path: Path,
+) -> None:
+    spec = tiny_spec(
+        tmp_path,
+        "local",
+        base_model="tiny-qwen2",
+        llm={"base_url": "local", "max_tokens": 256, "max_retries": 0},
+        pruning={"kind": "none"},
+        eval_size=2,
+        budget={"trials": 2, "concurrency": 2, "steps_per_trial": 1, "trial_time_limit_s": 300},
+    )
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True)))
+    runs = tmp_path / "runs"
+    command = [sys.executable, "-m", "autoresearch", str(spec_path), "--run-root", str(runs), "--no-progress"]
+    # No key in the environment: the local backend's own /v1 needs none.
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "TINKER_BASE_URL")}
+    finished = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert finished.returncode == 0, finished.stdout[-2000:] + finished.stderr[-2000:]
+    assert "tiny-qwen2 on the local backend's" in finished.stdout
+
+    summary = json.loads((runs / spec.study / "summary" / "summary.json").read_text())
+    proposals = summary["llm_proposals"]
+    # The tiny random model's answers fit the reply schema (constrained decoding) but not necessarily the search
+    # space: every candidate it gave was either queued or rejected with its reason, and none went unaccounted.
+    assert proposals["proposed"] >= 1 or proposals["rejected"]
+    assert proposals["valid"] <= proposals["proposed"] and proposals["run"] <= proposals["valid"]
+    study = optuna.load_study(study_name=spec.study, storage=spec.storage)
+    trials = study.get_trials(deepcopy=False)
+    assert sum(t.user_attrs["source"] == "llm" for t in trials) == proposals["run"]
+    assert all(t.user_attrs["rationale"] for t in trials)
+    assert {row["source"] for row in summary["best"]} <= {"llm", "sampler"}
+
+
+def test_a_local_llm_needs_the_local_backend_and_an_endpoints_llm_needs_its_model(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match=r"llm.base_url: 'local' is the /v1 of the backend"):
+        tiny_spec(tmp_path, "http://10.0.0.5:8000", llm={"base_url": "local"})
+    with pytest.raises(ValidationError, match=r"model: required for an endpoint's URL"):
+        tiny_spec(tmp_path, "local", llm={"base_url": "http://10.0.0.5:8001/v1"})
+    local = tiny_spec(tmp_path, "local", llm={"base_url": "local"}).llm
+    assert local is not None
+    served = local.served_by("http://127.0.0.1:4321", "tiny-qwen2")
+    assert (served.base_url, served.model) == ("http://127.0.0.1:4321/v1", "tiny-qwen2")

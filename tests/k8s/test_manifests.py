@@ -557,7 +557,7 @@ def test_trial_pods_run_the_image_the_controller_runs(rendered: dict, target: st
 
 
 def test_the_cluster_spec_is_the_experiment_spec_with_cluster_storage_backends_and_executor() -> None:
-    experiment = yaml.safe_load((ROOT / "experiments" / "text2sql.yaml").read_text())
+    experiment = yaml.safe_load((ROOT / "experiments" / "text2sql_gemma.yaml").read_text())
     cluster = yaml.safe_load((TARGETS["base"] / "specs" / "text2sql.yaml").read_text())
     adapted = {"storage", "backend", "executor"}
     assert {k: v for k, v in cluster.items() if k not in adapted} == {
