@@ -1,8 +1,12 @@
 """This machine's limits the way the engine uses it, and how close sampling and forward_backward come to them.
 
-Run: python benchmarks/roofline.py [--device cpu] [--new-tokens 32]
+Run: python benchmarks/roofline.py [--model google/gemma-3-270m] [--device cpu] [--new-tokens 32]
 
-1. fp32 GEMM GFLOP/s at Gemma 3 270M's shapes (the 262,144 × 640 unembedding, the MLP and attention projections),
+Any base model the server knows (`--model Qwen/Qwen2.5-Coder-0.5B-Instruct`: its chat prompts). Run it once per
+model to put their fractions of the bound side by side.
+
+1. fp32 GEMM GFLOP/s at the model's shapes (Gemma 3 270M: the 262,144 × 640 unembedding, the MLP and attention
+   projections),
    for a few row counts, through both matmul libraries PyTorch has on a CPU (MKL, which `F.linear` calls, and
    oneDNN, which the engine calls on x86); the best is the machine's compute peak. The unembedding is timed both as
    `F.linear` and as the engine's `unembedding_logits`.
@@ -62,9 +66,9 @@ def gemm_rates(hidden: int, vocab: int, intermediate: int, attention: int) -> di
     rates: dict[str, dict[int, float]] = {}
     unembedding = torch.randn(vocab, hidden)
     shapes = {
-        "mlp up / gate (640 → 2048)": (hidden, intermediate),
-        "mlp down (2048 → 640)": (intermediate, hidden),
-        "attention q (640 → 1024)": (hidden, attention),
+        f"mlp up / gate ({hidden} → {intermediate})": (hidden, intermediate),
+        f"mlp down ({intermediate} → {hidden})": (intermediate, hidden),
+        f"attention q ({hidden} → {attention})": (hidden, attention),
     }
     libraries = {"MKL": F.linear, "oneDNN": onednn_linear} if applies(unembedding) else {"MKL": F.linear}
     for name, (k, n) in shapes.items():
@@ -91,11 +95,16 @@ def bandwidths() -> dict[str, float]:
     return {"copy (read + write)": 2 * source.numel() * 4 / copy_s / 1e9, "read": source.numel() * 4 / read_s / 1e9}
 
 
+def head_dim(config) -> int:
+    """Width of one attention head: the config's own (Gemma sets it), else the hidden size over the heads."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def decode_bound(rows: int, context: int, linear_params: int, config, peak: float, read_gb_s: float) -> float:
     """Tokens/s of a decode step at `rows` rows if it ran at the machine's limit."""
     head = config.vocab_size * config.hidden_size
-    kv_width = config.num_key_value_heads * config.head_dim
-    attention_flops = 2 * 2 * config.num_attention_heads * config.head_dim * context * config.num_hidden_layers
+    kv_width = config.num_key_value_heads * head_dim(config)
+    attention_flops = 2 * 2 * config.num_attention_heads * head_dim(config) * context * config.num_hidden_layers
     flops = rows * (2 * (linear_params + head) + attention_flops)
     kv_bytes = rows * config.num_hidden_layers * context * 2 * kv_width * 4
     weight_bytes = (linear_params + head) * 4
@@ -105,6 +114,7 @@ def decode_bound(rows: int, context: int, linear_params: int, config, peak: floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=GEMMA_3_270M, help="a base model name or folder")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--new-tokens", type=int, default=32)
     args = parser.parse_args()
@@ -114,14 +124,14 @@ def main() -> None:
 
     console = Console(width=120)
     torch.manual_seed(0)
-    loaded = load_base_model(resolve_base_model(GEMMA_3_270M, default_cache_root()), select_device(args.device))
+    loaded = load_base_model(resolve_base_model(args.model, default_cache_root()), select_device(args.device))
     config = loaded.model.config
-    attention = config.num_attention_heads * config.head_dim
+    attention = config.num_attention_heads * head_dim(config)
     with console.status("GEMM rates and memory bandwidth"):
         rates = gemm_rates(config.hidden_size, config.vocab_size, config.intermediate_size, attention)
         bandwidth = bandwidths()
     peak = max(max(by_rows.values()) for by_rows in rates.values())
-    table = Table(title=f"fp32 GEMM GFLOP/s at Gemma 3 270M's shapes ({torch.get_num_threads()} threads)")
+    table = Table(title=f"fp32 GEMM GFLOP/s at {args.model}'s shapes ({torch.get_num_threads()} threads)")
     table.add_column("product")
     row_counts = sorted({rows for by_rows in rates.values() for rows in by_rows})
     for rows in row_counts:
@@ -134,7 +144,7 @@ def main() -> None:
     engine = ModelEngine(loaded)
     engine.create_adapter("bench", LoraSettings(rank=LORA_RANK, train_mlp=True, train_attn=True, train_unembed=False))
     task = Text2SqlTask.bundled()
-    renderer = PromptRenderer(task, loaded.tokenizer, 0, "train")
+    renderer = PromptRenderer(task, loaded.tokenizer, 0, "train", prompt_format="auto")
     order = TrainingOrder(split_of(task, "train", "train_split"), 0)
     prompts = [renderer.prompt(e).tokens for e in order.batch(0, 8)]
     layers = loaded.model.model.layers
@@ -190,7 +200,10 @@ def main() -> None:
         f"{bound_s / elapsed:.0%}",
     )  # fmt: skip
     console.print(training)
-    console.print(f"command: python benchmarks/roofline.py --device {args.device} --new-tokens {args.new_tokens}")
+    console.print(
+        f"command: python benchmarks/roofline.py --model {args.model} --device {args.device} "
+        f"--new-tokens {args.new_tokens}"
+    )
 
 
 if __name__ == "__main__":

@@ -74,7 +74,7 @@ class OpenAICompatibleModel:
     api_key_env: str = "OPENAI_API_KEY"
     api: str = "completions"
     max_tokens: int = 256
-    # On /completions; the endpoint leaves the stop string out of the answer, as OpenAI's API does.
+    # The endpoint leaves the stop string out of the answer, as OpenAI's API does.
     stop: tuple[str, ...] = ("\nQuestion:",)
     timeout_s: float = 120.0
 
@@ -88,9 +88,9 @@ class OpenAICompatibleModel:
     def _complete(self, client: httpx.Client, prompt: str) -> str:
         common = {"model": self.model, "max_tokens": self.max_tokens, "temperature": 0.0}
         if self.api == "chat":
-            response = client.post(
-                "/chat/completions", json={**common, "messages": [{"role": "user", "content": prompt}]}
-            )
+            # The task's prompt as the one user turn of the endpoint's chat template, as a trial's chat format.
+            messages = [{"role": "user", "content": prompt}]
+            response = client.post("/chat/completions", json={**common, "messages": messages, "stop": list(self.stop)})
             response.raise_for_status()
             return response.json()["choices"][0]["message"]["content"] or ""
         response = client.post("/completions", json={**common, "prompt": prompt, "stop": list(self.stop)})
