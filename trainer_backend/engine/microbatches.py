@@ -18,8 +18,9 @@ from transformers import PretrainedConfig
 
 from trainer_backend.engine.prefixes import PrefixGroup, length_buckets
 
-# Activations one forward keeps for backward, per token and layer, in units of the layer's widths; measured on
-# Qwen2.5-Coder-0.5B and Gemma 3 270M with the engine's own pass (benchmarks/rl_step.py prints the peak).
+# Activations one forward keeps for backward, per token and layer, in units of the layer's widths: calibrated on
+# Qwen2.5-Coder-0.5B, where a piece of about 1,200 tokens held 5 GiB above the weights (4.5 MB a token; this gives
+# 4.2 MB), and `benchmarks/rl_step.py` prints the backend's peak.
 _SAVED_PER_HIDDEN = 16
 _SAVED_PER_INTERMEDIATE = 6
 # What the activations of one piece may take; the model's weights and the LoRA state come on top.

@@ -106,6 +106,9 @@ def _convert(model: GgufModel, folder: Path) -> None:
         converted.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
         shutil.rmtree(gguf.parent)
+        for written in folder.iterdir():
+            # safetensors writes its file private (0600); other users of a shared cache must read the weights too.
+            written.chmod(0o644)
         progress.update(task, completed=100, description=f"{model.name}: converted")
 
 
