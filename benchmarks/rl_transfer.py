@@ -42,9 +42,15 @@ from tasks.interface import TaskExample  # noqa: E402
 from tasks.registry import open_task  # noqa: E402
 from tasks.report import HeldOutReport  # noqa: E402
 
+# A checkpoint "path" that names the untrained base model.
+BASE = "base"
 
-def sampler_for(service: tinker.ServiceClient, path: str) -> tinker.SamplingClient:
-    """A sampling client of sampler weights, or of training weights (through a training client loaded from them)."""
+
+def sampler_for(service: tinker.ServiceClient, path: str, base_model: str) -> tinker.SamplingClient:
+    """A sampling client of sampler weights, of training weights (through a training client loaded from them), or of
+    the base model itself for the path `base` (where a trial without a warm-up starts)."""
+    if path == BASE:
+        return service.create_sampling_client(base_model=base_model).result()
     if "/sampler_weights/" in path:
         return service.create_sampling_client(model_path=path).result()
     training = service.create_training_client_from_state(path).result()
@@ -76,9 +82,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", type=Path, required=True, help="the trial's run directory")
     parser.add_argument("--backend-url", required=True, help="the backend that holds the checkpoints")
-    parser.add_argument("--checkpoint", action="append", required=True, help="NAME=tinker://… (the first is the base)")
-    parser.add_argument("--dev-size", type=int, help="held-out questions (default: the trial's eval_size)")
-    parser.add_argument("--questions", type=int, default=200, help="new questions of the training databases")
+    parser.add_argument(
+        "--checkpoint",
+        action="append",
+        required=True,
+        help="NAME=tinker://… or NAME=base (the untrained base model); the first is compared against",
+    )
+    parser.add_argument("--dev-size", type=int, help="held-out questions (default: the trial's eval_size; 0: none)")
+    parser.add_argument("--questions", type=int, default=200, help="new questions of the training databases (0: none)")
     parser.add_argument("--samples", type=int, default=0, help="also the mean accuracy of K samples per question")
     parser.add_argument("--split", action="append", default=[], help="also the whole of this split (e.g. test)")
     args = parser.parse_args()
@@ -93,20 +104,24 @@ def main() -> None:
     consumed = state.data_position if state is not None else 0
     task = open_task(config.task)
     order = TrainingOrder(split_of(task, config.train_split, "train_split"), config.seed)
+    dev_size = config.eval_size if args.dev_size is None else args.dev_size
     question_sets = {
-        "dev": list(held_out_subset(task, config.eval_split, args.dev_size or config.eval_size, config.eval_seed)),
+        "dev": list(held_out_subset(task, config.eval_split, dev_size, config.eval_seed)) if dev_size else [],
         "train-new": order.batch(consumed, args.questions),
         **{name: list(split_of(task, name, "--split")) for name in args.split},
     }
+    question_sets = {name: examples for name, examples in question_sets.items() if examples}
     checkpoints = dict(entry.split("=", 1) for entry in args.checkpoint)
     console = Console(width=120)
     greedy: dict[str, dict[str, HeldOutReport]] = {}
     sampled: dict[str, dict[str, float]] = {}
     with tinker.ServiceClient(base_url=args.backend_url, api_key=api_key()) as service, task:
         tokenizer = service.create_lora_training_client(base_model=config.base_model, rank=1).result().get_tokenizer()
-        renderer = PromptRenderer(task, tokenizer, config.few_shot, config.train_split)
+        renderer = PromptRenderer(
+            task, tokenizer, config.few_shot, config.train_split, prompt_format=config.prompt_format
+        )
         for name, path in checkpoints.items():
-            sampler = sampler_for(service, path)
+            sampler = sampler_for(service, path, config.base_model)
             for set_name, examples in question_sets.items():
                 with console.status(f"{name}: {set_name}, {len(examples)} questions"):
                     greedy.setdefault(name, {})[set_name] = evaluate_sampler(
