@@ -23,6 +23,7 @@ swap or kill), and its row says so.
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import json
 import os
@@ -92,6 +93,8 @@ class MemoryWatch:
             if self.peak_bytes > self.limit_bytes:
                 self.exceeded = True
                 self.process.kill()
+                # The SDK retries a vanished server for minutes: stop the trial's thread instead.
+                _thread.interrupt_main()
                 return
 
     def __enter__(self) -> MemoryWatch:
@@ -155,7 +158,7 @@ def measure(tree: Path, workdir: Path, name: str, steps: int, recipe: Recipe, fo
     with server_from(tree, workdir / f"{name}-backend", folder) as (url, server), MemoryWatch(server, limit) as watch:
         try:
             run_trial(config, url, workdir / "runs", progress=False)
-        except Exception:  # the trial's error when its backend was stopped for its memory; else raised again
+        except (Exception, KeyboardInterrupt):  # how the trial stops when its backend was stopped for its memory
             if not watch.exceeded:
                 raise
     if watch.exceeded:

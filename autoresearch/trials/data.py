@@ -28,12 +28,22 @@ class Tokenizer(Protocol):
 PromptFormat = Literal["auto", "chat", "plain"]
 
 
-def resolved_prompt_format(requested: PromptFormat, tokenizer: Tokenizer) -> Literal["chat", "plain"]:
-    """`chat` or `plain`: "auto" is chat exactly when the tokenizer has a chat template.
+def resolved_prompt_format(
+    requested: PromptFormat, tokenizer: Tokenizer, agentic: bool = False
+) -> Literal["chat", "plain"]:
+    """`chat` or `plain`: "auto" is chat exactly when the tokenizer has a chat template and the trial is single-turn
+    (an agentic episode is one growing transcript, its observations appended as text).
 
     Raises:
-        ConfigurationError: chat was asked for and the tokenizer has no chat template.
+        ConfigurationError: chat was asked for and the tokenizer has no chat template, or of agentic episodes.
     """
+    if agentic:
+        if requested == "chat":
+            raise ConfigurationError(
+                "prompt_format: chat is not supported for agentic episodes yet (their turns are one transcript); "
+                "use prompt_format: plain or auto"
+            )
+        return "plain"
     has_template = bool(getattr(tokenizer, "chat_template", None))
     if requested == "chat" and not has_template:
         raise ConfigurationError(
@@ -129,7 +139,7 @@ class PromptRenderer:
         self.tokenizer = tokenizer
         self.max_turns = max_turns
         self.shots = task.few_shot_examples(few_shot, shots_split)
-        self.format = resolved_prompt_format(prompt_format, tokenizer)
+        self.format = resolved_prompt_format(prompt_format, tokenizer, agentic=max_turns is not None)
 
     @property
     def shot_ids(self) -> frozenset[str]:

@@ -87,3 +87,11 @@ def test_auto_renders_plain_text_for_a_tokenizer_without_a_chat_template(text2sq
 def test_chat_asked_of_a_tokenizer_without_a_template_names_the_fix(text2sql: Text2SqlTask) -> None:
     with pytest.raises(ConfigurationError, match=r"no chat template; use prompt_format: plain"):
         PromptRenderer(text2sql, train_tiny_tokenizer(), few_shot=0, shots_split="train", prompt_format="chat")
+
+
+def test_agentic_episodes_stay_plain_and_refuse_an_explicit_chat_format(text2sql: Text2SqlTask) -> None:
+    tokenizer = train_tiny_chatml_tokenizer()
+    renderer = PromptRenderer(text2sql, tokenizer, few_shot=0, shots_split="train", max_turns=3)
+    assert renderer.format == "plain"
+    with pytest.raises(ConfigurationError, match=r"not supported for agentic episodes"):
+        PromptRenderer(text2sql, tokenizer, few_shot=0, shots_split="train", max_turns=3, prompt_format="chat")
