@@ -23,10 +23,10 @@ swap or kill), and its row says so.
 
 from __future__ import annotations
 
-import _thread
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -93,8 +93,9 @@ class MemoryWatch:
             if self.peak_bytes > self.limit_bytes:
                 self.exceeded = True
                 self.process.kill()
-                # The SDK retries a vanished server for minutes: stop the trial's thread instead.
-                _thread.interrupt_main()
+                # The SDK retries a vanished server for minutes: a real SIGINT ends the trial's wait on its future
+                # (a simulated one, _thread.interrupt_main, is not seen by a thread blocked on a lock).
+                os.kill(os.getpid(), signal.SIGINT)
                 return
 
     def __enter__(self) -> MemoryWatch:
