@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -93,9 +92,6 @@ class MemoryWatch:
             if self.peak_bytes > self.limit_bytes:
                 self.exceeded = True
                 self.process.kill()
-                # The SDK retries a vanished server for minutes: a real SIGINT ends the trial's wait on its future
-                # (a simulated one, _thread.interrupt_main, is not seen by a thread blocked on a lock).
-                os.kill(os.getpid(), signal.SIGINT)
                 return
 
     def __enter__(self) -> MemoryWatch:
@@ -157,11 +153,22 @@ def measure(tree: Path, workdir: Path, name: str, steps: int, recipe: Recipe, fo
         }
     )
     with server_from(tree, workdir / f"{name}-backend", folder) as (url, server), MemoryWatch(server, limit) as watch:
-        try:
-            run_trial(config, url, workdir / "runs", progress=False)
-        except (Exception, KeyboardInterrupt):  # how the trial stops when its backend was stopped for its memory
-            if not watch.exceeded:
-                raise
+        # In a thread of its own: the SDK retries a vanished server for minutes, so a trial whose backend was stopped
+        # for its memory is left behind rather than waited for.
+        failures: list[BaseException] = []
+
+        def trial() -> None:
+            try:
+                run_trial(config, url, workdir / "runs", progress=False)
+            except BaseException as error:
+                failures.append(error)
+
+        runner = threading.Thread(target=trial, daemon=True)
+        runner.start()
+        while runner.is_alive() and not watch.exceeded:
+            runner.join(1.0)
+        if failures and not watch.exceeded:
+            raise failures[0]
     if watch.exceeded:
         return {"exceeded": True, "peak_gib": watch.peak_bytes / 2**30}
     metrics = [json.loads(line) for line in (workdir / "runs" / name / "metrics.jsonl").read_text().splitlines()]
