@@ -19,6 +19,7 @@ from transformers import PreTrainedModel, Qwen2ForCausalLM
 from trainer_backend.engine import sampling
 from trainer_backend.engine.output_head import linear_output_head
 from trainer_backend.engine.sampling import (
+    SampledSequence,
     SamplingInputError,
     SamplingJob,
     SamplingRequest,
@@ -67,15 +68,34 @@ def reference_sampling_logprobs(logits_V: torch.Tensor, temperature: float, top_
     return F.log_softmax(scaled_V, dim=-1)
 
 
-def test_greedy_follows_full_forward_argmax_past_the_sliding_window(model: PreTrainedModel) -> None:
-    (sequence,) = run(model, temperature=0, max_tokens=24).sequences
-    assert len(PROMPT) + len(sequence.tokens) > 3 * (model.config.sliding_window or 0)
+def assert_greedy_follows_full_forward(model: torch.nn.Module, sequence: SampledSequence) -> None:
+    """Each greedy token after PROMPT is the argmax of a full forward, with that forward's log-prob."""
     context = list(PROMPT)
     for token, logprob in zip(sequence.tokens, sequence.logprobs, strict=True):
         logprobs_V = full_forward_logprobs(model, context)[-1]
         assert token == int(logprobs_V.argmax())
         assert logprob == pytest.approx(float(logprobs_V[token]), abs=LOGPROB_ROUNDING)
         context.append(token)
+
+
+def adapted_copy(model: PreTrainedModel, target_modules: list[str], seed: int) -> PeftModel:
+    """A copy of `model` with a LoRA adapter "default" on `target_modules`, its B matrices random (not zero)."""
+    torch.manual_seed(seed)
+    # get_peft_model injects into the module it is given, so the shared base stays untouched on a copy.
+    base = type(model)(model.config)
+    base.load_state_dict(model.state_dict())
+    peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=target_modules))
+    with torch.no_grad():
+        for name, parameter in peft_model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(std=0.5)
+    return peft_model.eval()
+
+
+def test_greedy_follows_full_forward_argmax_past_the_sliding_window(model: PreTrainedModel) -> None:
+    (sequence,) = run(model, temperature=0, max_tokens=24).sequences
+    assert len(PROMPT) + len(sequence.tokens) > 3 * (model.config.sliding_window or 0)
+    assert_greedy_follows_full_forward(model, sequence)
 
 
 @pytest.mark.parametrize(
@@ -219,26 +239,12 @@ def test_the_model_is_returned_in_its_previous_mode(model: PreTrainedModel) -> N
 
 @pytest.fixture
 def lora_model(model: PreTrainedModel) -> PeftModel:
-    torch.manual_seed(1)
-    # get_peft_model injects into the module it is given, so the shared base stays untouched on a copy.
-    base = type(model)(model.config)
-    base.load_state_dict(model.state_dict())
-    peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
-    with torch.no_grad():
-        for name, parameter in peft_model.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(std=0.5)
-    return peft_model.eval()
+    return adapted_copy(model, ["q_proj", "v_proj"], seed=1)
 
 
 def test_sampling_goes_through_a_lora_adapter(model: PreTrainedModel, lora_model: PeftModel) -> None:
     adapted = run(lora_model, adapter="default", temperature=0, max_tokens=16).sequences[0]
-    context = list(PROMPT)
-    for token, logprob in zip(adapted.tokens, adapted.logprobs, strict=True):
-        logprobs_V = full_forward_logprobs(lora_model, context)[-1]
-        assert token == int(logprobs_V.argmax())
-        assert logprob == pytest.approx(float(logprobs_V[token]), abs=LOGPROB_ROUNDING)
-        context.append(token)
+    assert_greedy_follows_full_forward(lora_model, adapted)
     assert adapted.tokens != run(model, temperature=0, max_tokens=16).sequences[0].tokens
 
 
@@ -321,21 +327,9 @@ def full_forward_logits(model: torch.nn.Module, ids: Sequence[int]) -> torch.Ten
 
 
 def test_a_lora_on_the_head_samples_through_its_low_rank_logits(model: PreTrainedModel) -> None:
-    torch.manual_seed(3)
-    base = type(model)(model.config)
-    base.load_state_dict(model.state_dict())
-    head_lora = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "lm_head"])).eval()
-    with torch.no_grad():
-        for name, parameter in head_lora.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(std=0.5)
+    head_lora = adapted_copy(model, ["q_proj", "lm_head"], seed=3)
     adapted = run(head_lora, adapter="default", temperature=0, max_tokens=12).sequences[0]
-    context = list(PROMPT)
-    for token, logprob in zip(adapted.tokens, adapted.logprobs, strict=True):
-        logprobs_V = full_forward_logprobs(head_lora, context)[-1]
-        assert token == int(logprobs_V.argmax())
-        assert logprob == pytest.approx(float(logprobs_V[token]), abs=LOGPROB_ROUNDING)
-        context.append(token)
+    assert_greedy_follows_full_forward(head_lora, adapted)
 
 
 class ScaledLogitsQwen2(Qwen2ForCausalLM):

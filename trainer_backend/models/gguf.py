@@ -55,11 +55,8 @@ def ensure_converted(model: GgufModel, cache_root: Path) -> Path:
 
 
 def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as file:
-        while chunk := file.read(2**24):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(file, "sha256").hexdigest()
 
 
 @contextmanager

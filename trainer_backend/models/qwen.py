@@ -8,6 +8,7 @@ order, which `ensure_converted` checks before anything is read from it.
 from __future__ import annotations
 
 import importlib.util
+import shutil
 from pathlib import Path
 
 from trainer_backend.models.gguf import GgufModel, ModelWeightsError, ensure_converted
@@ -43,8 +44,7 @@ def assemble_gguf(folder: Path) -> Path:
     with gguf.open("wb") as joined:
         for chunk in chunks:
             with chunk.open("rb") as piece:
-                while block := piece.read(2**24):
-                    joined.write(block)
+                shutil.copyfileobj(piece, joined, 2**24)
     return gguf
 
 

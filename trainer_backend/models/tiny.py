@@ -62,18 +62,24 @@ _CORPUS = (
 )
 
 
-def train_tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer trained on the built-in corpus; any text round-trips through it."""
+def _trained_bpe(special_tokens: tuple[str, ...]) -> Tokenizer:
+    """A byte-level BPE trained on the built-in corpus, the special tokens first; any text round-trips through it."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=_VOCAB_SIZE,
-        special_tokens=list(_SPECIAL_TOKENS),
+        special_tokens=list(special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tokenizer.train_from_iterator(_CORPUS, trainer)
+    return tokenizer
+
+
+def train_tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained on the built-in corpus; any text round-trips through it."""
+    tokenizer = _trained_bpe(_SPECIAL_TOKENS)
     # Gemma's tokenizer starts every sequence with <bos>; prompts built for one model then fit the other.
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, tokenizer.token_to_id(BOS))]
@@ -96,17 +102,9 @@ CHATML_TEMPLATE = (
 
 def train_tiny_chatml_tokenizer() -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer with Qwen2's special tokens and ChatML chat template; no BOS, as Qwen2's."""
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=_VOCAB_SIZE,
-        special_tokens=list(_CHATML_SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=_trained_bpe(_CHATML_SPECIAL_TOKENS), eos_token=IM_END, pad_token=ENDOFTEXT
     )
-    tokenizer.train_from_iterator(_CORPUS, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=IM_END, pad_token=ENDOFTEXT)
     fast.chat_template = CHATML_TEMPLATE
     return fast
 
