@@ -80,9 +80,10 @@ def mask_microseconds(tokenizer, steps: int = 200) -> float:
 
 
 def stream_text_seconds(tokenizer, tokens: int = 2048) -> tuple[float, float]:
-    """Seconds to turn a `tokens`-token answer (this README, tokenized) into streamed text: IncrementalText, and the
-    reference of decoding everything drawn so far at each token."""
-    ids = tokenizer.encode((ROOT / "README.md").read_text(), add_special_tokens=False)[:tokens]
+    """Seconds to turn a `tokens`-token answer (the documentation's pages, tokenized) into streamed text:
+    IncrementalText, and the reference of decoding everything drawn so far at each token."""
+    pages = "\n".join(page.read_text() for page in sorted((ROOT / "docs").glob("*.md")))
+    ids = tokenizer.encode(pages, add_special_tokens=False)[:tokens]
     started = time.perf_counter()
     text = IncrementalText(tokenizer, ("\n\n\n",))
     for token in ids:
