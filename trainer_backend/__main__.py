@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
 from trainer_backend.config import ServerConfig
-from trainer_backend.errors import BackendError, UserInputError, describe_validation_error
+from trainer_backend.errors import BackendError, UserInputError
 from trainer_backend.logs import configure_logging
 from trainer_backend.server import serve
 
@@ -58,9 +58,21 @@ def serve_command(log_format: str = "text", **given: Any) -> None:
     try:
         config = ServerConfig(**{name: value for name, value in given.items() if value not in (None, [])})
     except ValidationError as error:
-        raise UserInputError(describe_validation_error(error, "config")) from None
+        raise UserInputError(_flag_errors(error)) from None
     configure_logging(log_format)
     serve(config)
+
+
+def _flag_errors(error: ValidationError) -> str:
+    """Each bad setting named as the flag a user gives it (or its environment variable), with what is wrong."""
+    problems = []
+    for problem in error.errors():
+        name = str(problem["loc"][0]) if problem["loc"] else ""
+        if name in ServerConfig.model_fields:
+            flag = FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
+            name = f"{flag} (TRAINER_BACKEND_{name.upper()})"
+        problems.append(f"{name or 'config'}: {problem['msg']}")
+    return "; ".join(problems)
 
 
 serve_command.__signature__ = inspect.Signature(  # type: ignore[attr-defined]

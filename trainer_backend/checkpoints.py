@@ -185,6 +185,28 @@ class CheckpointStore:
                 removed += 1
         return removed
 
+    def usage_bytes(self, owner: str, replacing: CheckpointPath | None = None) -> int:
+        """Bytes of `owner`'s live checkpoints, less the one at `replacing` (a save about to overwrite it)."""
+        return sum(info.size_bytes for info in self.list(owner) if replacing is None or info.path != str(replacing))
+
+    def prunable(self, model_id: str, kind: CheckpointKind, keep: int, in_use: set[Path]) -> list[CheckpointInfo]:
+        """The run's checkpoints of `kind` older than its `keep` most recent, except folders in `in_use` (a queued
+        request still reads them; a later prune takes them)."""
+        pattern = f"runs/{model_id.replace(':', '__')}/{kind.value}/*/{METADATA_FILE}"
+        infos = [info for p in self.root.glob(pattern) if (info := _readable_info(p)) is not None]
+        infos.sort(key=lambda info: info.created_at, reverse=True)
+        return [info for info in infos[keep:] if self._folder_of(info) not in in_use]
+
+    def prune(self, model_id: str, kind: CheckpointKind, keep: int, in_use: set[Path]) -> list[str]:
+        """Remove what `prunable` names; the paths removed."""
+        removed = self.prunable(model_id, kind, keep, in_use)
+        for info in removed:
+            shutil.rmtree(self._folder_of(info), ignore_errors=True)
+        return [info.path for info in removed]
+
+    def _folder_of(self, info: CheckpointInfo) -> Path:
+        return self.folder(CheckpointPath(info.model_id, info.kind, info.name))
+
     def delete(self, owner: str, path: CheckpointPath) -> None:
         self.info(owner, path)
         shutil.rmtree(self.folder(path))

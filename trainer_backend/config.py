@@ -37,6 +37,19 @@ class ServerConfig(BaseSettings):
     max_loaded_adapters: int = Field(
         32, ge=1, description="training adapters kept loaded; the least recently used others wait on disk"
     )
+    # What one API key may hold, so no tenant can stall or fill the server for the others.
+    max_queued_per_key: int | None = Field(
+        None, ge=1, description="operations one API key may have queued; past it that key alone is told to back off"
+    )
+    max_storage_bytes_per_key: int | None = Field(
+        None, ge=1, description="bytes of checkpoints one API key may keep; a save past it fails, naming this limit"
+    )
+    keep_checkpoints_per_run: int | None = Field(
+        None,
+        ge=1,
+        description="checkpoints of each kind a run keeps, the most recent, unless it asks otherwise "
+        "(user_metadata keep_checkpoints); none: all",
+    )
     # Bounds on what one request may ask for, checked before any work: each answers 413 or 400 naming itself.
     max_request_bytes: int = Field(
         64 * 2**20, ge=1024, description="largest request body, compressed or not (a forward_backward chunk is ~5 MB)"

@@ -63,6 +63,13 @@ class OverloadedError(BackendError):
     category = "server"
 
 
+class QuotaExceededError(BackendError):
+    """What the caller's key holds would pass a per-key limit of the server; what it saved already stays."""
+
+    status_code = 403
+    category = "user"
+
+
 class ServerError(BackendError):
     """Something failed on our side while running a request; the message says what."""
 

@@ -39,6 +39,11 @@ CREATE TABLE IF NOT EXISTS training_runs (
     created_at REAL NOT NULL,
     last_request_at REAL NOT NULL
 );
+-- How many checkpoints of each kind a run keeps (the most recent); a run without a row keeps them all.
+CREATE TABLE IF NOT EXISTS run_retention (
+    model_id TEXT PRIMARY KEY,
+    keep INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS sampling_sessions (
     sampling_session_id TEXT PRIMARY KEY,
     owner TEXT NOT NULL,
@@ -150,6 +155,16 @@ class RunStore:
         if row is None:
             raise NotFoundError(f"unknown model {model_id!r}")
         return _run_from_row(row)
+
+    def set_retention(self, model_id: str, keep: int) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO run_retention VALUES (?, ?)", (model_id, keep))
+
+    def retention(self, model_id: str) -> int | None:
+        """How many checkpoints of each kind the run keeps; None: all."""
+        with self._lock:
+            row = self._db.execute("SELECT keep FROM run_retention WHERE model_id = ?", (model_id,)).fetchone()
+        return None if row is None else row[0]
 
     def touch(self, model_id: str) -> None:
         with self._lock:

@@ -20,6 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
 from trainer_backend.errors import BackendError, ConflictError, OverloadedError, ServerError
@@ -64,6 +65,11 @@ class Operation(Generic[PayloadT]):
     # May run while a long batch pauses (a training step may run inside a long generation; nothing that adds or
     # removes adapters may).
     interleaves: bool = False
+    # The API key's owner whose open work this operation counts toward (`max_queued_per_owner`).
+    owner: str | None = None
+    # The checkpoint folder the operation reads (sampler weights it samples, a state it loads): nothing removes a
+    # checkpoint that a queued or running operation still needs.
+    reads: Path | None = None
     enqueued_at: float = field(default_factory=time.monotonic)
 
 
@@ -118,6 +124,9 @@ class _Lane:
     def __len__(self) -> int:
         return len(self.waiting) + len(self.unordered)
 
+    def operations(self) -> list[Operation]:
+        return [*self.waiting.values(), *self.unordered]
+
 
 @dataclass(frozen=True)
 class SchedulerStats:
@@ -144,11 +153,14 @@ class Scheduler:
         batch_runners: dict[str, BatchRunner] | None = None,
         policy: SchedulingPolicy = "least_recently_served",
         batch_windows_s: dict[str, float] | None = None,
+        max_queued_per_owner: int | None = None,
     ) -> None:
-        """`batch_windows_s`: per batch kind, how old its oldest ready operation must be before its batch forms."""
+        """`batch_windows_s`: per batch kind, how old its oldest ready operation must be before its batch forms.
+        `max_queued_per_owner`: queued operations one owner may have (None: only `max_queued` bounds them)."""
         self.ledger = ledger
         self.policy = policy
         self.max_queued = max_queued
+        self.max_queued_per_owner = max_queued_per_owner
         self.gap_timeout_s = gap_timeout_s
         self._batch_runners = dict(batch_runners or {})
         self._batch_windows_s = dict(batch_windows_s or {})
@@ -162,6 +174,7 @@ class Scheduler:
         self._busy_seconds = 0.0
         self._operations_by_kind: dict[str, int] = {}
         self._running: tuple[str, ...] = ()
+        self._running_operations: list[Operation] = []
         self._running_since: float | None = None
         self._busy_listeners: list[Callable[[float, float], None]] = []
         self._thread = threading.Thread(target=self._run, name="device-worker", daemon=True)
@@ -180,6 +193,12 @@ class Scheduler:
         with self._condition:
             if self._queued() >= self.max_queued:
                 raise OverloadedError(f"the server has {self.max_queued} operations queued; retry shortly")
+            limit = self.max_queued_per_owner
+            if limit is not None and operation.owner is not None and self._queued_by(operation.owner) >= limit:
+                raise OverloadedError(
+                    f"this API key has {limit} operations queued, the server's limit per key (--max-queued-per-key); "
+                    "retry when some have run"
+                )
             lane = self._lanes.setdefault(operation.lane, _Lane())
             if operation.seq_id is None:
                 lane.unordered.append(operation)
@@ -218,6 +237,17 @@ class Scheduler:
             found = self._lanes.get(lane)
             return len(found) if found is not None else 0
 
+    def queued_by(self, owner: str) -> int:
+        """Operations of one owner waiting to run."""
+        with self._condition:
+            return self._queued_by(owner)
+
+    def folders_in_use(self) -> set[Path]:
+        """Checkpoint folders that queued or running operations read."""
+        with self._condition:
+            operations = [op for lane in self._lanes.values() for op in lane.operations()]
+            return {op.reads for op in [*operations, *self._running_operations] if op.reads is not None}
+
     def stats(self) -> SchedulerStats:
         with self._condition:
             return SchedulerStats(
@@ -241,6 +271,9 @@ class Scheduler:
 
     def _queued(self) -> int:
         return sum(len(lane) for lane in self._lanes.values())
+
+    def _queued_by(self, owner: str) -> int:
+        return sum(op.owner == owner for lane in self._lanes.values() for op in lane.operations())
 
     def _next(self, only_interleaving: bool = False) -> list[Operation]:
         """The ready operation of the least recently served lane, with every ready operation it can batch with.
@@ -316,10 +349,12 @@ class Scheduler:
                 if not batch:
                     return
                 self._running = tuple(op.request_id for op in batch)
+                self._running_operations = list(batch)
                 self._running_since = time.monotonic()
             self._execute(batch)
             with self._condition:
                 self._running = ()
+                self._running_operations = []
                 self._running_since = None
 
     def _pause(self) -> None:
@@ -328,12 +363,13 @@ class Scheduler:
             batch = [] if self._stopping else self._next(only_interleaving=True)
             if not batch:
                 return
-            paused = self._running
+            paused, paused_operations = self._running, self._running_operations
             self._running = paused + tuple(op.request_id for op in batch)
+            self._running_operations = paused_operations + batch
         # Inside the paused batch's busy interval, which already counts this time.
         self._execute(batch, nested=True)
         with self._condition:
-            self._running = paused
+            self._running, self._running_operations = paused, paused_operations
 
     def _execute(self, batch: list[Operation], nested: bool = False) -> None:
         for operation in batch:

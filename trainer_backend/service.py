@@ -14,11 +14,13 @@ import functools
 import hashlib
 import json
 import logging
+import re
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 from trainer_backend.checkpoints import CheckpointInfo, CheckpointKind, CheckpointPath, CheckpointStore, validate_name
 from trainer_backend.config import ServerConfig
@@ -26,7 +28,14 @@ from trainer_backend.duty_cycle import DutyCycle, TokenCounts
 from trainer_backend.engine.adapters import saved_adapter_settings
 from trainer_backend.engine.model_engine import ForwardBackwardCall, ModelEngine, SamplerCall
 from trainer_backend.engine.sampling import SamplingInputError, SamplingRequest, SamplingResult
-from trainer_backend.errors import BackendError, NotFoundError, OverloadedError, ServerError, UserInputError
+from trainer_backend.errors import (
+    BackendError,
+    NotFoundError,
+    OverloadedError,
+    QuotaExceededError,
+    ServerError,
+    UserInputError,
+)
 from trainer_backend.ledger import FutureRecord, Ledger, ResultFormat
 from trainer_backend.models.loading import LoadedModel
 from trainer_backend.runs import RunStore, TrainingRun
@@ -40,7 +49,7 @@ from trainer_backend.wire.proto import (
     encode_forward_backward_output,
     encode_sample_response,
 )
-from trainer_backend.wire.status import ServerStatus
+from trainer_backend.wire.status import KeyUsage, ServerStatus
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +69,8 @@ INTERLEAVING_KINDS = frozenset(
 )
 # Ephemeral sampler weights (save_weights_and_get_sampling_client) are deleted after this long.
 EPHEMERAL_TTL_S = 24 * 3600
+# The training run's user_metadata key that says how many checkpoints of each kind it keeps (the most recent).
+KEEP_CHECKPOINTS_KEY = "keep_checkpoints"
 
 
 def body_hash(body: bytes) -> str:
@@ -137,6 +148,7 @@ class TrainingService:
             gap_timeout_s=config.gap_timeout_s,
             batch_runners={SAMPLING: self._run_samples, TRAINING_PASS: self._run_forward_backward},
             batch_windows_s={SAMPLING: SAMPLING_BATCH_WINDOW_S},
+            max_queued_per_owner=config.max_queued_per_key,
         )
         self.duty_cycle = DutyCycle()
         self.scheduler.on_busy(self.duty_cycle.record)
@@ -164,8 +176,10 @@ class TrainingService:
         idempotency_key: str | None = None,
         model_id: str | None = None,
         batch: tuple[str, _PendingSample | ForwardBackwardCall] | None = None,
+        reads: Path | None = None,
     ) -> FutureRecord:
-        """Record a future and queue its operation: `work`, or a (batch kind, payload) for that kind's runner."""
+        """Record a future and queue its operation: `work`, or a (batch kind, payload) for that kind's runner.
+        `reads`: the checkpoint folder it needs, kept until it has run."""
         record, created = self.ledger.submit(
             owner,
             kind,
@@ -186,6 +200,8 @@ class TrainingService:
                     batch_kind=batch_kind,
                     payload=payload,
                     interleaves=kind in INTERLEAVING_KINDS,
+                    owner=owner,
+                    reads=reads,
                 )
                 self.scheduler.submit(operation)
             except OverloadedError:
@@ -210,11 +226,17 @@ class TrainingService:
         return record
 
     def status(self, owner: str) -> ServerStatus:
-        """The device's recent busy fraction and the caller's unfinished futures with their ages."""
+        """The device's recent busy fraction, the caller's unfinished futures with their ages and what its key
+        holds against the per-key limits."""
         sampler = self.vllm.status() if self.vllm is not None else None
-        return server_status(
-            owner, self.loaded.name, self.ledger.in_flight(), self.scheduler.stats(), self.duty_cycle, sampler
+        usage = KeyUsage(
+            queued=self.scheduler.queued_by(owner),
+            max_queued=self.config.max_queued_per_key,
+            storage_bytes=self.checkpoints.usage_bytes(owner),
+            max_storage_bytes=self.config.max_storage_bytes_per_key,
         )
+        stats = self.scheduler.stats()
+        return server_status(owner, self.loaded.name, self.ledger.in_flight(), stats, self.duty_cycle, usage, sampler)
 
     # --- sessions -----------------------------------------------------------------------------------------
 
@@ -256,7 +278,10 @@ class TrainingService:
                 f"lora_config.rank must be between 1 and this server's limit of {self.config.max_lora_rank} "
                 f"(--max-lora-rank), got {lora.rank}"
             )
+        keep = self._checkpoints_to_keep(request.user_metadata)
         run = self.runs.create_training_run(owner, request.session_id, request.model_seq_id, self.loaded.name, lora)
+        if keep is not None:
+            self.runs.set_retention(run.model_id, keep)
 
         def work() -> tuple[bytes, ResultFormat]:
             if not self.engine.has_adapter(run.model_id):
@@ -323,15 +348,30 @@ class TrainingService:
         record = self._submit(owner, "optim_step", request.model_id, body, work, request.seq_id, key, request.model_id)
         return Submitted(record, model_id=request.model_id)
 
+    def _checkpoints_to_keep(self, metadata: Mapping[str, Any] | None) -> int | None:
+        """How many checkpoints of each kind a new run keeps: its user_metadata's `keep_checkpoints`, else the
+        server's `--keep-checkpoints-per-run`; None keeps them all."""
+        value = (metadata or {}).get(KEEP_CHECKPOINTS_KEY)
+        if value is None:
+            return self.config.keep_checkpoints_per_run
+        if not re.fullmatch(r"\d+", str(value).strip()) or int(value) < 1:
+            raise UserInputError(
+                f"user_metadata {KEEP_CHECKPOINTS_KEY} must be a whole number of at least 1, got {value!r}"
+            )
+        return int(value)
+
     def _save(
         self, owner: str, model_id: str, kind: CheckpointKind, name: str, ttl_s: float | None, overwrite: bool
     ) -> CheckpointInfo:
-        """Runs on the worker: write the adapter (and optimizer) into a checkpoint folder."""
+        """Runs on the worker: write the adapter (and optimizer) into a checkpoint folder, within the key's storage
+        quota; then the run's older checkpoints past what it keeps are removed."""
         path = CheckpointPath(model_id, kind, validate_name(name))
+        keep = self.runs.retention(model_id)
         staging = self.checkpoints.prepare(path, overwrite=overwrite)
         try:
             self.engine.save(model_id, staging, include_optimizer=kind is CheckpointKind.TRAINING)
-            return self.checkpoints.commit(path, staging, owner, self.loaded.name, ttl_s)
+            self._check_storage_quota(owner, path, staging, keep)
+            info = self.checkpoints.commit(path, staging, owner, self.loaded.name, ttl_s)
         except BaseException as error:
             # A failed save leaves nothing half-written behind, and the checkpoint it would have replaced stays.
             self.checkpoints.discard(staging)
@@ -340,6 +380,29 @@ class TrainingService:
                     f"checkpoint {path} was not saved: the server's disk is full; earlier checkpoints are intact"
                 ) from error
             raise
+        if keep is not None:
+            removed = self.checkpoints.prune(model_id, kind, keep, self.scheduler.folders_in_use())
+            if removed:
+                log.info("removed %d checkpoints of %s past the %d it keeps", len(removed), model_id, keep)
+        return info
+
+    def _check_storage_quota(self, owner: str, path: CheckpointPath, staging: Path, keep: int | None) -> None:
+        """Refuse a checkpoint that would take the key past `--max-storage-bytes-per-key`, counting neither the
+        checkpoint it replaces nor those its run's retention removes once it lands."""
+        limit = self.config.max_storage_bytes_per_key
+        if limit is None:
+            return
+        size = sum(f.stat().st_size for f in staging.rglob("*") if f.is_file())
+        used = self.checkpoints.usage_bytes(owner, replacing=path)
+        if keep is not None:
+            leaving = self.checkpoints.prunable(path.model_id, path.kind, keep - 1, self.scheduler.folders_in_use())
+            used -= sum(info.size_bytes for info in leaving if info.path != str(path))
+        if used + size > limit:
+            raise QuotaExceededError(
+                f"checkpoint {path} was not saved: it takes {size:,} bytes and this API key's checkpoints already "
+                f"take {used:,}, past this server's limit of {limit:,} bytes per key (--max-storage-bytes-per-key); "
+                "delete checkpoints the key no longer needs. Its saved checkpoints are intact"
+            )
 
     @releases_seq_id_on_refusal
     def save_weights(self, owner: str, request: schemas.SaveWeightsRequest, body: bytes, key: str | None) -> Submitted:
@@ -403,9 +466,12 @@ class TrainingService:
         else:
             # create_training_client_from_state: a new run whose first operation is this load.
             self._check_base_model(request.base_model)
+            keep = self._checkpoints_to_keep(request.user_metadata)
             source = self.runs.training_run(owner, path.model_id) if self._known_run(owner, path.model_id) else None
             lora = source.lora if source else saved_adapter_settings(folder)
             run = self.runs.create_training_run(owner, request.session_id, request.model_seq_id, self.loaded.name, lora)
+            if keep is not None:
+                self.runs.set_retention(run.model_id, keep)
             model_id, seq_id = run.model_id, 0
             self.scheduler.expect_sequence(model_id, 0)
 
@@ -413,7 +479,7 @@ class TrainingService:
             self.engine.load(model_id, folder, with_optimizer=request.optimizer)
             return _json(schemas.LoadWeightsResponse(path=str(path), model_id=model_id))
 
-        record = self._submit(owner, "load_weights", model_id, body, work, seq_id, key, model_id)
+        record = self._submit(owner, "load_weights", model_id, body, work, seq_id, key, model_id, reads=folder)
         return Submitted(record, model_id=model_id)
 
     def _known_run(self, owner: str, model_id: str) -> bool:
@@ -499,8 +565,9 @@ class TrainingService:
         generation batches, or send it to vLLM; its future resolves to the encoded `SampleResponse`."""
         if self.vllm is not None:
             return self._submit_to_vllm(owner, call, body, key, prompt_logprobs_last_n)
+        pending = _PendingSample(call, prompt_logprobs_last_n)
         record = self._submit(
-            owner, "sample", lane, body, None, None, key, batch=(SAMPLING, _PendingSample(call, prompt_logprobs_last_n))
+            owner, "sample", lane, body, None, None, key, batch=(SAMPLING, pending), reads=call.weights_folder
         )
         ids = [f"{record.request_id}-{i}" for i in range(call.request.num_samples)]
         return Submitted(record, sample_sequence_ids=ids)

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from trainer_backend.duty_cycle import DutyCycle
 from trainer_backend.ledger import FutureRecord, FutureState
 from trainer_backend.scheduler import SchedulerStats
-from trainer_backend.wire.status import DeviceStatus, FutureInFlight, SamplerStatus, ServerStatus
+from trainer_backend.wire.status import DeviceStatus, FutureInFlight, KeyUsage, SamplerStatus, ServerStatus
 
 
 def server_status(
@@ -18,6 +18,7 @@ def server_status(
     in_flight: Iterable[FutureRecord],
     stats: SchedulerStats,
     duty_cycle: DutyCycle,
+    usage: KeyUsage,
     sampler: SamplerStatus | None = None,
 ) -> ServerStatus:
     """The device's recent busy fraction and `owner`'s unfinished futures with their ages; other owners' futures
@@ -61,4 +62,5 @@ def server_status(
         queued=queued,
         in_flight=mine,
         other_tenants_in_flight=others,
+        usage=usage,
     )

@@ -24,7 +24,7 @@ LOSS_CONFIG_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 # What may change when a run resumes: how long it runs and how often it evaluates and saves.
-RESUMABLE_CHANGES = frozenset({"steps", "eval_interval", "checkpoint_interval"})
+RESUMABLE_CHANGES = frozenset({"steps", "eval_interval", "checkpoint_interval", "keep_checkpoints"})
 
 
 class InitialState(BaseModel):
@@ -86,6 +86,12 @@ class TrialConfig(BaseModel):
         None, ge=1, le=1024, description="examples per warm-up step; None: batch_size"
     )
     checkpoint_interval: int = Field(10, ge=1, description="save the training state every this many steps")
+    keep_checkpoints: int | None = Field(
+        None,
+        ge=1,
+        description="checkpoints of each kind the backend keeps for the trial's run, the most recent (older ones go "
+        "as newer land, so a long study does not fill the disk); None: all",
+    )
     init_from: InitialState | None = Field(
         None, description="start from this saved state (same LoRA rank; its adapted layers are kept); None: fresh"
     )

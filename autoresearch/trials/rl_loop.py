@@ -160,8 +160,11 @@ def _start_or_resume(
 
     Returns the client and the state it stands at.
     """
+    metadata = _run_metadata(config)
     if state is not None and state.checkpoint_path is not None:
-        training = service.create_training_client_from_state_with_optimizer(state.checkpoint_path).result()
+        training = service.create_training_client_from_state_with_optimizer(
+            state.checkpoint_path, user_metadata=metadata
+        ).result()
         return training, state
     if config.init_from is not None:
         training = _from_initial_state(service, config, config.init_from)
@@ -173,6 +176,7 @@ def _start_or_resume(
             train_mlp=config.train_mlp,
             train_attn=config.train_attn,
             train_unembed=config.train_unembed,
+            user_metadata=metadata,
         ).result()
     fresh = RunState(
         run_id=str(config.run_id),
@@ -186,6 +190,11 @@ def _start_or_resume(
     return training, fresh
 
 
+def _run_metadata(config: TrialConfig) -> dict[str, str] | None:
+    """What the backend is told about the trial's run: how many checkpoints of each kind to keep."""
+    return None if config.keep_checkpoints is None else {"keep_checkpoints": str(config.keep_checkpoints)}
+
+
 def _from_initial_state(
     service: tinker.ServiceClient, config: TrialConfig, initial: InitialState
 ) -> tinker.TrainingClient:
@@ -196,7 +205,7 @@ def _from_initial_state(
         ConfigurationError: the state cannot be loaded, or its LoRA rank is not the config's.
     """
     try:
-        training = service.create_training_client_from_state(initial.path).result()
+        training = service.create_training_client_from_state(initial.path, user_metadata=_run_metadata(config)).result()
     except tinker.TinkerError as error:
         raise ConfigurationError(f"init_from: cannot load {initial.path}: {error}") from None
     rank = training.get_info().lora_rank

@@ -14,6 +14,7 @@ import tinker
 from tinker import types
 
 from autoresearch.errors import ConfigurationError
+from autoresearch.trials.backend import api_key
 from autoresearch.trials.config import InitialState, TrialConfig
 from autoresearch.trials.evaluation import evaluate_checkpoint
 from autoresearch.trials.paired import compare
@@ -148,6 +149,20 @@ def test_a_restarted_trial_resumes_from_its_last_checkpoint(
     longer = run_trial(config.model_copy(update={"steps": 4}), backend_url, tmp_path, progress=False)
     assert longer.resumed_from_step == 3 and longer.steps_completed == 4
     assert [m["step"] for m in directory.metrics.read()] == [1, 2, 3, 4]
+
+
+def test_a_trial_keeps_only_its_most_recent_checkpoints_on_the_backend(
+    tiny_trial_config: TrialConfig, backend_url: str, tmp_path: Path
+) -> None:
+    config = tiny_trial_config.model_copy(
+        update={"run_id": "kept", "steps": 3, "checkpoint_interval": 1, "eval_interval": 0, "keep_checkpoints": 1}
+    )
+    result = run_trial(config, backend_url, tmp_path, progress=False)
+    model_id = result.checkpoint_path.removeprefix("tinker://").split("/")[0]
+    rest = tinker.RestClient(base_url=backend_url, api_key=api_key())
+    listed = rest.list_checkpoints(model_id).result().checkpoints
+    # Three steps saved three states and a sampler save per step; the last of each kind is what stays.
+    assert sorted(c.tinker_path for c in listed) == sorted([result.sampler_path, result.checkpoint_path])
 
 
 def test_a_trial_from_a_saved_state_starts_at_its_weights_and_after_its_examples(

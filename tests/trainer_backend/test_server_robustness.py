@@ -8,6 +8,7 @@ send, and controls seq_ids and idempotency keys, with bodies built by the SDK's 
 from __future__ import annotations
 
 import math
+import os
 import re
 import subprocess
 import sys
@@ -320,8 +321,14 @@ def test_metrics_report_queue_operations_busy_time_and_tokens(
 
 
 def test_the_command_line_explains_serve() -> None:
+    # Wide enough that rich does not cut the longest flag's name.
+    wide = {**os.environ, "COLUMNS": "200"}
     result = subprocess.run(
-        [sys.executable, "-m", "trainer_backend", "serve", "--help"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "trainer_backend", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=wide,
     )
     assert result.returncode == 0, result.stderr
     # Every config field is a flag (derived from the config, so none is forgotten), its help the field's own.

@@ -41,6 +41,15 @@ class SamplerStatus(BaseModel):
     restarts: int = Field(description="times vLLM was found dead and started again")
 
 
+class KeyUsage(BaseModel):
+    """What the caller's API key holds against the server's per-key limits (None: no limit)."""
+
+    queued: int = Field(description="the key's operations waiting for the device")
+    max_queued: int | None = Field(description="--max-queued-per-key")
+    storage_bytes: int = Field(description="bytes of the key's live checkpoints")
+    max_storage_bytes: int | None = Field(description="--max-storage-bytes-per-key")
+
+
 class ServerStatus(BaseModel):
     base_model: str
     device: DeviceStatus
@@ -49,3 +58,4 @@ class ServerStatus(BaseModel):
     queued: dict[str, int]
     in_flight: list[FutureInFlight]
     other_tenants_in_flight: int
+    usage: KeyUsage
