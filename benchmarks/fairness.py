@@ -1,29 +1,50 @@
-"""Which tenant goes next: least recently served (the server's policy) against first come, first served.
+"""Which tenant goes next, and what one tenant's big evaluation costs another's RL steps.
 
 Run: python benchmarks/fairness.py [--heavy-queue 40] [--light-requests 20] [--work-ms 20]
+     python benchmarks/fairness.py --engine [--model google/gemma-3-270m] [--before COMMIT] [--steps 3]
 
-The real scheduler and ledger, with device work replaced by a fixed sleep so that only the policy differs. A heavy
-tenant keeps a deep queue (it submits `--heavy-queue` operations in order, and one more each time one finishes,
-as an RL loop with many requests in flight does); a light tenant sends one operation at a time and waits for it,
-as a loop that samples, scores and steps does. Reported: the light tenant's wait from submission to start
-(median and 95th percentile) and both tenants' share of the device.
+Without `--engine`: the real scheduler and ledger, with device work replaced by a fixed sleep so that only the policy
+differs (least recently served, the server's, against first come, first served). A heavy tenant keeps a deep queue
+(it submits `--heavy-queue` operations in order, and one more each time one finishes, as an RL loop with many
+requests in flight does); a light tenant sends one operation at a time and waits for it, as a loop that samples,
+scores and steps does. Reported: the light tenant's wait from submission to start (median and 95th percentile) and
+both tenants' share of the device.
+
+With `--engine`: a real server (`python -m trainer_backend serve` of this tree, and of `--before` when given) and the
+real engine. Tenant B runs RL steps of the model's trial recipe (8 prompts x 4 completions) alone; tenant A runs the
+trial's held-out evaluation of the whole dev split (332 prompts, every one sent at once) alone; then both at once.
+Reported: B's median step alone and while A's evaluation runs, A's evaluation alone and beside B, and the backend's
+peak resident memory.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
 import threading
 import time
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from autoresearch.sdk_logging import quiet_sdk_logs  # noqa: E402
+from autoresearch.trials.config import TrialConfig, load_trial_config  # noqa: E402
+from autoresearch.trials.evaluation import evaluate_checkpoint  # noqa: E402
+from autoresearch.trials.rl_loop import run_trial  # noqa: E402
+from benchmarks.rl_step import RECIPES, REWARD_WITH_SPREAD, MemoryWatch, server_from, worktree_at  # noqa: E402
 from trainer_backend.ledger import Ledger, ResultFormat  # noqa: E402
+from trainer_backend.models.gemma import GEMMA_3_270M  # noqa: E402
+from trainer_backend.models.registry import default_cache_root, resolve_base_model  # noqa: E402
 from trainer_backend.scheduler import Operation, Scheduler, SchedulingPolicy  # noqa: E402
+
+TINY_TRIAL = ROOT / "experiments" / "trials" / "text2sql_tiny.yaml"
+DEV_QUESTIONS = 332
 
 
 def run(policy: SchedulingPolicy, heavy_queue: int, light_requests: int, work_s: float) -> dict[str, float]:
@@ -74,12 +95,128 @@ def run(policy: SchedulingPolicy, heavy_queue: int, light_requests: int, work_s:
     }
 
 
+@dataclass(frozen=True)
+class EngineFigures:
+    b_step_alone_s: float
+    b_step_beside_a_s: float
+    b_steps_beside_a: int
+    a_alone_s: float
+    a_beside_b_s: float
+    peak_gib: float
+
+
+def tenant_configs(model: str, steps: int) -> tuple[TrialConfig, TrialConfig]:
+    """B's RL recipe (8 prompts x 4 completions, the model's trial prompts) and A's evaluation of the dev split."""
+    if model.startswith("tiny-"):
+        base = load_trial_config(TINY_TRIAL).model_copy(update={"base_model": model})
+        max_tokens = 16
+    else:
+        folder = resolve_base_model(model, default_cache_root()).folder
+        base = load_trial_config(RECIPES[model].trial).model_copy(update={"base_model": str(folder)})
+        max_tokens = RECIPES[model].max_tokens
+    b = base.model_copy(
+        update={
+            "steps": steps, "warmup_steps": 0, "batch_size": 8, "group_size": 4, "max_tokens": max_tokens,
+            "reward_spec": REWARD_WITH_SPREAD, "eval_size": 1, "eval_interval": 0, "checkpoint_interval": 1000,
+        }
+    )  # fmt: skip
+    return b, base.model_copy(update={"eval_size": DEV_QUESTIONS})
+
+
+@dataclass(frozen=True)
+class TrialRun:
+    started: float
+    ended: float
+    step_times_s: list[float]
+
+
+def run_b(config: TrialConfig, url: str, runs: Path, run_id: str) -> TrialRun:
+    """One trial of B's RL steps on `url`, with when it ran (wall clock)."""
+    started = time.time()
+    run_trial(config.model_copy(update={"run_id": run_id}), url, runs, progress=False)
+    metrics = [json.loads(line) for line in (runs / run_id / "metrics.jsonl").read_text().splitlines()]
+    return TrialRun(started, time.time(), [m["step_time_s"] for m in metrics])
+
+
+def run_engine(tree: Path, workdir: Path, model: str, steps: int) -> EngineFigures:
+    b_config, a_config = tenant_configs(model, steps)
+    model_name = b_config.base_model
+    with server_from(tree, workdir / "backend", Path(model_name)) as (url, server), MemoryWatch(server, 2**40) as watch:
+        alone = run_b(b_config, url, workdir / "runs", "b-alone").step_times_s
+        started = time.time()
+        evaluate_checkpoint(a_config, url)
+        a_alone = time.time() - started
+
+        a_window: list[float] = []
+
+        def evaluate() -> None:
+            began = time.time()
+            evaluate_checkpoint(a_config, url)
+            a_window.extend([began, time.time()])
+
+        a_thread = threading.Thread(target=evaluate)
+        a_thread.start()
+        beside: list[TrialRun] = []
+        while a_thread.is_alive():
+            beside.append(run_b(b_config, url, workdir / "runs", f"b-beside-{len(beside)}"))
+        a_thread.join()
+    begin, end = a_window
+    # Only B's trials that ran wholly while A's evaluation did.
+    during = [step for run in beside if run.started >= begin - 1 and run.ended <= end for step in run.step_times_s]
+    return EngineFigures(
+        b_step_alone_s=statistics.median(alone),
+        b_step_beside_a_s=statistics.median(during) if during else float("nan"),
+        b_steps_beside_a=len(during),
+        a_alone_s=a_alone,
+        a_beside_b_s=end - begin,
+        peak_gib=watch.peak_bytes / 2**30,
+    )
+
+
+def engine_main(model: str, before: str | None, steps: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    quiet_sdk_logs()
+    console = Console(width=120)
+    table = Table(title=f"tenant B's RL steps (8 x 4) and tenant A's evaluation of {DEV_QUESTIONS} prompts, {model}")
+    columns = ("server", "B's step alone", "B's step beside A", "ratio", "A alone", "A beside B", "ratio", "peak")
+    for column in columns:
+        table.add_column(column, justify="right")
+    with tempfile.TemporaryDirectory(prefix="fairness-") as scratch, ExitStack() as stack:
+        workdir = Path(scratch)
+        servers = [("this tree", ROOT)]
+        if before is not None:
+            servers.insert(0, (before, stack.enter_context(worktree_at(before, workdir / "before"))))
+        for name, tree in servers:
+            figures = run_engine(tree, workdir / name.replace(" ", "-"), model, steps)
+            table.add_row(
+                name,
+                f"{figures.b_step_alone_s:.1f} s",
+                f"{figures.b_step_beside_a_s:.1f} s ({figures.b_steps_beside_a} steps)",
+                f"{figures.b_step_beside_a_s / figures.b_step_alone_s:.2f}",
+                f"{figures.a_alone_s:.1f} s",
+                f"{figures.a_beside_b_s:.1f} s",
+                f"{figures.a_beside_b_s / figures.a_alone_s:.2f}",
+                f"{figures.peak_gib:.1f} GiB",
+            )
+    console.print(table)
+    console.print("command: python benchmarks/fairness.py " + " ".join(sys.argv[1:]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--heavy-queue", type=int, default=40)
     parser.add_argument("--light-requests", type=int, default=20)
     parser.add_argument("--work-ms", type=float, default=20.0)
+    parser.add_argument("--engine", action="store_true", help="the real-engine scenario (tenants A and B)")
+    parser.add_argument("--model", default="tiny-gemma3", help=f"with --engine: tiny-gemma3 or {GEMMA_3_270M}")
+    parser.add_argument("--before", default=None, help="with --engine: also measure the server of this commit")
+    parser.add_argument("--steps", type=int, default=3, help="with --engine: B's RL steps per run")
     args = parser.parse_args()
+    if args.engine:
+        engine_main(args.model, args.before, args.steps)
+        return
 
     from rich.console import Console
     from rich.table import Table

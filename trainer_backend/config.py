@@ -37,6 +37,12 @@ class ServerConfig(BaseSettings):
     max_loaded_adapters: int = Field(
         32, ge=1, description="training adapters kept loaded; the least recently used others wait on disk"
     )
+    max_generation_batch_tokens: int = Field(
+        32768,
+        ge=1,
+        description="prompt plus planned completion tokens of one generation batch (it also holds at most 64 rows): "
+        "bounds its KV cache and how long other tenants' requests wait behind it",
+    )
     # What one API key may hold, so no tenant can stall or fill the server for the others.
     max_queued_per_key: int | None = Field(
         None, ge=1, description="operations one API key may have queued; past it that key alone is told to back off"

@@ -5,11 +5,14 @@ before operation n (the SDK numbers them and relies on it; chunks of one batch m
 gap that stays open longer than `gap_timeout_s` fails the waiting operations with a message, instead of leaving
 their futures hanging. Across tenants the worker serves the least recently served one first, so a tenant with
 a deep queue cannot starve the others. Operations of a kind that has a batch runner (sampling, training passes) run
-together: the worker takes every ready one of that kind, from all tenants (for a training client only its next in
-order), into one device call. A batch kind may have a gathering window: its oldest ready operation waits until it
-is that old before the batch is formed, so that requests a client sends together (an RL step's prompts, a few
-milliseconds apart) run as one batch instead of the first alone and the rest behind it. A long call may pause
-between its steps to let other tenants' short operations run. Busy time is measured around each device call.
+together: the worker takes ready ones of that kind from all tenants (for a training client only its next in order)
+into one device call, one tenant at a time in turn, least recently served first, while the kind's budget has room (a
+generation batch's rows and tokens), so a tenant with hundreds of queued requests gets a share of each call, not the
+whole of it, and others' requests join the next call. A batch kind may have a gathering window: its oldest ready
+operation waits until it is that old before the batch is formed, so that requests a client sends together (an RL
+step's prompts, a few milliseconds apart) run as one batch instead of the first alone and the rest behind it. A long
+call may pause between its steps to let other tenants' short operations run. Busy time is measured around each
+device call.
 """
 
 from __future__ import annotations
@@ -42,6 +45,16 @@ BatchRunner = Callable[[Sequence["Operation[Any]"], PauseCallback], Sequence[Out
 SchedulingPolicy = Literal["least_recently_served", "fifo"]
 # Operations handed to a batch runner at once; the runner may still split them by its own limits.
 MAX_BATCH_OPERATIONS = 64
+
+
+@dataclass(frozen=True)
+class BatchBudget:
+    """How much of one device call an operation of a batch kind takes (its payload's share, e.g. the larger of its
+    rows and its tokens as fractions of a generation batch's limits) and how much one call may hold. An operation
+    larger than the whole capacity still runs, alone."""
+
+    share: Callable[[Any], float]
+    capacity: float = 1.0
 
 
 PayloadT = TypeVar("PayloadT")
@@ -88,26 +101,17 @@ class _Lane:
             return self.waiting[self.next_seq]
         return self.unordered[0] if self.unordered else None
 
-    def take_batch_kind(self, batch_kind: str, limit: int) -> list[Operation]:
-        """Remove and return up to `limit` operations of `batch_kind` that may run now.
-
-        That is the lane's next operation in seq_id order if it is of that kind (never a later one: it depends on
-        what runs before it), and unordered operations of that kind, oldest first.
-        """
-        taken = []
+    def next_of_kind(self, batch_kind: str) -> Operation | None:
+        """The operation of `batch_kind` that may run next: the lane's next one in seq_id order if it is of that
+        kind (never a later one: it depends on what runs before it), else its oldest unordered one of that kind."""
         ordered = self.waiting.get(self.next_seq)
-        if ordered is not None and ordered.batch_kind == batch_kind and limit > 0:
-            self.pop(ordered)
-            taken.append(ordered)
-        unordered = [op for op in self.unordered if op.batch_kind == batch_kind][: limit - len(taken)]
-        if unordered:
-            ids = {id(op) for op in unordered}
-            self.unordered = deque(op for op in self.unordered if id(op) not in ids)
-        return taken + unordered
+        if ordered is not None and ordered.batch_kind == batch_kind:
+            return ordered
+        return next((op for op in self.unordered if op.batch_kind == batch_kind), None)
 
     def pop(self, operation: Operation) -> None:
         if operation.seq_id is None:
-            self.unordered.popleft()
+            self.unordered.remove(operation)
         else:
             del self.waiting[operation.seq_id]
             self.advance_to(operation.seq_id + 1)
@@ -154,9 +158,11 @@ class Scheduler:
         policy: SchedulingPolicy = "least_recently_served",
         batch_windows_s: dict[str, float] | None = None,
         max_queued_per_owner: int | None = None,
+        batch_budgets: dict[str, BatchBudget] | None = None,
     ) -> None:
         """`batch_windows_s`: per batch kind, how old its oldest ready operation must be before its batch forms.
-        `max_queued_per_owner`: queued operations one owner may have (None: only `max_queued` bounds them)."""
+        `max_queued_per_owner`: queued operations one owner may have (None: only `max_queued` bounds them).
+        `batch_budgets`: per batch kind, what one device call may hold (None: up to MAX_BATCH_OPERATIONS)."""
         self.ledger = ledger
         self.policy = policy
         self.max_queued = max_queued
@@ -164,6 +170,7 @@ class Scheduler:
         self.gap_timeout_s = gap_timeout_s
         self._batch_runners = dict(batch_runners or {})
         self._batch_windows_s = dict(batch_windows_s or {})
+        self._batch_budgets = dict(batch_budgets or {})
         # When the batch the worker waits to gather may form (monotonic); None when it waits for nothing.
         self._gathering_until: float | None = None
         self._batches = 0
@@ -310,19 +317,36 @@ class Scheduler:
         lane = self._lanes[name]
         lane.pop(first)
         lane.last_served = now
-        batch = [first]
-        if first.batch_kind is not None:
-            for _, name, _ in candidates:
-                room = MAX_BATCH_OPERATIONS - len(batch)
-                if room <= 0:
-                    break
-                if name == first.lane and first.seq_id is not None:
-                    continue  # the lane's next ordered operation waits for this one
-                taken = self._lanes[name].take_batch_kind(first.batch_kind, room)
-                if taken:
-                    self._lanes[name].last_served = now
-                    batch += taken
-        return batch
+        if first.batch_kind is None:
+            return [first]
+        return [first, *self._batch_mates(first, [name for _, name, _ in candidates], now)]
+
+    def _batch_mates(self, first: Operation, lane_names: list[str], now: float) -> list[Operation]:
+        """Ready operations of `first`'s batch kind to run with it: one lane at a time in turn (in `lane_names`'
+        order, least recently served first), while the kind's budget has room."""
+        budget = self._batch_budgets.get(first.batch_kind)
+        used = budget.share(first.payload) if budget is not None else 0.0
+        # The other lanes take their turns before `first`'s lane takes a second one. A training client's next ordered
+        # operation depends on the one taken before it: one per lane and batch.
+        turns = [name for name in lane_names if name != first.lane] + ([first.lane] if first.seq_id is None else [])
+        mates: list[Operation] = []
+        while turns:
+            for name in list(turns):
+                if 1 + len(mates) >= MAX_BATCH_OPERATIONS:
+                    return mates
+                lane = self._lanes[name]
+                operation = lane.next_of_kind(first.batch_kind)
+                share = budget.share(operation.payload) if budget is not None and operation is not None else 0.0
+                if operation is None or (budget is not None and used + share > budget.capacity):
+                    turns.remove(name)
+                    continue
+                lane.pop(operation)
+                lane.last_served = now
+                used += share
+                mates.append(operation)
+                if operation.seq_id is not None:
+                    turns.remove(name)
+        return mates
 
     def _expire_gap(self, name: str, lane: _Lane) -> None:
         missing = lane.next_seq

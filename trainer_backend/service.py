@@ -26,7 +26,7 @@ from trainer_backend.checkpoints import CheckpointInfo, CheckpointKind, Checkpoi
 from trainer_backend.config import ServerConfig
 from trainer_backend.duty_cycle import DutyCycle, TokenCounts
 from trainer_backend.engine.adapters import saved_adapter_settings
-from trainer_backend.engine.model_engine import ForwardBackwardCall, ModelEngine, SamplerCall
+from trainer_backend.engine.model_engine import MAX_SAMPLING_ROWS, ForwardBackwardCall, ModelEngine, SamplerCall
 from trainer_backend.engine.sampling import SamplingInputError, SamplingRequest, SamplingResult
 from trainer_backend.errors import (
     BackendError,
@@ -39,7 +39,7 @@ from trainer_backend.errors import (
 from trainer_backend.ledger import FutureRecord, Ledger, ResultFormat
 from trainer_backend.models.loading import LoadedModel
 from trainer_backend.runs import RunStore, TrainingRun
-from trainer_backend.scheduler import Operation, Outcome, PauseCallback, Scheduler
+from trainer_backend.scheduler import BatchBudget, Operation, Outcome, PauseCallback, Scheduler
 from trainer_backend.status_view import server_status
 from trainer_backend.views import RegistryViews
 from trainer_backend.vllm_sampler import VllmSampler, VllmSettings
@@ -149,6 +149,7 @@ class TrainingService:
             batch_runners={SAMPLING: self._run_samples, TRAINING_PASS: self._run_forward_backward},
             batch_windows_s={SAMPLING: SAMPLING_BATCH_WINDOW_S},
             max_queued_per_owner=config.max_queued_per_key,
+            batch_budgets={SAMPLING: BatchBudget(self._generation_share)},
         )
         self.duty_cycle = DutyCycle()
         self.scheduler.on_busy(self.duty_cycle.record)
@@ -213,6 +214,13 @@ class TrainingService:
                 self.ledger.fail(record.request_id, str(error), "server")
                 raise
         return record
+
+    def _generation_share(self, pending: _PendingSample) -> float:
+        """The share of one generation batch a sampling request takes: the larger of its rows and its tokens
+        (prompt and planned completion, every row) against the batch's limits."""
+        request = pending.call.request
+        tokens = request.num_samples * (len(request.prompt_tokens) + request.max_tokens)
+        return max(request.num_samples / MAX_SAMPLING_ROWS, tokens / self.config.max_generation_batch_tokens)
 
     def release_seq_id(self, owner: str, model_id: str | None, seq_id: int | None) -> None:
         """Let the owner's model go on past `seq_id`, whose request was refused before it was queued."""

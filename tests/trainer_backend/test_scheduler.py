@@ -14,7 +14,7 @@ from tinker import types
 
 from trainer_backend.errors import OverloadedError, UserInputError
 from trainer_backend.ledger import FutureState, Ledger, ResultFormat
-from trainer_backend.scheduler import Operation, Scheduler
+from trainer_backend.scheduler import BatchBudget, Operation, Scheduler
 from trainer_backend.server import RunningServer
 
 
@@ -172,13 +172,52 @@ def test_ready_operations_of_a_batch_kind_from_all_tenants_run_in_one_call(ledge
     wait_for(lambda: all(ledger.get(op.request_id).finished for op in [*samples, trainer_next]))
 
     # One device call for the three samples of two tenants, each answered with its own outcome.
-    assert calls == [["a", "c", "bad"]] or calls == [["bad", "a", "c"]]
+    assert len(calls) == 1 and sorted(calls[0]) == ["a", "bad", "c"]
     assert [ledger.get(op.request_id).result for op in samples] == [b"a", None, b"c"]
     failed = ledger.get(samples[1].request_id)
     assert failed.state is FutureState.FAILED and failed.error == "bad bad" and failed.category == "user"
     stats = scheduler.stats()
     assert stats.batches == 1 and stats.batched_operations == 3 and stats.operations_by_kind["sample"] == 3
     scheduler.stop()
+
+
+def test_a_tenant_with_a_deep_queue_gets_a_share_of_each_budgeted_batch_and_no_request_starves(
+    ledger: Ledger,
+) -> None:
+    """A's 40 one-row requests and B's 4 requests of 4 rows queue behind a busy device; a batch holds 16 rows. B's
+    requests share the next batch with A's, and A's queue drains over the following ones; an oversized request runs,
+    alone."""
+    calls: list[list[str]] = []
+
+    def run_samples(operations, pause):
+        calls.append([op.payload for op in operations])
+        return [(op.payload.encode(), ResultFormat.JSON) for op in operations]
+
+    rows = {"a": 1, "b": 4, "huge": 40}
+    budget = BatchBudget(share=lambda payload: rows[payload.split("-")[0]] / 16)
+    scheduler = Scheduler(ledger, batch_runners={"sample": run_samples}, batch_budgets={"sample": budget})
+    gate = threading.Event()
+    scheduler.submit(_operation(ledger, "trainer", 1, [], _held_until(gate)))
+    wait_for(lambda: scheduler.stats().running)
+    operations = [_sample_operation(ledger, "lane-a", f"a-{i}") for i in range(40)]
+    operations += [_sample_operation(ledger, "lane-b", f"b-{i}") for i in range(4)]
+    operations += [_sample_operation(ledger, "lane-c", "huge-0")]
+    for operation in operations:
+        scheduler.submit(operation)
+    gate.set()
+    wait_for(lambda: all(ledger.get(op.request_id).finished for op in operations))
+    scheduler.stop()
+
+    assert sorted(payload for call in calls for payload in call) == sorted(op.payload for op in operations)
+    assert all(sum(rows[p.split("-")[0]] for p in call) <= 16 for call in calls if call != ["huge-0"])
+    assert ["huge-0"] in calls  # larger than a whole batch: it still ran, on its own
+    # B's requests were all served before A's queue drained, in the first batches after the device freed up.
+    last_b = max(i for i, call in enumerate(calls) if any(p.startswith("b-") for p in call))
+    last_a = max(i for i, call in enumerate(calls) if any(p.startswith("a-") for p in call))
+    assert last_b < 3 < last_a, calls
+    # The tenants take turns within a batch: B is not left with what A's queue leaves over.
+    mixed = next(call for call in calls if any(p.startswith("b-") for p in call))
+    assert sum(rows["b"] for p in mixed if p.startswith("b-")) >= 16 / 2, mixed
 
 
 def test_a_batch_runner_that_breaks_fails_its_operations_and_the_worker_goes_on(ledger: Ledger) -> None:
