@@ -19,6 +19,7 @@ from rich.console import Console
 
 from autoresearch.controller import Controller
 from autoresearch.controller_state import open_controller_state
+from autoresearch.device_share import device_use_by_trial
 from autoresearch.errors import ProposalError, TrialError
 from autoresearch.executors import LocalExecutor, TrialExecutor
 from autoresearch.proposer import LlmProposer
@@ -65,7 +66,7 @@ def autoresearch(
         with (
             _backends(spec, folder) as backend_urls,
             open_controller_state(spec.storage_url(), folder) as checkpointer,
-            StudyView(progress, console) as view,
+            StudyView(progress, console, lambda: device_use_by_trial(backend_urls, trial_api_key())) as view,
         ):
             if spec.llm is not None and spec.llm.is_local:
                 proposer = LlmProposer(spec.llm.served_by(backend_urls[0], spec.base_model), api_key=trial_api_key())

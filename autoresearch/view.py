@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -13,6 +14,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from autoresearch.device_share import DeviceUse
 from autoresearch.study import BASELINE, llm_proposal_counts, rl_gain_of, shared_warmups, summary_rows
 
 # The live table shows the start of each rationale; summary.json and the dashboard have it whole.
@@ -21,9 +23,13 @@ _RATIONALE_CHARS = 80
 log = logging.getLogger(__name__)
 
 
-def trials_table(study: optuna.Study) -> Table:
+def trials_table(study: optuna.Study, device: Mapping[str, DeviceUse] | None = None) -> Table:
+    """One row per started trial; `device`: each trial's device use by run id, where the backends tell it."""
+    device = device or {}
     table = Table(title=f"study {study.study_name}{_references(study)}")
-    columns = ("#", "state", "source", "held-out at RL start", "latest held-out", "RL gain", "score", "parameters")
+    columns = (
+        "#", "state", "device 1m", "source", "held-out at RL start", "latest held-out", "RL gain", "score", "parameters"
+    )  # fmt: skip
     for column in (*columns, "rationale"):
         table.add_column(column, overflow="fold")
     for trial in study.get_trials(deepcopy=False):
@@ -35,6 +41,7 @@ def trials_table(study: optuna.Study) -> Table:
         table.add_row(
             str(trial.number),
             trial.state.name.lower(),
+            _device(device.get(trial.user_attrs.get("run_id", ""))),
             trial.user_attrs.get("source", "-"),
             _figure(gain.at_start),
             _figure(latest),
@@ -44,6 +51,11 @@ def trials_table(study: optuna.Study) -> Table:
             _clipped(trial.user_attrs.get("rationale", "-")),
         )
     return table
+
+
+def _device(use: DeviceUse | None) -> str:
+    """The trial's share of the device over about the last minute, and its device time in all."""
+    return "-" if use is None else f"{use.share_1m:.0%} ({use.seconds:.0f} s)"
 
 
 def _clipped(text: str) -> str:
@@ -73,11 +85,18 @@ def _short(value: object) -> str:
 
 
 class StudyView:
-    """The live table, refreshed on every controller tick; log lines instead when there is no terminal."""
+    """The live table, refreshed on every controller tick; log lines instead when there is no terminal.
+    `device_use`: asked on every refresh for the trials' device use by run id."""
 
-    def __init__(self, enabled: bool, console: Console | None = None) -> None:
+    def __init__(
+        self,
+        enabled: bool,
+        console: Console | None = None,
+        device_use: Callable[[], Mapping[str, DeviceUse]] | None = None,
+    ) -> None:
         self.console = console or Console()
         self.enabled = enabled
+        self.device_use = device_use
         self._live = Live(console=self.console, refresh_per_second=1) if enabled else None
         self._last_states: dict[int, str] = {}
 
@@ -94,7 +113,7 @@ class StudyView:
 
     def update(self, study: optuna.Study) -> None:
         if self._live is not None:
-            self._live.update(trials_table(study))
+            self._live.update(trials_table(study, self.device_use() if self.device_use is not None else None))
             return
         for trial in study.get_trials(deepcopy=False):
             if self._last_states.get(trial.number) != trial.state.name:

@@ -166,13 +166,14 @@ class CheckpointStore:
         if model_id is not None and not _MODEL_ID.fullmatch(model_id):
             raise UserInputError(f"invalid model id {model_id!r}")
         run_folder = model_id.replace(":", "__") if model_id else "*"
-        pattern = f"runs/{run_folder}/*/*/{METADATA_FILE}"
+        live = self._live(f"runs/{run_folder}/*/*/{METADATA_FILE}")
+        return sorted((i for i in live if i.owner == owner), key=lambda i: i.created_at)
+
+    def _live(self, pattern: str) -> list[CheckpointInfo]:
+        """The readable, unexpired checkpoints whose metadata files match `pattern`."""
         infos = [info for p in self.root.glob(pattern) if (info := _readable_info(p)) is not None]
         now = time.time()
-        return sorted(
-            (i for i in infos if i.owner == owner and (i.expires_at is None or i.expires_at >= now)),
-            key=lambda i: i.created_at,
-        )
+        return [i for i in infos if i.expires_at is None or i.expires_at >= now]
 
     def delete_expired(self) -> int:
         """Remove checkpoints past their TTL (ephemeral sampler weights, saves with ttl_seconds)."""
@@ -188,6 +189,13 @@ class CheckpointStore:
     def usage_bytes(self, owner: str, replacing: CheckpointPath | None = None) -> int:
         """Bytes of `owner`'s live checkpoints, less the one at `replacing` (a save about to overwrite it)."""
         return sum(info.size_bytes for info in self.list(owner) if replacing is None or info.path != str(replacing))
+
+    def usage_by_owner(self) -> dict[str, int]:
+        """Bytes of live checkpoints by owner, in one pass over every checkpoint's metadata."""
+        used: dict[str, int] = {}
+        for info in self._live(f"runs/*/*/*/{METADATA_FILE}"):
+            used[info.owner] = used.get(info.owner, 0) + info.size_bytes
+        return used
 
     def prunable(self, model_id: str, kind: CheckpointKind, keep: int, in_use: set[Path]) -> list[CheckpointInfo]:
         """The run's checkpoints of `kind` older than its `keep` most recent, except folders in `in_use` (a queued

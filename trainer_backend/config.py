@@ -56,6 +56,13 @@ class ServerConfig(BaseSettings):
         description="checkpoints of each kind a run keeps, the most recent, unless it asks otherwise "
         "(user_metadata keep_checkpoints); none: all",
     )
+    # How many series a Prometheus can hold is the operator's call, hence a flag: each named tenant adds five series,
+    # so the default costs 55 whatever the number of keys.
+    metrics_top_tenants: int = Field(
+        10,
+        ge=1,
+        description="tenants /metrics names, the busiest by recent device time; the others are summed as 'other'",
+    )
     # Bounds on what one request may ask for, checked before any work: each answers 413 or 400 naming itself.
     max_request_bytes: int = Field(
         64 * 2**20, ge=1024, description="largest request body, compressed or not (a forward_backward chunk is ~5 MB)"

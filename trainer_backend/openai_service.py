@@ -16,7 +16,7 @@ from pathlib import Path
 from tinker import types
 from transformers import PreTrainedTokenizerBase
 
-from trainer_backend.checkpoints import CheckpointKind
+from trainer_backend.checkpoints import CheckpointKind, CheckpointPath
 from trainer_backend.engine.model_engine import SamplerCall
 from trainer_backend.engine.sampling import SamplingRequest
 from trainer_backend.errors import NotFoundError, UserInputError
@@ -155,8 +155,11 @@ class OpenAIInference:
                 f"n must be at most this server's limit of {self.service.config.max_num_samples} "
                 f"(--max-num-samples), got {sampling.num_samples}"
             )
-        call = SamplerCall(self._weights_folder(owner, request.model), sampling, stop_at_eos=not request.ignore_eos)
-        submitted = self.service.submit_sampling(owner, call, f"openai:{owner}", body, key=None)
+        folder = self._weights_folder(owner, request.model)
+        # A checkpoint's sampling counts toward the run that saved it, as Tinker's `sample` does.
+        run = None if folder is None else CheckpointPath.parse(request.model).model_id
+        call = SamplerCall(folder, sampling, stop_at_eos=not request.ignore_eos)
+        submitted = self.service.submit_sampling(owner, call, f"openai:{owner}", body, key=None, run=run)
         return PendingGeneration(submitted, request.model, len(prompt), sampling.stop_strings, int(time.time()))
 
     def _constraint(self, response_format: oa.ResponseFormat | None) -> JsonSchemaConstraint | None:

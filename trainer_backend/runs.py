@@ -13,6 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from trainer_backend.engine.types import LoraSettings
 from trainer_backend.errors import NotFoundError
@@ -43,6 +44,11 @@ CREATE TABLE IF NOT EXISTS training_runs (
 CREATE TABLE IF NOT EXISTS run_retention (
     model_id TEXT PRIMARY KEY,
     keep INTEGER NOT NULL
+);
+-- The user_metadata a run was created with, as JSON; a run without a row was given none.
+CREATE TABLE IF NOT EXISTS run_metadata (
+    model_id TEXT PRIMARY KEY,
+    metadata TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS sampling_sessions (
     sampling_session_id TEXT PRIMARY KEY,
@@ -165,6 +171,16 @@ class RunStore:
         with self._lock:
             row = self._db.execute("SELECT keep FROM run_retention WHERE model_id = ?", (model_id,)).fetchone()
         return None if row is None else row[0]
+
+    def set_metadata(self, model_id: str, metadata: dict[str, Any]) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO run_metadata VALUES (?, ?)", (model_id, json.dumps(metadata)))
+
+    def metadata(self, model_id: str) -> dict[str, Any] | None:
+        """The user_metadata the run was created with; None if it had none."""
+        with self._lock:
+            row = self._db.execute("SELECT metadata FROM run_metadata WHERE model_id = ?", (model_id,)).fetchone()
+        return None if row is None else json.loads(row[0])
 
     def touch(self, model_id: str) -> None:
         with self._lock:

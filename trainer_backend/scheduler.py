@@ -80,10 +80,16 @@ class Operation(Generic[PayloadT]):
     interleaves: bool = False
     # The API key's owner whose open work this operation counts toward (`max_queued_per_owner`).
     owner: str | None = None
+    # The training run (model id) whose device time this counts toward: a training client's own, or the run whose
+    # sampler weights a sample reads; None for the base model.
+    run: str | None = None
     # The checkpoint folder the operation reads (sampler weights it samples, a state it loads): nothing removes a
     # checkpoint that a queued or running operation still needs.
     reads: Path | None = None
     enqueued_at: float = field(default_factory=time.monotonic)
+    # Tokens the device processed for this operation, set by its batch runner: a batch's device time is split among
+    # its operations in proportion to them (a token costs about the same whoever sent it), evenly where none are set.
+    processed_tokens: int = 0
 
 
 @dataclass
@@ -136,6 +142,7 @@ class _Lane:
 class SchedulerStats:
     queued: int
     queued_by_lane: dict[str, int]
+    queued_by_owner: dict[str, int]
     busy_seconds: float
     operations_by_kind: dict[str, int]
     # Device calls that ran more than one operation, and the operations they ran.
@@ -184,12 +191,20 @@ class Scheduler:
         self._running_operations: list[Operation] = []
         self._running_since: float | None = None
         self._busy_listeners: list[Callable[[float, float], None]] = []
+        self._device_time_listeners: list[Callable[[Operation, float], None]] = []
+        # Device seconds that other tenants' operations ran while the running batch paused (the batch's own time is
+        # its busy interval less these).
+        self._paused_seconds = 0.0
         self._thread = threading.Thread(target=self._run, name="device-worker", daemon=True)
         self._thread.start()
 
     def on_busy(self, listener: Callable[[float, float], None]) -> None:
         """Called with (start, end) monotonic times after each operation, for duty-cycle accounting."""
         self._busy_listeners.append(listener)
+
+    def on_device_time(self, listener: Callable[[Operation, float], None]) -> None:
+        """Called after each device call with each of its operations and the device seconds that were its share."""
+        self._device_time_listeners.append(listener)
 
     def submit(self, operation: Operation[Any]) -> None:
         """Queue an operation; raises OverloadedError when the queues are full (the client backs off)."""
@@ -257,9 +272,14 @@ class Scheduler:
 
     def stats(self) -> SchedulerStats:
         with self._condition:
+            queued_by_owner: dict[str, int] = {}
+            for operation in (op for lane in self._lanes.values() for op in lane.operations()):
+                if operation.owner is not None:
+                    queued_by_owner[operation.owner] = queued_by_owner.get(operation.owner, 0) + 1
             return SchedulerStats(
                 queued=self._queued(),
                 queued_by_lane={name: len(lane) for name, lane in self._lanes.items() if len(lane)},
+                queued_by_owner=queued_by_owner,
                 busy_seconds=self._busy_seconds,
                 operations_by_kind=dict(self._operations_by_kind),
                 batches=self._batches,
@@ -391,16 +411,25 @@ class Scheduler:
             self._running = paused + tuple(op.request_id for op in batch)
             self._running_operations = paused_operations + batch
         # Inside the paused batch's busy interval, which already counts this time.
+        started = time.monotonic()
         self._execute(batch, nested=True)
+        self._paused_seconds += time.monotonic() - started
         with self._condition:
             self._running, self._running_operations = paused, paused_operations
 
     def _execute(self, batch: list[Operation], nested: bool = False) -> None:
         for operation in batch:
             self.ledger.mark_running(operation.request_id)
+        if not nested:
+            self._paused_seconds = 0.0
         start = time.monotonic()
         outcomes = self._outcomes(batch, pause=(lambda: None) if nested else self._pause)
         end = time.monotonic()
+        # Counted before the futures resolve, so a client that reads its usage after a result finds it there.
+        own_seconds = end - start - (0.0 if nested else self._paused_seconds)
+        for operation, seconds in zip(batch, _shares(batch, own_seconds), strict=True):
+            for time_listener in self._device_time_listeners:
+                time_listener(operation, seconds)
         for operation, outcome in zip(batch, outcomes, strict=True):
             if isinstance(outcome, BackendError):
                 result_text = f"failed ({outcome.category})"
@@ -452,3 +481,11 @@ class Scheduler:
                 ServerError(f"internal error in {op.kind}; the server's log has the details of request {op.request_id}")
                 for op in batch
             ]
+
+
+def _shares(batch: Sequence[Operation], seconds: float) -> list[float]:
+    """A batch's device seconds split in proportion to its operations' processed tokens, evenly without them."""
+    tokens = sum(op.processed_tokens for op in batch)
+    if tokens <= 0:
+        return [seconds / len(batch)] * len(batch)
+    return [seconds * op.processed_tokens / tokens for op in batch]

@@ -41,6 +41,7 @@ from trainer_backend.models.loading import LoadedModel
 from trainer_backend.runs import RunStore, TrainingRun
 from trainer_backend.scheduler import BatchBudget, Operation, Outcome, PauseCallback, Scheduler
 from trainer_backend.status_view import server_status
+from trainer_backend.tenant_usage import TenantUsage, TokenPhase, tenant_label
 from trainer_backend.views import RegistryViews
 from trainer_backend.vllm_sampler import VllmSampler, VllmSettings
 from trainer_backend.wire import schemas
@@ -49,7 +50,7 @@ from trainer_backend.wire.proto import (
     encode_forward_backward_output,
     encode_sample_response,
 )
-from trainer_backend.wire.status import KeyUsage, ServerStatus
+from trainer_backend.wire.status import KeyUsage, RunUsage, ServerStatus
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,9 @@ INTERLEAVING_KINDS = frozenset(
 EPHEMERAL_TTL_S = 24 * 3600
 # The training run's user_metadata key that says how many checkpoints of each kind it keeps (the most recent).
 KEEP_CHECKPOINTS_KEY = "keep_checkpoints"
+# A run's user_metadata is kept (the status shows it beside the run's usage) up to this size as JSON: enough for
+# names and tags, not a way to store data on the server.
+MAX_USER_METADATA_CHARS = 4096
 
 
 def body_hash(body: bytes) -> str:
@@ -154,6 +158,8 @@ class TrainingService:
         self.duty_cycle = DutyCycle()
         self.scheduler.on_busy(self.duty_cycle.record)
         self.tokens_processed = TokenCounts()
+        self.usage = TenantUsage()
+        self.scheduler.on_device_time(self._count_device_time)
         self.views = RegistryViews(self.runs, self.checkpoints, self.engine.has_adapter, loaded)
         self.vllm = _vllm_sampler(config, loaded) if config.sampler == "vllm" else None
 
@@ -178,9 +184,11 @@ class TrainingService:
         model_id: str | None = None,
         batch: tuple[str, _PendingSample | ForwardBackwardCall] | None = None,
         reads: Path | None = None,
+        run: str | None = None,
     ) -> FutureRecord:
         """Record a future and queue its operation: `work`, or a (batch kind, payload) for that kind's runner.
-        `reads`: the checkpoint folder it needs, kept until it has run."""
+        `reads`: the checkpoint folder it needs, kept until it has run. `run`: the training run its usage counts
+        toward, if not `model_id`'s."""
         record, created = self.ledger.submit(
             owner,
             kind,
@@ -202,6 +210,7 @@ class TrainingService:
                     payload=payload,
                     interleaves=kind in INTERLEAVING_KINDS,
                     owner=owner,
+                    run=model_id if run is None else run,
                     reads=reads,
                 )
                 self.scheduler.submit(operation)
@@ -234,17 +243,43 @@ class TrainingService:
         return record
 
     def status(self, owner: str) -> ServerStatus:
-        """The device's recent busy fraction, the caller's unfinished futures with their ages and what its key
-        holds against the per-key limits."""
+        """The device's recent busy fraction, the caller's unfinished futures with their ages, what its key holds
+        against the per-key limits and has used, and its recently active runs with their share of the device."""
         sampler = self.vllm.status() if self.vllm is not None else None
+        used = self.usage.tenant(owner)
         usage = KeyUsage(
+            tenant=tenant_label(owner),
             queued=self.scheduler.queued_by(owner),
             max_queued=self.config.max_queued_per_key,
             storage_bytes=self.checkpoints.usage_bytes(owner),
             max_storage_bytes=self.config.max_storage_bytes_per_key,
+            device_seconds=round(used.device_seconds, 3),
+            tokens_sampled=used.tokens_sampled,
+            tokens_trained=used.tokens_trained,
         )
+        runs = [
+            RunUsage(
+                model_id=run.model_id,
+                user_metadata=self.runs.metadata(run.model_id),
+                device_seconds=round(run.device_seconds, 3),
+                device_share_1m=round(run.device_share_1m, 4),
+                tokens_sampled=run.tokens_sampled,
+                tokens_trained=run.tokens_trained,
+            )
+            for run in self.usage.runs_of(owner)
+        ]
         stats = self.scheduler.stats()
-        return server_status(owner, self.loaded.name, self.ledger.in_flight(), stats, self.duty_cycle, usage, sampler)
+        return server_status(
+            owner, self.loaded.name, self.ledger.in_flight(), stats, self.duty_cycle, usage, runs, sampler
+        )
+
+    def _count_device_time(self, operation: Operation, seconds: float) -> None:
+        if operation.owner is not None:
+            self.usage.add_device_time(operation.owner, operation.run, seconds)
+
+    def _count_tokens(self, owner: str | None, run: str | None, phase: TokenPhase, tokens: int) -> None:
+        if owner is not None:
+            self.usage.add_tokens(owner, run, phase, tokens)
 
     # --- sessions -----------------------------------------------------------------------------------------
 
@@ -287,9 +322,12 @@ class TrainingService:
                 f"(--max-lora-rank), got {lora.rank}"
             )
         keep = self._checkpoints_to_keep(request.user_metadata)
+        metadata = _kept_metadata(request.user_metadata)
         run = self.runs.create_training_run(owner, request.session_id, request.model_seq_id, self.loaded.name, lora)
         if keep is not None:
             self.runs.set_retention(run.model_id, keep)
+        if metadata:
+            self.runs.set_metadata(run.model_id, metadata)
 
         def work() -> tuple[bytes, ResultFormat]:
             if not self.engine.has_adapter(run.model_id):
@@ -334,11 +372,15 @@ class TrainingService:
         """The scheduler's batch runner for training passes: the next request of several clients in one pass."""
         calls = [op.payload for op in operations if op.payload is not None]
         outcomes: list[Outcome] = []
-        for call, result in zip(calls, self.engine.forward_backward_batch(calls), strict=True):
+        results = self.engine.forward_backward_batch(calls)
+        for operation, call, result in zip(operations, calls, results, strict=True):
             if isinstance(result, BackendError):
                 outcomes.append(result)
                 continue
-            self.tokens_processed.add("forward_backward", sum(len(d.model_input_tokens) for d in call.datums))
+            tokens = sum(len(d.model_input_tokens) for d in call.datums)
+            operation.processed_tokens = tokens
+            self.tokens_processed.add("forward_backward", tokens)
+            self._count_tokens(operation.owner, operation.run, "trained", tokens)
             outcomes.append((encode_forward_backward_output(result), ResultFormat.PROTO))
         return outcomes
 
@@ -475,11 +517,14 @@ class TrainingService:
             # create_training_client_from_state: a new run whose first operation is this load.
             self._check_base_model(request.base_model)
             keep = self._checkpoints_to_keep(request.user_metadata)
+            metadata = _kept_metadata(request.user_metadata)
             source = self.runs.training_run(owner, path.model_id) if self._known_run(owner, path.model_id) else None
             lora = source.lora if source else saved_adapter_settings(folder)
             run = self.runs.create_training_run(owner, request.session_id, request.model_seq_id, self.loaded.name, lora)
             if keep is not None:
                 self.runs.set_retention(run.model_id, keep)
+            if metadata:
+                self.runs.set_metadata(run.model_id, metadata)
             model_id, seq_id = run.model_id, 0
             self.scheduler.expect_sequence(model_id, 0)
 
@@ -558,7 +603,8 @@ class TrainingService:
             raise UserInputError(
                 f"prompt_logprobs_last_n={last_n} exceeds the prompt's {len(sampling.prompt_tokens)} tokens"
             )
-        return self.submit_sampling(owner, SamplerCall(folder, sampling, stop_at_eos), lane, body, key, last_n)
+        run = None if model_path is None else model_path.model_id
+        return self.submit_sampling(owner, SamplerCall(folder, sampling, stop_at_eos), lane, body, key, last_n, run)
 
     def submit_sampling(
         self,
@@ -568,20 +614,28 @@ class TrainingService:
         body: bytes,
         key: str | None,
         prompt_logprobs_last_n: int | None = None,
+        run: str | None = None,
     ) -> Submitted:
         """Queue one sampling request (Tinker's `sample`, or an OpenAI-compatible completion) into the shared
-        generation batches, or send it to vLLM; its future resolves to the encoded `SampleResponse`."""
+        generation batches, or send it to vLLM; its future resolves to the encoded `SampleResponse`. `run`: the
+        training run whose sampler weights it reads, which its usage counts toward."""
         if self.vllm is not None:
-            return self._submit_to_vllm(owner, call, body, key, prompt_logprobs_last_n)
+            return self._submit_to_vllm(owner, call, body, key, prompt_logprobs_last_n, run)
         pending = _PendingSample(call, prompt_logprobs_last_n)
         record = self._submit(
-            owner, "sample", lane, body, None, None, key, batch=(SAMPLING, pending), reads=call.weights_folder
+            owner, "sample", lane, body, None, None, key, batch=(SAMPLING, pending), reads=call.weights_folder, run=run
         )
         ids = [f"{record.request_id}-{i}" for i in range(call.request.num_samples)]
         return Submitted(record, sample_sequence_ids=ids)
 
     def _submit_to_vllm(
-        self, owner: str, call: SamplerCall, body: bytes, key: str | None, prompt_logprobs_last_n: int | None
+        self,
+        owner: str,
+        call: SamplerCall,
+        body: bytes,
+        key: str | None,
+        prompt_logprobs_last_n: int | None,
+        run: str | None,
     ) -> Submitted:
         """vLLM batches concurrent requests itself: the request goes to it at once, outside the device queue."""
         assert self.vllm is not None
@@ -603,8 +657,10 @@ class TrainingService:
                 return
             if prompt_logprobs_last_n is not None:
                 outcome = _keep_last_prompt_logprobs(outcome, prompt_logprobs_last_n)
+            generated = sum(len(seq.tokens) for seq in outcome.sequences)
             self.tokens_processed.add("sample_prompt", len(call.request.prompt_tokens))
-            self.tokens_processed.add("sample_generated", sum(len(seq.tokens) for seq in outcome.sequences))
+            self.tokens_processed.add("sample_generated", generated)
+            self._count_tokens(owner, run, "sampled", generated)
             self.ledger.complete(record.request_id, encode_sample_response(outcome), ResultFormat.PROTO)
 
         adapter = None if folder is None else (str(folder), folder)
@@ -618,14 +674,19 @@ class TrainingService:
         """
         pending = [op.payload for op in operations if op.payload is not None]
         outcomes: list[Outcome] = []
-        for item, result in zip(pending, self.engine.sample_batch([p.call for p in pending], pause), strict=True):
+        results = self.engine.sample_batch([p.call for p in pending], pause)
+        for operation, item, result in zip(operations, pending, results, strict=True):
             if isinstance(result, SamplingInputError):
                 outcomes.append(result)
                 continue
             if item.prompt_logprobs_last_n is not None:
                 result = _keep_last_prompt_logprobs(result, item.prompt_logprobs_last_n)
-            self.tokens_processed.add("sample_prompt", len(item.call.request.prompt_tokens))
-            self.tokens_processed.add("sample_generated", sum(len(s.tokens) for s in result.sequences))
+            prompt = len(item.call.request.prompt_tokens)
+            generated = sum(len(s.tokens) for s in result.sequences)
+            operation.processed_tokens = prompt + generated
+            self.tokens_processed.add("sample_prompt", prompt)
+            self.tokens_processed.add("sample_generated", generated)
+            self._count_tokens(operation.owner, operation.run, "sampled", generated)
             outcomes.append((encode_sample_response(result), ResultFormat.PROTO))
         return outcomes
 
@@ -652,6 +713,19 @@ class _PendingSample:
 
     call: SamplerCall
     prompt_logprobs_last_n: int | None
+
+
+def _kept_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A new run's user_metadata as it is kept; raises UserInputError past `MAX_USER_METADATA_CHARS`."""
+    if not metadata:
+        return None
+    size = len(json.dumps(metadata))
+    if size > MAX_USER_METADATA_CHARS:
+        raise UserInputError(
+            f"user_metadata takes {size:,} characters as JSON, more than the {MAX_USER_METADATA_CHARS:,} this "
+            "server keeps for a run"
+        )
+    return dict(metadata)
 
 
 def _keep_last_prompt_logprobs(result: SamplingResult, last_n: int) -> SamplingResult:

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from trainer_backend.duty_cycle import DutyCycle
 from trainer_backend.ledger import FutureRecord, FutureState
 from trainer_backend.scheduler import SchedulerStats
-from trainer_backend.wire.status import DeviceStatus, FutureInFlight, KeyUsage, SamplerStatus, ServerStatus
+from trainer_backend.wire.status import DeviceStatus, FutureInFlight, KeyUsage, RunUsage, SamplerStatus, ServerStatus
 
 
 def server_status(
@@ -19,6 +19,7 @@ def server_status(
     stats: SchedulerStats,
     duty_cycle: DutyCycle,
     usage: KeyUsage,
+    runs: list[RunUsage],
     sampler: SamplerStatus | None = None,
 ) -> ServerStatus:
     """The device's recent busy fraction and `owner`'s unfinished futures with their ages; other owners' futures
@@ -63,4 +64,5 @@ def server_status(
         in_flight=mine,
         other_tenants_in_flight=others,
         usage=usage,
+        runs=runs,
     )

@@ -21,6 +21,9 @@ from autoresearch.errors import BackendStartError
 
 # Checkpoints belong to the key that saved them, so a resumed trial must come back with the same one.
 DEFAULT_API_KEY = "tml-local"
+# The user_metadata key of a trial's training runs that holds its run id: the backend's status lists the caller's
+# runs with it, which is how the controller tells each trial's share of the device.
+TRIAL_METADATA_KEY = "trial"
 
 
 def api_key() -> str:

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict
 from tinker import types
 
 from autoresearch.errors import ConfigurationError
-from autoresearch.trials.backend import api_key, backend_for
+from autoresearch.trials.backend import TRIAL_METADATA_KEY, api_key, backend_for
 from autoresearch.trials.config import InitialState, TrialConfig
 from autoresearch.trials.data import PromptRenderer, TrainingOrder, held_out_subset, split_of
 from autoresearch.trials.datums import supervised_datum
@@ -190,9 +190,13 @@ def _start_or_resume(
     return training, fresh
 
 
-def _run_metadata(config: TrialConfig) -> dict[str, str] | None:
-    """What the backend is told about the trial's run: how many checkpoints of each kind to keep."""
-    return None if config.keep_checkpoints is None else {"keep_checkpoints": str(config.keep_checkpoints)}
+def _run_metadata(config: TrialConfig) -> dict[str, str]:
+    """What the backend is told about the trial's run: which trial it belongs to and how many checkpoints of each
+    kind to keep."""
+    metadata = {TRIAL_METADATA_KEY: str(config.run_id)}
+    if config.keep_checkpoints is not None:
+        metadata["keep_checkpoints"] = str(config.keep_checkpoints)
+    return metadata
 
 
 def _from_initial_state(

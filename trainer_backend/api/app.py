@@ -154,8 +154,10 @@ def create_app(service: TrainingService, policy: KeyPolicy, long_poll_s: float =
     async def status(who: Owner) -> dict:
         return service.status(who).model_dump(mode="json")
 
+    # Not async: a scrape reads the ledger and checkpoint metadata from disk, which runs on a worker thread instead
+    # of holding up the event loop.
     @app.get("/metrics")
-    async def metrics() -> Response:
+    def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     # --- training ---------------------------------------------------------------------------------------

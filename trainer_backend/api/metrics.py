@@ -2,20 +2,32 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from trainer_backend.scheduler import SchedulerStats
 from trainer_backend.service import TrainingService
+from trainer_backend.tenant_usage import tenant_series
+
+# Checkpoint bytes by tenant are read from every checkpoint's metadata on disk, which takes a while with thousands of
+# checkpoints: one read serves the scrapes of this many seconds (a scrape interval is typically 15 to 60 s), so a
+# tenant's storage shows at most this late.
+STORAGE_REFRESH_S = 30.0
 
 
 class ServiceCollector(Collector):
-    """Queue depth, operations by type, device busy time and fraction, batching, future age, tokens processed."""
+    """Queue depth, operations by type, device busy time and fraction, batching, future age, tokens processed, and
+    per tenant (the busiest by name, the rest as "other") device time, tokens, queued operations and storage."""
 
     def __init__(self, service: TrainingService) -> None:
         self.service = service
+        self._storage: dict[str, int] = {}
+        self._storage_read_at = float("-inf")
+        self._storage_lock = threading.Lock()
 
     def collect(self) -> Iterator[Metric]:
         stats = self.service.scheduler.stats()
@@ -69,3 +81,49 @@ class ServiceCollector(Collector):
         for state, count in sorted(self.service.ledger.counts_by_state().items()):
             futures.add_metric([state.value], count)
         yield futures
+        yield from self._tenant_metrics(stats)
+
+    def _tenant_metrics(self, stats: SchedulerStats) -> Iterator[Metric]:
+        """The series of the `--metrics-top-tenants` busiest tenants by recent device time, and "other".
+
+        A tenant that enters or leaves the named ones moves its totals out of or into "other", which Prometheus
+        reads as a counter reset of "other"; the tenants' own counters only grow.
+        """
+        series = tenant_series(
+            self.service.usage.tenants(),
+            stats.queued_by_owner,
+            self._storage_by_owner(),
+            self.service.config.metrics_top_tenants,
+        )
+        device = CounterMetricFamily(
+            "trainer_tenant_device_seconds",
+            "Device seconds a tenant's operations took (a batch's split by their tokens)",
+            labels=["tenant"],
+        )
+        tokens = CounterMetricFamily(
+            "trainer_tenant_tokens",
+            "Tokens a tenant sampled (generated) and trained (forward and forward_backward passes)",
+            labels=["tenant", "phase"],
+        )
+        queued = GaugeMetricFamily(
+            "trainer_tenant_queued_operations", "A tenant's operations waiting for the device", labels=["tenant"]
+        )
+        storage = GaugeMetricFamily(
+            "trainer_tenant_storage_bytes",
+            f"Bytes of a tenant's live checkpoints, read at most {STORAGE_REFRESH_S:.0f} s ago",
+            labels=["tenant"],
+        )
+        for one in series:
+            device.add_metric([one.tenant], one.device_seconds)
+            tokens.add_metric([one.tenant, "sampled"], one.tokens_sampled)
+            tokens.add_metric([one.tenant, "trained"], one.tokens_trained)
+            queued.add_metric([one.tenant], one.queued)
+            storage.add_metric([one.tenant], one.storage_bytes)
+        yield from (device, tokens, queued, storage)
+
+    def _storage_by_owner(self) -> dict[str, int]:
+        with self._storage_lock:
+            if time.monotonic() - self._storage_read_at >= STORAGE_REFRESH_S:
+                self._storage = self.service.checkpoints.usage_by_owner()
+                self._storage_read_at = time.monotonic()
+            return self._storage

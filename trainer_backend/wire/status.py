@@ -7,7 +7,7 @@ device has been. Other tenants appear only as a count.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -42,12 +42,32 @@ class SamplerStatus(BaseModel):
 
 
 class KeyUsage(BaseModel):
-    """What the caller's API key holds against the server's per-key limits (None: no limit)."""
+    """What the caller's API key holds against the server's per-key limits (None: no limit), and what it has used
+    since the server started."""
 
+    tenant: str = Field(
+        description="the label of the key's series in /metrics (a hash; 'other' holds it when it is "
+        "not among the busiest tenants)"
+    )
     queued: int = Field(description="the key's operations waiting for the device")
     max_queued: int | None = Field(description="--max-queued-per-key")
     storage_bytes: int = Field(description="bytes of the key's live checkpoints")
     max_storage_bytes: int | None = Field(description="--max-storage-bytes-per-key")
+    device_seconds: float = Field(description="device time the key's operations took (a batch's split by tokens)")
+    tokens_sampled: int = Field(description="tokens the key's sampling requests generated")
+    tokens_trained: int = Field(description="tokens of the key's forward and forward_backward passes")
+
+
+class RunUsage(BaseModel):
+    """One of the caller's training runs that used the device recently; sampling from its sampler weights counts
+    toward it."""
+
+    model_id: str
+    user_metadata: dict[str, Any] | None = Field(description="what the run was created with, to tell runs apart")
+    device_seconds: float = Field(description="device time since the server started")
+    device_share_1m: float = Field(description="share of the device's time over about the last minute")
+    tokens_sampled: int
+    tokens_trained: int
 
 
 class ServerStatus(BaseModel):
@@ -59,3 +79,4 @@ class ServerStatus(BaseModel):
     in_flight: list[FutureInFlight]
     other_tenants_in_flight: int
     usage: KeyUsage
+    runs: list[RunUsage] = Field(description="the caller's runs that used the device in the last hour, busiest first")

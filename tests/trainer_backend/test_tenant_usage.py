@@ -1,0 +1,158 @@
+"""The accounting behind the per-tenant metrics and the status's usage: how a device call's time is split among its
+operations, how tenants are labelled and ranked, and how a run's share of the device is weighted."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import pytest
+
+from trainer_backend.ledger import Ledger, ResultFormat
+from trainer_backend.scheduler import Operation, Scheduler
+from trainer_backend.tenant_usage import (
+    OTHER_TENANTS,
+    RUN_LISTED_S,
+    TenantTotals,
+    TenantUsage,
+    tenant_label,
+    tenant_series,
+)
+
+
+def _operation(ledger: Ledger, owner: str, seconds: float = 0.0, gate: threading.Event | None = None) -> Operation:
+    """An operation of `owner`'s own lane whose work takes `seconds` (after `gate` is set, when given)."""
+    record, _ = ledger.submit(owner, "op", f"{owner}-{time.monotonic_ns()}")
+
+    def work() -> tuple[bytes, ResultFormat]:
+        if gate is not None:
+            gate.wait(5)
+        time.sleep(seconds)
+        return b"{}", ResultFormat.JSON
+
+    return Operation(record.request_id, "op", f"lane-{owner}", work, owner=owner)
+
+
+def _sample(ledger: Ledger, owner: str, tokens: int) -> Operation:
+    """A batched operation whose runner will say it processed `tokens`."""
+    record, _ = ledger.submit(owner, "sample", f"{owner}-{time.monotonic_ns()}")
+    return Operation(
+        record.request_id, "sample", f"lane-{owner}", None, batch_kind="sample", payload=tokens, owner=owner
+    )
+
+
+def _device_seconds(scheduler: Scheduler, owners: int) -> tuple[dict[str, float], threading.Event]:
+    """Device seconds by owner as the scheduler reports them, and an event set once `owners` owners have some."""
+    seconds: dict[str, float] = {}
+    reported = threading.Event()
+
+    def listener(operation: Operation, share: float) -> None:
+        seconds[operation.owner] = seconds.get(operation.owner, 0.0) + share
+        if len(seconds) == owners:
+            reported.set()
+
+    scheduler.on_device_time(listener)
+    return seconds, reported
+
+
+def test_a_batch_splits_its_device_time_in_proportion_to_each_operations_tokens(ledger: Ledger) -> None:
+    def generation(operations, _pause):
+        for operation in operations:
+            operation.processed_tokens = operation.payload
+        time.sleep(0.2)
+        return [(b"{}", ResultFormat.JSON) for _ in operations]
+
+    scheduler = Scheduler(ledger, batch_runners={"sample": generation})
+    seconds, reported = _device_seconds(scheduler, owners=3)
+    gate = threading.Event()
+    scheduler.submit(_operation(ledger, "holder", gate=gate))
+    # Queued while the device is held, so they run as one batch.
+    scheduler.submit(_sample(ledger, "alice", 300))
+    scheduler.submit(_sample(ledger, "bob", 100))
+    gate.set()
+    assert reported.wait(10), seconds
+    scheduler.stop()
+    assert scheduler.stats().batches == 1
+    assert seconds["alice"] + seconds["bob"] >= 0.2
+    assert seconds["alice"] == pytest.approx(3 * seconds["bob"])
+
+
+def test_an_operation_run_while_a_batch_pauses_takes_its_time_out_of_the_batchs(ledger: Ledger) -> None:
+    started = threading.Event()
+
+    def long_generation(operations, pause):
+        started.set()
+        time.sleep(0.1)
+        pause()
+        return [(b"{}", ResultFormat.JSON) for _ in operations]
+
+    scheduler = Scheduler(ledger, batch_runners={"sample": long_generation})
+    seconds, reported = _device_seconds(scheduler, owners=2)
+    scheduler.submit(_sample(ledger, "alice", 10))
+    started.wait(5)
+    step = _operation(ledger, "bob", seconds=0.3)
+    step.interleaves = True
+    scheduler.submit(step)
+    assert reported.wait(10), seconds
+    scheduler.stop()
+    # The generation ran about 0.1 s of its own; the 0.3 s step inside its pause is the step's.
+    assert seconds["bob"] >= 0.3
+    assert 0.1 <= seconds["alice"] < 0.3
+
+
+def test_a_tenant_label_is_a_short_stable_hash_that_shows_neither_key_nor_owner() -> None:
+    owner = "key-0123456789abcdef0123456789abcdef"
+    label = tenant_label(owner)
+    assert label == tenant_label(owner) and label != tenant_label(owner + "0")
+    assert re.fullmatch(r"t-[0-9a-f]{12}", label)
+    assert label[2:] not in owner
+
+
+def test_the_busiest_tenants_are_named_and_the_rest_summed_as_other() -> None:
+    totals = {
+        f"owner-{n}": TenantTotals(
+            device_seconds=10.0 * n, tokens_sampled=n, tokens_trained=2 * n, recent_device_seconds=n
+        )
+        for n in range(1, 6)
+    }
+    # An owner known only by its storage or queue still counts, into "other" here.
+    series = tenant_series(totals, queued={"owner-1": 3, "idle": 1}, storage_bytes={"owner-5": 7, "idle": 5}, top=2)
+    assert [s.tenant for s in series] == [tenant_label("owner-5"), tenant_label("owner-4"), OTHER_TENANTS]
+    other = series[-1]
+    assert other.device_seconds == 10.0 + 20 + 30
+    assert (other.tokens_sampled, other.tokens_trained) == (6, 12)
+    assert (other.queued, other.storage_bytes) == (4, 5)
+    assert series[0].storage_bytes == 7
+
+
+def test_recent_device_time_ranks_a_tenant_that_works_now_above_one_that_worked_long_ago() -> None:
+    usage = TenantUsage()
+    usage.add_device_time("early", None, 100.0, now=0.0)
+    usage.add_device_time("now", None, 20.0, now=3600.0)
+    totals = usage.tenants(now=3600.0)
+    assert totals["early"].device_seconds == 100.0
+    named, _other = tenant_series(totals, {}, {}, top=1)
+    assert named.tenant == tenant_label("now")
+
+
+def test_a_run_busy_since_it_began_has_the_whole_device_though_its_sum_is_still_warming() -> None:
+    usage = TenantUsage()
+    for end in range(1, 21):
+        usage.add_device_time("alice", "run", 1.0, now=float(end))
+    [run] = usage.runs_of("alice", now=20.0)
+    assert run.device_seconds == 20.0 and run.device_share_1m == pytest.approx(1.0, abs=0.03)
+
+
+def test_a_runs_share_follows_its_last_minute_and_an_idle_run_drops_off_the_list() -> None:
+    usage = TenantUsage()
+    for end in range(1, 21):
+        usage.add_device_time("alice", "earlier", 1.0, now=float(end))
+    for end in range(2, 121, 2):
+        usage.add_device_time("alice", "half-busy", 1.0, now=float(end))
+    runs = {run.model_id: run for run in usage.runs_of("alice", now=120.0)}
+    assert runs["half-busy"].device_share_1m == pytest.approx(0.5, abs=0.03)
+    assert runs["earlier"].device_seconds == 20.0 and runs["earlier"].device_share_1m < 0.1
+    assert usage.runs_of("bob", now=120.0) == []
+    # A run idle for longer than the status looks back is no longer listed.
+    assert [run.model_id for run in usage.runs_of("alice", now=21.0 + RUN_LISTED_S)] == ["half-busy"]
