@@ -38,7 +38,6 @@ from autoresearch.errors import (
 from autoresearch.executors import TrialExecutor, TrialPhase
 from autoresearch.proposer import LlmProposer
 from autoresearch.search import (
-    Candidate,
     candidate_from_params,
     check_candidate,
     distributions,
@@ -224,9 +223,8 @@ class Controller:
             except CandidateError as error:
                 self._record_rejection(f"round {state['round']}: {candidate.rationale!r} rejected: {error}")
                 continue
-            chosen = Candidate(dict(candidate.params), candidate.reward_weights, candidate.rationale, "llm")
             self.study.enqueue_trial(
-                chosen.optuna_params(), user_attrs={"rationale": chosen.rationale, "source": chosen.source}
+                candidate.optuna_params(), user_attrs={"rationale": candidate.rationale, "source": candidate.source}
             )
             self._count(LLM_VALID, 1)
         return {"round": state["round"] + 1}
