@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SampledGroups:
-    """One RL step's groups, scored, and the seconds sampling took."""
+    """One RL step's groups, scored, and the seconds sampling took (for episodes, sampling and scoring: they
+    interleave)."""
 
     groups: list[Group]
     sampling_s: float
