@@ -20,7 +20,7 @@ from rich.console import Console
 from autoresearch.controller import Controller
 from autoresearch.controller_state import open_controller_state
 from autoresearch.device_share import device_use_by_trial
-from autoresearch.errors import ProposalError, TrialError
+from autoresearch.errors import AutoresearchError
 from autoresearch.executors import LocalExecutor, TrialExecutor
 from autoresearch.proposer import LlmProposer
 from autoresearch.sdk_logging import quiet_sdk_logs
@@ -54,7 +54,7 @@ def autoresearch(
         # An LLM of its own endpoint is checked now; the local backend's own is made once that backend answers.
         remote_llm = spec.llm is not None and not spec.llm.is_local
         proposer = LlmProposer(spec.llm) if remote_llm else None
-    except (TrialError, ProposalError) as error:
+    except AutoresearchError as error:
         console.print(f"[red]{error}[/red]")
         raise typer.Exit(2) from None
     if spec.llm is None:
@@ -77,7 +77,7 @@ def autoresearch(
             executor = _executor(spec, folder, run_root)
             controller = Controller(spec, study, executor, proposer, backend_urls, on_tick=view.update, poll_s=poll_s)
             controller.run(checkpointer)
-    except TrialError as error:
+    except AutoresearchError as error:
         console.print(f"[red]{error}[/red]")
         raise typer.Exit(1) from None
     summary = write_summary(study, folder / "summary", console)

@@ -1,6 +1,6 @@
 """The controller: a LangGraph state machine, warm-up → propose → launch → baseline → monitor → analyze → (propose
-or end). The warm-up node runs only for a spec with `shared_warmup`: the base trial's warm-up, once per backend,
-which every trial on that backend then starts its RL from.
+or end). The warm-up node (`shared_warmup.py`) runs only for a spec with `shared_warmup`: the base trial's warm-up,
+once per backend, which every trial on that backend then starts its RL from.
 
 The Optuna study and the trials' run directories hold everything that matters; the graph's own state is only
 the round counter and how far the analysis got. Every node is safe to run again after a crash: proposals wait in
@@ -18,7 +18,6 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import TypedDict
 
 import optuna
 import tinker
@@ -27,39 +26,23 @@ from langgraph.graph import END, START, StateGraph
 from optuna.trial import TrialState
 from optuna_dashboard import save_note
 
-from autoresearch.errors import (
-    CandidateError,
-    ConfigurationError,
-    ExecutorError,
-    ProposalError,
-    SharedWarmupError,
-    TrialError,
+from autoresearch.attributes import (
+    StudyAttributes,
+    TrialAttributes,
+    count_llm_candidates,
+    record_analysis,
+    record_baseline,
+    record_rejected_proposal,
 )
+from autoresearch.controller_state import ControllerState
+from autoresearch.errors import CandidateError, ConfigurationError, ExecutorError, ProposalError, TrialError
 from autoresearch.executors import TrialExecutor, TrialPhase
+from autoresearch.executors.base import stop_or_warn
 from autoresearch.proposer import LlmProposer
-from autoresearch.search import (
-    Candidate,
-    candidate_from_params,
-    check_candidate,
-    distributions,
-    trial_config_of,
-)
+from autoresearch.search import candidate_from_params, check_candidate, distributions, trial_config_of
+from autoresearch.shared_warmup import SharedWarmups
 from autoresearch.spec import StudySpec
-from autoresearch.study import (
-    BASELINE,
-    ENDED,
-    LLM_PROPOSED,
-    LLM_VALID,
-    REJECTED_PROPOSALS,
-    SHARED_WARMUP_PREFIX,
-    RlGain,
-    SharedWarmup,
-    history,
-    rl_gain_from,
-    run_id_of,
-    shared_warmup_run_id,
-    shared_warmups,
-)
+from autoresearch.study import ENDED, RlGain, history, rl_gain_from, run_id_of
 from autoresearch.trials.evaluation import evaluate_checkpoint
 from tasks.errors import TaskError
 
@@ -68,12 +51,6 @@ log = logging.getLogger(__name__)
 SAMPLER_RATIONALE = "sampled by Optuna's TPE sampler"
 # A trial whose process died is started again (it resumes from its last checkpoint) this many times, then fails.
 RELAUNCHES = 1
-
-
-class ControllerState(TypedDict):
-    round: int
-    # Ended trials the last analysis covered.
-    analysed: int
 
 
 class Controller:
@@ -100,6 +77,7 @@ class Controller:
         self.poll_s = poll_s
         self.started = time.monotonic()
         self.distributions = distributions(spec)
+        self.warmups = SharedWarmups(spec, study, executor, self.backend_urls, on_tick, poll_s)
 
     # --- the graph --------------------------------------------------------------------------------------------
 
@@ -112,7 +90,7 @@ class Controller:
 
     def _graph(self) -> StateGraph:
         graph = StateGraph(ControllerState)
-        graph.add_node("warmup", self.warmup)
+        graph.add_node("warmup", self.warmups.run)
         graph.add_node("baseline", self.baseline)
         graph.add_node("propose", self.propose)
         graph.add_node("launch", self.launch)
@@ -129,81 +107,17 @@ class Controller:
 
     # --- nodes ------------------------------------------------------------------------------------------------
 
-    def warmup(self, state: ControllerState) -> dict:
-        """With `shared_warmup`, run the base trial config's warm-up on each backend that has none yet and wait for
-        it: trials then spend their budget on RL, all from the same start, so their RL gains compare.
-
-        Raises:
-            SharedWarmupError: a warm-up failed (after one relaunch if it died) or ran past the trial time limit.
-        """
-        if not self.spec.shared_warmup:
-            return {}
-        warmups = self._warmups()
-        pending = {
-            url: shared_warmup_run_id(self.spec, self._backend_key(url))
-            for url in self.backend_urls
-            if self._backend_key(url) not in warmups
-        }
-        relaunched: set[str] = set()
-        limit_s = self.spec.budget.trial_time_limit_s
-        for url, run_id in pending.items():
-            self._launch_warmup(url, run_id)
-        while pending:
-            for url, run_id in list(pending.items()):
-                status = self.executor.status(run_id)
-                if status.phase is TrialPhase.FINISHED:
-                    self._record_warmup(url, run_id, status.result or {})
-                    del pending[url]
-                elif status.phase is TrialPhase.DIED and url not in relaunched:
-                    relaunched.add(url)
-                    self._launch_warmup(url, run_id)
-                elif status.phase in (TrialPhase.DIED, TrialPhase.FAILED):
-                    raise SharedWarmupError(f"the shared warm-up {run_id} failed: {status.failure or 'no reason'}")
-                elif status.started_at is not None and time.time() - status.started_at > limit_s:
-                    self._stop(run_id)
-                    raise SharedWarmupError(f"the shared warm-up {run_id} exceeded the trial time limit of {limit_s} s")
-            self.on_tick(self.study)
-            if pending:
-                time.sleep(self.poll_s)
-        return {}
-
-    def _launch_warmup(self, url: str, run_id: str) -> None:
-        config = self.spec.warmup_config(run_id)
-        log.info("shared warm-up %s on %s: %d steps", run_id, url, config.warmup_steps)
-        try:
-            self.executor.launch(run_id, config, url)
-        except ExecutorError as error:
-            raise SharedWarmupError(f"could not launch the shared warm-up {run_id}: {error}") from None
-
-    def _record_warmup(self, url: str, run_id: str, result: dict) -> None:
-        warmup = SharedWarmup(
-            run_id=run_id,
-            path=result["checkpoint_path"],
-            examples_seen=self.spec.warmup_config(run_id).warmup_examples,
-            held_out_accuracy=result["held_out_accuracy"],
-        )
-        log.info("shared warm-up %s: held-out accuracy %.3f, state %s", run_id, warmup.held_out_accuracy, warmup.path)
-        self.study.set_user_attr(SHARED_WARMUP_PREFIX + self._backend_key(url), warmup.model_dump())
-
-    def _warmups(self) -> dict[str, SharedWarmup]:
-        return shared_warmups(self.study)
-
-    def _backend_key(self, url: str) -> str:
-        """What a backend's warm-up is recorded under: its URL, or 'local' for the one a controller starts itself
-        (on another port each run, with the same storage)."""
-        return url if self.spec.backend_urls else "local"
-
     def baseline(self, state: ControllerState) -> dict:
         """Score the base model once, the number every trial has to beat, while the first trials start (so it does
         not hold them up); a study goes on without it if it fails."""
-        if BASELINE in self.study.user_attrs:
+        if StudyAttributes.of(self.study).baseline_accuracy is not None:
             return {}
         try:
             report = evaluate_checkpoint(self.spec.trial_config({}), self.backend_urls[0])
         except (TrialError, TaskError, tinker.TinkerError) as error:
             log.warning("no baseline for this study: %s", error)
             return {}
-        self.study.set_user_attr(BASELINE, report.accuracy)
+        record_baseline(self.study, report.accuracy)
         return {}
 
     def propose(self, state: ControllerState) -> dict:
@@ -213,22 +127,20 @@ class Controller:
             return {"round": state["round"] + 1}
         count = min(self.spec.budget.candidates_per_round, self._free_slots())
         try:
-            proposed = self.proposer.propose(self.spec, history(self.study), count, self.study.user_attrs.get(BASELINE))
+            proposed = self.proposer.propose(self.spec, history(self.study), count, self._baseline())
         except ProposalError as error:
             self._record_rejection(f"round {state['round']}: {error}; Optuna's sampler proposes instead")
             return {"round": state["round"] + 1}
-        self._count(LLM_PROPOSED, len(proposed))
+        count_llm_candidates(self.study, "proposed", len(proposed))
         for candidate in proposed:
             try:
                 check_candidate(self.spec, candidate.params, candidate.reward_weights)
             except CandidateError as error:
                 self._record_rejection(f"round {state['round']}: {candidate.rationale!r} rejected: {error}")
                 continue
-            chosen = Candidate(dict(candidate.params), candidate.reward_weights, candidate.rationale, "llm")
-            self.study.enqueue_trial(
-                chosen.optuna_params(), user_attrs={"rationale": chosen.rationale, "source": chosen.source}
-            )
-            self._count(LLM_VALID, 1)
+            queued = TrialAttributes(rationale=candidate.rationale, source=candidate.source)
+            self.study.enqueue_trial(candidate.optuna_params(), user_attrs=queued.user_attrs())
+            count_llm_candidates(self.study, "valid", 1)
         return {"round": state["round"] + 1}
 
     def launch(self, state: ControllerState) -> dict:
@@ -241,18 +153,16 @@ class Controller:
         """Record on an asked trial what it runs (the dashboard shows it), and launch it on its backend; a trial
         config that does not validate, or a launch the executor cannot make, fails the trial with the reason. Safe
         to repeat: the executor starts a run id once, and a trial keeps the backend it was given first."""
-        source = trial.user_attrs.get("source", "sampler")
-        rationale = trial.user_attrs.get("rationale", SAMPLER_RATIONALE)
+        attributes = TrialAttributes.of(trial)
+        source = attributes.source or "sampler"
+        rationale = attributes.rationale or SAMPLER_RATIONALE
         candidate = candidate_from_params(trial.params, rationale, source)
         run_id = run_id_of(self.spec, trial)
-        trial.set_user_attr("run_id", run_id)
-        trial.set_user_attr("source", source)
-        trial.set_user_attr("rationale", rationale)
-        backend_url = trial.user_attrs.get("backend_url")
+        backend_url = attributes.backend_url
         if backend_url not in self.backend_urls:  # new, or a local backend that a restarted controller moved
             backend_url = self._least_busy_backend()
-        trial.set_user_attr("backend_url", backend_url)
-        warmup = self._warmups().get(self._backend_key(backend_url)) if self.spec.shared_warmup else None
+        TrialAttributes(run_id=run_id, source=source, rationale=rationale, backend_url=backend_url).write_to(trial)
+        warmup = self.warmups.on(backend_url) if self.spec.shared_warmup else None
         if self.spec.shared_warmup and warmup is None:
             self._fail(trial, f"no shared warm-up on {backend_url} to start from")
             return
@@ -261,8 +171,8 @@ class Controller:
         except ConfigurationError as error:
             self._fail(trial, str(error))
             return
-        trial.set_user_attr("reward_spec", config.reward_spec.to_json())
-        trial.set_user_attr("trial_config", config.model_dump_json())
+        reward_spec = config.reward_spec.model_dump_json()
+        TrialAttributes(reward_spec=reward_spec, trial_config=config.model_dump_json()).write_to(trial)
         try:
             self.executor.launch(run_id, config, backend_url)
         except ExecutorError as error:
@@ -273,9 +183,8 @@ class Controller:
         to a resumed study gets its warm-up when the next run of the controller starts)."""
         candidates = self.backend_urls
         if self.spec.shared_warmup:
-            warmed = self._warmups()
-            candidates = tuple(url for url in candidates if self._backend_key(url) in warmed) or candidates
-        running = Counter(t.user_attrs.get("backend_url") for t in self._trials(TrialState.RUNNING))
+            candidates = tuple(url for url in candidates if self.warmups.on(url) is not None) or candidates
+        running = Counter(TrialAttributes.of(t).backend_url for t in self._trials(TrialState.RUNNING))
         return min(candidates, key=lambda url: running[url])
 
     def monitor(self, state: ControllerState) -> dict:
@@ -296,12 +205,12 @@ class Controller:
         if self.proposer is None or ended <= state["analysed"]:
             return {"analysed": ended}
         try:
-            text = self.proposer.analyze(self.spec, history(self.study), self.study.user_attrs.get(BASELINE))
+            text = self.proposer.analyze(self.spec, history(self.study), self._baseline())
         except ProposalError as error:
             log.warning("no analysis this round: %s", error)
             return {"analysed": ended}
-        self.study.set_user_attr(f"analysis-{state['round']:03d}", text)
-        notes = [v for k, v in sorted(self.study.user_attrs.items()) if k.startswith("analysis-")]
+        record_analysis(self.study, state["round"], text)
+        notes = StudyAttributes.of(self.study).analyses
         save_note(self.study, "\n\n".join(f"**Round {i + 1}.** {note}" for i, note in enumerate(notes)))
         return {"analysed": ended}
 
@@ -326,18 +235,17 @@ class Controller:
     def _out_of_time(self) -> bool:
         return time.monotonic() - self.started > self.spec.budget.run_time_limit_s
 
+    def _baseline(self) -> float | None:
+        return StudyAttributes.of(self.study).baseline_accuracy
+
     def _fail(self, trial: optuna.Trial | optuna.trial.FrozenTrial, reason: str) -> None:
         log.warning("trial %d failed: %s", trial.number, reason)
-        optuna.trial.Trial(self.study, trial._trial_id).set_user_attr("failure", reason)
+        TrialAttributes(failure=reason).write_to(optuna.trial.Trial(self.study, trial._trial_id))
         self.study.tell(trial.number, state=TrialState.FAIL)
-
-    def _count(self, name: str, added: int) -> None:
-        self.study.set_user_attr(name, int(self.study.user_attrs.get(name, 0)) + added)
 
     def _record_rejection(self, reason: str) -> None:
         log.warning("%s", reason)
-        rejected = list(self.study.user_attrs.get(REJECTED_PROPOSALS, []))
-        self.study.set_user_attr(REJECTED_PROPOSALS, [*rejected, reason])
+        record_rejected_proposal(self.study, reason)
 
     def _reconcile(self, frozen: optuna.trial.FrozenTrial) -> None:
         """Bring one RUNNING trial in line with its run: launch, report, prune, finish or fail it."""
@@ -345,7 +253,7 @@ class Controller:
         try:
             status = self.executor.status(run_id)
         except ExecutorError as error:
-            self._stop(run_id)  # if the executor answers again, the failed trial does not run on
+            stop_or_warn(self.executor, run_id)  # if the executor answers again, the failed trial does not run on
             self._fail(frozen, f"lost track of the trial: {error}")
             return
         trial = optuna.trial.Trial(self.study, frozen._trial_id)
@@ -354,40 +262,33 @@ class Controller:
                 trial.report(accuracy, step)
         reports = {**frozen.intermediate_values, **status.evaluations}
         if status.phase is TrialPhase.FINISHED:
-            result = status.result or {}
-            trial.set_user_attr("sampler_path", result.get("sampler_path"))
-            values = [result["held_out_accuracy"]]
+            result = status.result
+            TrialAttributes(sampler_path=result.sampler_path).write_to(trial)
+            values = [result.held_out_accuracy]
             if self.spec.objective.also_minimize:
-                values.append(result["wall_time_s"])
-            self._record_rl_gain(trial, rl_gain_from(reports, result["held_out_accuracy"]))
+                values.append(result.wall_time_s)
+            self._record_rl_gain(trial, rl_gain_from(reports, result.held_out_accuracy))
             self.study.tell(frozen.number, values)
         elif status.phase is TrialPhase.NOT_STARTED:
             # Asked, then the controller stopped before the launch: record and launch it now.
             self._start(trial)
         elif status.phase is TrialPhase.DIED:
-            relaunches = int(frozen.user_attrs.get("relaunches", 0))
+            relaunches = TrialAttributes.of(frozen).relaunches
             if relaunches < RELAUNCHES:
-                trial.set_user_attr("relaunches", relaunches + 1)
+                TrialAttributes(relaunches=relaunches + 1).write_to(trial)
                 self._start(trial)
             else:
                 self._fail(frozen, status.failure or "the trial died")
         elif status.phase is TrialPhase.FAILED:
             self._fail(frozen, status.failure or "the trial failed")
         elif status.started_at is not None and time.time() - status.started_at > self.spec.budget.trial_time_limit_s:
-            self._stop(run_id)
+            stop_or_warn(self.executor, run_id)
             self._fail(frozen, f"exceeded the trial time limit of {self.spec.budget.trial_time_limit_s} s")
         elif self.spec.objective.also_minimize is None and trial.should_prune():
-            self._stop(run_id)
+            stop_or_warn(self.executor, run_id)
             self._record_rl_gain(trial, rl_gain_from(reports))
             self.study.tell(frozen.number, state=TrialState.PRUNED)
 
     def _record_rl_gain(self, trial: optuna.Trial, gain: RlGain) -> None:
         """What RL added over the warm-up, as user attributes the dashboard shows (set before the trial ends)."""
-        trial.set_user_attr("held_out_at_rl_start", gain.at_start)
-        trial.set_user_attr("rl_gain", gain.gain)
-
-    def _stop(self, run_id: str) -> None:
-        try:
-            self.executor.stop(run_id)
-        except ExecutorError as error:
-            log.warning("could not stop %s: %s", run_id, error)
+        TrialAttributes(held_out_at_rl_start=gain.at_start, rl_gain=gain.gain).write_to(trial)

@@ -1,5 +1,5 @@
-"""Where the controller's own state lives (LangGraph calls it checkpoints; this is not a trial's or a model's
-checkpoint): beside the study, in the same kind of store.
+"""The controller's own state: what its graph carries, and where it lives (LangGraph calls it checkpoints; this is
+not a trial's or a model's checkpoint): beside the study, in the same kind of store.
 
 A study in PostgreSQL (a cluster, where the controller's own disk goes away with its pod) keeps the checkpoints in
 the same database; any other study keeps them in a SQLite file in the study's folder.
@@ -12,6 +12,7 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import TypedDict
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.postgres import PostgresSaver
@@ -21,6 +22,14 @@ from psycopg import OperationalError
 from autoresearch.errors import ConfigurationError
 
 POSTGRES = re.compile(r"^postgres(?:ql)?(?:\+\w+)?://")
+
+
+class ControllerState(TypedDict):
+    """All the graph carries: the Optuna study and the trials' run directories hold everything else."""
+
+    round: int
+    # Ended trials the last analysis covered.
+    analysed: int
 
 
 @contextmanager

@@ -2,7 +2,11 @@
 and the study's (an executor, the LLM proposer, a candidate outside the search space, a shared warm-up)."""
 
 
-class TrialError(Exception):
+class AutoresearchError(Exception):
+    """Base class of every error autoresearch raises on purpose, a trial's or the study's."""
+
+
+class TrialError(AutoresearchError):
     """Base class of every error a trial raises on purpose."""
 
 
@@ -26,11 +30,11 @@ class SharedWarmupError(TrialError):
     """The warm-up every trial starts from could not be run; the study cannot go on without it."""
 
 
-class ProposalError(RuntimeError):
+class ProposalError(AutoresearchError):
     """The LLM's reply could not be used (unreachable endpoint, no key, malformed output); the message says why."""
 
 
-class CandidateError(ValueError):
+class CandidateError(AutoresearchError):
     """A proposed candidate does not fit the search space; the message says which value and why."""
 
 

@@ -20,7 +20,9 @@ from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field, StringConstraints, ValidationError
 
 from autoresearch.errors import ProposalError
+from autoresearch.search import Candidate
 from autoresearch.spec import LlmSettings, StudySpec
+from tasks.registry import task_class
 
 # Bounds on a reply's strings and mappings: under constrained decoding a model cannot ramble past them, so a reply
 # ends within a budget of tokens whatever the model (choices here are short; a rationale is a sentence or two). Keys
@@ -28,6 +30,8 @@ from autoresearch.spec import LlmSettings, StudySpec
 Choice = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 
 
+# A candidate as the LLM writes it, part of the reply's JSON schema (so no docstring: it would be sent as the schema's
+# description); `candidate()` is what the study runs.
 class ProposedCandidate(BaseModel):
     params: dict[str, float | int | Choice | bool] = Field(
         default_factory=dict, max_length=32, description="searched hyperparameters by name; omitted ones are sampled"
@@ -35,9 +39,12 @@ class ProposedCandidate(BaseModel):
     reward_weights: dict[str, float] = Field(
         default_factory=dict,
         max_length=16,
-        description="weights of optional reward components added to execution_match",
+        description="weights of optional reward components added to the task's base component",
     )
     rationale: str = Field(min_length=1, max_length=300, description="why this candidate, in a sentence or two")
+
+    def candidate(self) -> Candidate:
+        return Candidate(dict(self.params), dict(self.reward_weights), self.rationale, "llm")
 
 
 class Proposal(BaseModel):
@@ -57,12 +64,15 @@ class TrialRecord:
     failure: str | None
 
 
-SYSTEM = (
-    "You design experiments for LoRA reinforcement-learning post-training of a small language model on "
-    "text-to-SQL. Each trial trains with the hyperparameters and reward you choose and is judged only on held-out "
-    "execution accuracy, never on its training reward. Propose candidates inside the search space; explain each "
-    "in one or two sentences. Learn from the history: repeat what scored well with variations, avoid what failed."
-)
+def system_prompt(spec: StudySpec) -> str:
+    """What the LLM is asked to be: a designer of the study's experiments, told what its task is."""
+    return (
+        "You design experiments for LoRA reinforcement-learning post-training of a small language model on a task. "
+        f"{task_class(spec.task).description} Each trial trains with the hyperparameters and reward you choose and "
+        "is judged only on held-out accuracy, never on its training reward. Propose candidates inside the search "
+        "space; explain each in one or two sentences. Learn from the history: repeat what scored well with "
+        "variations, avoid what failed."
+    )
 
 
 class LlmProposer:
@@ -95,13 +105,18 @@ class LlmProposer:
 
     def propose(
         self, spec: StudySpec, history: list[TrialRecord], count: int, baseline: float | None = None
-    ) -> list[ProposedCandidate]:
+    ) -> list[Candidate]:
         """`count` candidates at most, given the trials so far and the base model's held-out score (`baseline`)."""
-        messages = [SystemMessage(SYSTEM), HumanMessage(_proposal_prompt(spec, history, count, baseline))]
+        proposed = self._proposed(spec, history, count, baseline)
+        return [candidate.candidate() for candidate in proposed[:count]]
+
+    def _proposed(
+        self, spec: StudySpec, history: list[TrialRecord], count: int, baseline: float | None
+    ) -> list[ProposedCandidate]:
+        messages = [SystemMessage(system_prompt(spec)), HumanMessage(_proposal_prompt(spec, history, count, baseline))]
         if self._json_schema:
             try:
-                proposal = self.chat.with_structured_output(Proposal, method="json_schema").invoke(messages)
-                return proposal.candidates[:count]
+                return self.chat.with_structured_output(Proposal, method="json_schema").invoke(messages).candidates
             except openai.BadRequestError as error:
                 if "response_format" not in str(error) and "json_schema" not in str(error):
                     raise ProposalError(f"the LLM at {self.settings.base_url} refused the request: {error}") from None
@@ -117,9 +132,9 @@ class LlmProposer:
                 ) from None
             except (ValidationError, ValueError) as error:
                 raise ProposalError(f"the LLM's proposal is not valid: {_first_line(error)}") from None
-        return self._propose_in_json_mode(messages, count)
+        return self._propose_in_json_mode(messages)
 
-    def _propose_in_json_mode(self, messages: list, count: int) -> list[ProposedCandidate]:
+    def _propose_in_json_mode(self, messages: list) -> list[ProposedCandidate]:
         schema = json.dumps(Proposal.model_json_schema())
         messages = [*messages, HumanMessage(f"Answer with one JSON object only, matching this JSON schema: {schema}")]
         try:
@@ -129,7 +144,7 @@ class LlmProposer:
         except openai.APIError as error:
             raise ProposalError(f"the LLM at {self.settings.base_url} refused the request: {error}") from None
         try:
-            return Proposal.model_validate_json(str(reply.content)).candidates[:count]
+            return Proposal.model_validate_json(str(reply.content)).candidates
         except ValidationError as error:
             raise ProposalError(f"the LLM's reply is not a valid proposal: {_first_line(error)}") from None
 
@@ -140,7 +155,7 @@ class LlmProposer:
             "try next. Plain text."
         )
         try:
-            reply = self.chat.invoke([SystemMessage(SYSTEM), HumanMessage(prompt)])
+            reply = self.chat.invoke([SystemMessage(system_prompt(spec)), HumanMessage(prompt)])
         except openai.APIError as error:
             raise ProposalError(f"the LLM at {self.settings.base_url} failed to analyse: {error}") from None
         return str(reply.content).strip()
@@ -152,6 +167,7 @@ def _first_line(error: Exception) -> str:
 
 def _proposal_prompt(spec: StudySpec, history: list[TrialRecord], count: int, baseline: float | None) -> str:
     space = spec.search_space
+    base = task_class(spec.task).base_reward_component
     params = "\n".join(f"- {name}: {param.model_dump()}" for name, param in space.params.items()) or "- (none)"
     rewards = (
         "\n".join(f"- {kind}: weight in [{r.low}, {r.high}]" for kind, r in space.reward.components.items())
@@ -162,7 +178,7 @@ def _proposal_prompt(spec: StudySpec, history: list[TrialRecord], count: int, ba
         f"held-out split {spec.eval_split} ({spec.eval_size} questions).\n"
         f"Fixed trial settings: {json.dumps(spec.trial, default=str)}\n"
         f"Searched hyperparameters (params):\n{params}\n"
-        f"Reward: execution_match at weight 1 always; optional components (reward_weights, 0 leaves one out):\n"
+        f"Reward: {base} at weight 1 always; optional components (reward_weights, 0 leaves one out):\n"
         f"{rewards}\n\n{_history_text(history, baseline)}\n\nPropose {count} candidates."
     )
 

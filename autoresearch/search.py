@@ -1,20 +1,24 @@
 """The search space as Optuna sees it, and candidates (from an LLM or Optuna's sampler) checked against it.
 
-A reward variant is searched as weights: `reward.<kind>` is the weight of one optional component added to
-execution match (0 leaves it out). Optuna stores every trial's parameters under these names, so the dashboard,
-the sampler and the LLM all see hyperparameters and reward design side by side.
+A reward variant is searched as weights: `reward.<kind>` is the weight of one of the task's optional components
+added to its base component (0 leaves it out). Optuna stores every trial's parameters under these names, so the
+dashboard, the sampler and the LLM all see hyperparameters and reward design side by side.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from pydantic import BaseModel
 
 from autoresearch.errors import CandidateError, ConfigurationError
 from autoresearch.spec import Choices, FloatRange, IntRange, StudySpec
 from autoresearch.trials.config import InitialState, TrialConfig
+from tasks.errors import TaskError
+from tasks.registry import task_class
 
 REWARD_PREFIX = "reward."
 
@@ -32,10 +36,17 @@ class Candidate:
         return {**self.params, **{REWARD_PREFIX + kind: w for kind, w in self.reward_weights.items()}}
 
 
-def reward_spec(weights: dict[str, float]) -> dict:
-    """Execution match at weight 1, plus every optional component with a positive weight."""
-    extra = [{"kind": kind, "weight": weight} for kind, weight in sorted(weights.items()) if weight > 0]
-    return {"components": [{"kind": "execution_match", "weight": 1.0, "databases": "all"}, *extra]}
+def reward_spec(spec: StudySpec, weights: Mapping[str, float]) -> BaseModel:
+    """The study's task's reward of these weights: its base component at weight 1, plus every optional component
+    with a positive weight.
+
+    Raises:
+        ConfigurationError: a weight the task's reward refuses.
+    """
+    try:
+        return task_class(spec.task).reward_spec_from_weights(weights)
+    except TaskError as error:
+        raise ConfigurationError(f"reward_spec: {error}") from None
 
 
 def distributions(spec: StudySpec) -> dict[str, BaseDistribution]:
@@ -89,7 +100,7 @@ def check_candidate(spec: StudySpec, params: dict[str, object], reward_weights: 
                 f"reward weight {kind}={weight!r} is outside [{weight_range.low}, {weight_range.high}]"
             )
     try:
-        spec.trial_config(params, reward_spec(reward_weights))
+        spec.trial_config(params, reward_spec(spec, reward_weights))
     except ConfigurationError as error:
         raise CandidateError(str(error)) from None
 
@@ -105,4 +116,4 @@ def _describe(param: FloatRange | IntRange | Choices) -> str:
 def trial_config_of(
     spec: StudySpec, candidate: Candidate, run_id: str, init_from: InitialState | None = None
 ) -> TrialConfig:
-    return spec.trial_config(candidate.params, reward_spec(candidate.reward_weights), run_id, init_from)
+    return spec.trial_config(candidate.params, reward_spec(spec, candidate.reward_weights), run_id, init_from)

@@ -23,8 +23,7 @@ from autoresearch.trials.config import (
     parse_trial_config,
     read_yaml,
 )
-from tasks.registry import registered_task
-from tasks.text2sql.rewards import ComponentKind
+from tasks.registry import registered_task, task_class
 
 # TrialConfig fields a study may search, and the kind of value each takes.
 SEARCHABLE: dict[str, type] = {
@@ -113,20 +112,10 @@ Param = Annotated[FloatRange | IntRange | Choices, Field(union_mode="left_to_rig
 
 
 class RewardSearch(_Strict):
-    """Which reward components a proposal may add to execution match, and each one's weight range.
+    """Which of the task's optional reward components a proposal may add to its base component, and each one's
+    weight range (the task says which components it has: `tasks.interface.Task`)."""
 
-    Execution match is in every reward at weight 1: the objective is held-out execution accuracy, so the reward a
-    proposal shapes around it can only win by training a better model.
-    """
-
-    components: dict[ComponentKind, FloatRange] = Field(default_factory=dict)
-
-    @field_validator("components")
-    @classmethod
-    def _not_execution_match(cls, components: dict) -> dict:
-        if "execution_match" in components:
-            raise ValueError("execution_match is always in the reward at weight 1; list only the components to add")
-        return components
+    components: dict[str, FloatRange] = Field(default_factory=dict)
 
 
 class SearchSpace(_Strict):
@@ -330,6 +319,22 @@ class StudySpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _reward_components_are_the_tasks(self) -> StudySpec:
+        task = task_class(self.task)
+        for kind in self.search_space.reward.components:
+            if kind == task.base_reward_component:
+                raise ValueError(
+                    f"search_space.reward.components: {kind} is always in the reward at weight 1; list only the "
+                    "components to add"
+                )
+            if kind not in task.optional_reward_components:
+                raise ValueError(
+                    f"search_space.reward.components: task {self.task!r} has no reward component {kind!r} "
+                    f"(components that may be added: {', '.join(task.optional_reward_components) or 'none'})"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _base_trial_is_valid(self) -> StudySpec:
         owned = sorted(set(self.trial) & set(STUDY_OWNED))
         if owned:
@@ -360,11 +365,12 @@ class StudySpec(_Strict):
     def trial_config(
         self,
         params: dict[str, object],
-        reward_spec: dict | None = None,
+        reward_spec: object = None,
         run_id: str | None = None,
         init_from: InitialState | None = None,
     ) -> TrialConfig:
-        """The base trial config with `params` (and a reward spec) filled in, validated as one TrialConfig; from
+        """The base trial config with `params` (and a reward spec of the task's, or its data) filled in, validated as
+        one TrialConfig; from
         `init_from` (a shared warm-up's state) a trial does no warm-up of its own.
 
         Raises:

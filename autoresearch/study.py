@@ -1,15 +1,8 @@
-"""The Optuna study of a spec: opened from its RDB storage, and read back as the history the LLM sees.
-
-Each trial carries user attributes that the dashboard shows: `run_id`, `rationale`, `source` (llm or sampler),
-`reward_spec`, `trial_config`, `backend_url`, once it ends `held_out_at_rl_start` and `rl_gain` (what RL added to
-the accuracy its warm-up left), and for a failed trial `failure`. The study carries the base model's
-held-out accuracy (`baseline_accuracy`), each shared warm-up (`shared_warmup:<backend url>`), the LLM's analyses
-and the proposals it rejected.
-"""
+"""The Optuna study of a spec: opened from its RDB storage, and read back as the history the LLM sees and the
+summary of its best trials (what the study and its trials carry besides Optuna's own records: `attributes`)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,48 +10,14 @@ from pathlib import Path
 import optuna
 import sqlalchemy
 from optuna.trial import FrozenTrial, TrialState
-from pydantic import BaseModel, ConfigDict
 
+from autoresearch.attributes import StudyAttributes, TrialAttributes
 from autoresearch.errors import ConfigurationError
 from autoresearch.proposer import TrialRecord
 from autoresearch.search import REWARD_PREFIX
 from autoresearch.spec import Pruning, StudySpec
-from autoresearch.trials.config import InitialState
 
 ENDED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-BASELINE = "baseline_accuracy"
-# A study attribute per backend, `shared_warmup:<url>` ('local' for the controller's own): the warm-up its trials
-# start from.
-SHARED_WARMUP_PREFIX = "shared_warmup:"
-
-
-class SharedWarmup(BaseModel):
-    """A finished shared warm-up: its run, the state trials load, and its held-out accuracy (where RL starts)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    run_id: str
-    path: str
-    examples_seen: int
-    held_out_accuracy: float
-
-    def initial_state(self) -> InitialState:
-        return InitialState(path=self.path, examples_seen=self.examples_seen)
-
-
-def shared_warmups(study: optuna.Study) -> dict[str, SharedWarmup]:
-    """The study's finished shared warm-ups by backend URL ('local' for the controller's own backend)."""
-    return {
-        key.removeprefix(SHARED_WARMUP_PREFIX): SharedWarmup.model_validate(value)
-        for key, value in study.user_attrs.items()
-        if key.startswith(SHARED_WARMUP_PREFIX)
-    }
-
-
-def shared_warmup_run_id(spec: StudySpec, backend_key: str) -> str:
-    """A run id per backend (its URL, or 'local') that stays the same when the spec lists backends in another
-    order."""
-    return f"{spec.study}-warmup-{hashlib.sha256(backend_key.encode()).hexdigest()[:8]}"
 
 
 def open_study(spec: StudySpec) -> optuna.Study:
@@ -104,6 +63,7 @@ def history(study: optuna.Study) -> list[TrialRecord]:
         if trial.state is TrialState.WAITING:
             continue
         value = trial.values[0] if trial.values else None
+        attributes = TrialAttributes.of(trial)
         records.append(
             TrialRecord(
                 number=trial.number,
@@ -111,8 +71,8 @@ def history(study: optuna.Study) -> list[TrialRecord]:
                 state=trial.state.name,
                 held_out_accuracy=value,
                 curve=dict(trial.intermediate_values),
-                rationale=trial.user_attrs.get("rationale"),
-                failure=trial.user_attrs.get("failure"),
+                rationale=attributes.rationale,
+                failure=attributes.failure,
             )
         )
     return records
@@ -149,24 +109,19 @@ def summary_rows(study: optuna.Study, top: int = 5) -> list[dict]:
 
 def _summary_row(trial: FrozenTrial) -> dict:
     gain = rl_gain_of(trial)
+    attributes = TrialAttributes.of(trial)
     return {
         "number": trial.number,
         "held_out_accuracy": trial.values[0],
         "held_out_at_rl_start": gain.at_start,
         "rl_gain": gain.gain,
         "params": {k: v for k, v in trial.params.items() if not k.startswith(REWARD_PREFIX)},
-        "reward_spec": json.loads(trial.user_attrs.get("reward_spec", "{}")),
-        "run_id": trial.user_attrs.get("run_id"),
-        "sampler_path": trial.user_attrs.get("sampler_path"),
-        "source": trial.user_attrs.get("source"),
-        "rationale": trial.user_attrs.get("rationale"),
+        "reward_spec": json.loads(attributes.reward_spec or "{}"),
+        "run_id": attributes.run_id,
+        "sampler_path": attributes.sampler_path,
+        "source": attributes.source,
+        "rationale": attributes.rationale,
     }
-
-
-# Study attributes: candidates the LLM proposed, and those that fit the search space and joined Optuna's queue.
-LLM_PROPOSED = "llm_proposed"
-LLM_VALID = "llm_valid"
-REJECTED_PROPOSALS = "rejected_proposals"
 
 
 def llm_proposal_counts(study: optuna.Study) -> dict:
@@ -175,11 +130,12 @@ def llm_proposal_counts(study: optuna.Study) -> dict:
     run = sum(
         1
         for t in study.get_trials(deepcopy=False)
-        if t.user_attrs.get("source") == "llm" and t.state is not TrialState.WAITING
+        if TrialAttributes.of(t).source == "llm" and t.state is not TrialState.WAITING
     )
+    attributes = StudyAttributes.of(study)
     return {
-        "proposed": int(study.user_attrs.get(LLM_PROPOSED, 0)),
-        "valid": int(study.user_attrs.get(LLM_VALID, 0)),
+        "proposed": attributes.llm_proposed,
+        "valid": attributes.llm_valid,
         "run": run,
-        "rejected": list(study.user_attrs.get(REJECTED_PROPOSALS, [])),
+        "rejected": list(attributes.rejected_proposals),
     }

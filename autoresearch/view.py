@@ -14,8 +14,9 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from autoresearch.attributes import StudyAttributes, TrialAttributes
 from autoresearch.device_share import DeviceUse
-from autoresearch.study import BASELINE, llm_proposal_counts, rl_gain_of, shared_warmups, summary_rows
+from autoresearch.study import llm_proposal_counts, rl_gain_of, summary_rows
 
 # The live table shows the start of each rationale; summary.json and the dashboard have it whole.
 _RATIONALE_CHARS = 80
@@ -37,18 +38,19 @@ def trials_table(study: optuna.Study, device: Mapping[str, DeviceUse] | None = N
             continue
         latest = trial.intermediate_values[max(trial.intermediate_values)] if trial.intermediate_values else None
         gain = rl_gain_of(trial)
+        attributes = TrialAttributes.of(trial)
         params = ", ".join(f"{k}={_short(v)}" for k, v in trial.params.items())
         table.add_row(
             str(trial.number),
             trial.state.name.lower(),
-            _device(device.get(trial.user_attrs.get("run_id", ""))),
-            trial.user_attrs.get("source", "-"),
+            _device(device.get(attributes.run_id or "")),
+            attributes.source or "-",
             _figure(gain.at_start),
             _figure(latest),
             _signed(gain.gain),
             "-" if not trial.values else f"{trial.values[0]:.3f}",
             params,
-            _clipped(trial.user_attrs.get("rationale", "-")),
+            _clipped(attributes.rationale or "-"),
         )
     return table
 
@@ -65,10 +67,10 @@ def _clipped(text: str) -> str:
 def _references(study: optuna.Study) -> str:
     """What trials compare against: the base model's held-out accuracy and, when shared, the warm-up's."""
     parts = []
-    baseline = study.user_attrs.get(BASELINE)
-    if baseline is not None:
-        parts.append(f"base model: {baseline:.3f}")
-    parts += [f"shared warm-up: {w.held_out_accuracy:.3f}" for w in shared_warmups(study).values()]
+    attributes = StudyAttributes.of(study)
+    if attributes.baseline_accuracy is not None:
+        parts.append(f"base model: {attributes.baseline_accuracy:.3f}")
+    parts += [f"shared warm-up: {w.held_out_accuracy:.3f}" for w in attributes.shared_warmups.values()]
     return f" ({'; '.join(parts)})" if parts else ""
 
 
@@ -148,7 +150,8 @@ def write_summary(study: optuna.Study, folder: Path, console: Console) -> Path:
         if trial.state.name.lower() in states:
             states[trial.state.name.lower()] += 1
     console.print("trials: " + ", ".join(f"{count} {state}" for state, count in states.items()))
-    baseline = study.user_attrs.get(BASELINE)
+    attributes = StudyAttributes.of(study)
+    baseline = attributes.baseline_accuracy
     if baseline is not None:
         console.print(f"baseline: the base model scores {baseline:.3f} on the same held-out questions")
     proposals = llm_proposal_counts(study)
@@ -159,7 +162,7 @@ def write_summary(study: optuna.Study, folder: Path, console: Console) -> Path:
         )
         for reason in proposals["rejected"]:
             console.print(f"  rejected: {reason}", markup=False)
-    warmups = shared_warmups(study)
+    warmups = attributes.shared_warmups
     for url, warmup in warmups.items():
         console.print(f"shared warm-up on {url}: held-out {warmup.held_out_accuracy:.3f}, state {warmup.path}")
     if rows:

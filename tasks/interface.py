@@ -1,9 +1,9 @@
 """What a trial asks of a task: the interface every task implements, and nothing else.
 
 Trials (`autoresearch.trials`), the tinker-cookbook environment and a task's command line render prompts and score
-completions through it only, so a second task drops in by implementing this class and registering itself in
-`tasks.registry`. Names end in the shape they hold: `_G` one entry per completion of a group, `_B` one per item of
-a batch.
+completions through it only, and a study (`autoresearch`) searches a task's reward through it only, so a second task
+drops in by implementing this class and registering itself in `tasks.registry`. Names end in the shape they hold:
+`_G` one entry per completion of a group, `_B` one per item of a batch.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import random
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeVar
+
+from pydantic import BaseModel
 
 from tasks.errors import SplitError, TaskError
 from tasks.report import HeldOutAnswer, HeldOutReport
@@ -61,13 +63,39 @@ class Episode(Protocol):
 
 
 ExampleT = TypeVar("ExampleT", bound=TaskExample)
-RewardSpecT = TypeVar("RewardSpecT")
+# A reward spec is data (a pydantic model), so a study can propose one as JSON and store it.
+RewardSpecT = TypeVar("RewardSpecT", bound=BaseModel)
 
 
 class Task(ABC, Generic[ExampleT, RewardSpecT]):
-    """A task's data, prompts and scoring; a context manager, as scoring may hold workers and connections."""
+    """A task's data, prompts and scoring; a context manager, as scoring may hold workers and connections.
+
+    What a task says of its reward is known without opening it (class attributes), so a trial config or a study
+    spec is validated against it without loading any data.
+    """
 
     name: str
+    # A trial config's `reward_spec` is validated as one of these.
+    reward_spec_type: type[RewardSpecT]
+    # What a trial trains on when its config names no reward spec.
+    default_reward_spec: RewardSpecT
+    # The component every reward a study builds holds at weight 1: the one that says an answer is right, as the
+    # held-out measure does, so a reward a study shapes around it can only win by training a better model.
+    base_reward_component: str
+    # The components a study may add to the base one, each at a weight it searches.
+    optional_reward_components: tuple[str, ...]
+    # One paragraph for the LLM that proposes a study's trials: what the task asks of the model, what its held-out
+    # measure is, and what each optional reward component pays for.
+    description: str
+
+    @classmethod
+    @abstractmethod
+    def reward_spec_from_weights(cls, weights: Mapping[str, float]) -> RewardSpecT:
+        """The base component at weight 1, plus each optional component whose weight is positive (0 leaves it out).
+
+        Raises:
+            TaskError: a weight the reward refuses.
+        """
 
     @property
     @abstractmethod

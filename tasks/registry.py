@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from tasks.errors import UnknownTaskError
 from tasks.interface import AnyTask
 from tasks.text2sql.task import Text2SqlTask
 
-# Each task's factory opens it on the data it ships with.
-TASKS: dict[str, Callable[[], AnyTask]] = {Text2SqlTask.name: Text2SqlTask.bundled}
+
+@dataclass(frozen=True)
+class RegisteredTask:
+    """A task as the registry holds it: its class, which configs are validated against without opening the task
+    (its reward), and how to open it on the data it ships with."""
+
+    cls: type[AnyTask]
+    open: Callable[[], AnyTask]
+
+
+TASKS: dict[str, RegisteredTask] = {Text2SqlTask.name: RegisteredTask(Text2SqlTask, Text2SqlTask.bundled)}
 
 
 def registered_task(name: str) -> str:
@@ -19,6 +29,11 @@ def registered_task(name: str) -> str:
     return name
 
 
+def task_class(name: str) -> type[AnyTask]:
+    """The class of the task registered as `name`, to ask of its reward; raises UnknownTaskError for another name."""
+    return TASKS[registered_task(name)].cls
+
+
 def open_task(name: str) -> AnyTask:
     """The task registered as `name`, on its shipped data; raises UnknownTaskError for a name not registered."""
-    return TASKS[registered_task(name)]()
+    return TASKS[registered_task(name)].open()

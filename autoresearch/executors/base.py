@@ -6,7 +6,7 @@ controller sees on its own disk or, in a cluster, on a volume it shares with the
 
 from __future__ import annotations
 
-import json
+import logging
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -14,10 +14,13 @@ from typing import Protocol
 
 import yaml
 
+from autoresearch.errors import ExecutorError
 from autoresearch.trials.config import TrialConfig
-from autoresearch.trials.run_dir import RunDirectory
+from autoresearch.trials.run_dir import RunDirectory, TrialResult
 
 LAUNCH_CONFIG = "launch.yaml"
+
+log = logging.getLogger(__name__)
 
 
 class TrialPhase(StrEnum):
@@ -35,8 +38,8 @@ class TrialStatus:
     phase: TrialPhase
     # Held-out accuracy by RL step, as the trial evaluated so far.
     evaluations: dict[int, float]
-    # The trial's result.json once it finished.
-    result: dict | None = None
+    # The trial's result (its result.json): there exactly when the phase is FINISHED.
+    result: TrialResult | None = None
     # Why a trial died or failed.
     failure: str | None = None
     started_at: float | None = None
@@ -53,19 +56,26 @@ class TrialExecutor(Protocol):
     def stop(self, run_id: str) -> None: ...
 
 
+def stop_or_warn(executor: TrialExecutor, run_id: str) -> None:
+    """Stop a run; an executor that does not answer is logged, not raised: the caller goes on to fail the run."""
+    try:
+        executor.stop(run_id)
+    except ExecutorError as error:
+        log.warning("could not stop %s: %s", run_id, error)
+
+
 @dataclass(frozen=True)
 class Progress:
     """What a trial's run directory says so far."""
 
     evaluations: dict[int, float]
-    result: dict | None
+    result: TrialResult | None
 
 
 def read_progress(root: Path) -> Progress:
     directory = RunDirectory(root)
     evaluations = {int(e["step"]): float(e["accuracy"]) for e in directory.evals.read()}
-    result = json.loads(directory.result_path.read_text()) if directory.result_path.exists() else None
-    return Progress(evaluations, result)
+    return Progress(evaluations, directory.read_result())
 
 
 def write_launch_config(root: Path, config: TrialConfig) -> Path:

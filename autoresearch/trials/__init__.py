@@ -2,7 +2,8 @@
 
 from autoresearch.trials.config import TrialConfig, load_trial_config, parse_trial_config
 from autoresearch.trials.evaluation import evaluate_checkpoint
-from autoresearch.trials.rl_loop import EvalCallback, TrialResult, run_trial
+from autoresearch.trials.rl_loop import EvalCallback, run_trial
+from autoresearch.trials.run_dir import TrialResult
 from tasks.report import HeldOutReport
 
 __all__ = [

@@ -7,11 +7,20 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
 
 from autoresearch.errors import ConfigurationError
-from tasks.registry import registered_task
-from tasks.text2sql.rewards import COMPONENT_KINDS, DEFAULT_REWARD_SPEC, RewardSpec
+from tasks.registry import registered_task, task_class
 
 LossName = Literal["importance_sampling", "ppo", "cispo", "dro"]
 
@@ -102,7 +111,9 @@ class TrialConfig(BaseModel):
         "single_turn", description="one completion per question, or episodes that explore before they answer"
     )
     max_turns: int = Field(4, ge=2, le=16, description="turns of an agentic episode, its answer included")
-    reward_spec: RewardSpec = Field(DEFAULT_REWARD_SPEC, description="the training reward")
+    reward_spec: SerializeAsAny[BaseModel] = Field(
+        None, validate_default=True, description="the training reward, a spec of the task's; None: the task's default"
+    )
     few_shot: int = Field(1, ge=0, le=8, description="solved examples shown before each question")
     prompt_format: Literal["auto", "chat", "plain"] = Field(
         "auto",
@@ -133,6 +144,16 @@ class TrialConfig(BaseModel):
     @classmethod
     def _registered(cls, value: str) -> str:
         return registered_task(value)
+
+    @field_validator("reward_spec", mode="wrap")
+    @classmethod
+    def _the_tasks_reward_spec(
+        cls, value: object, _handler: ValidatorFunctionWrapHandler, info: ValidationInfo
+    ) -> object:
+        if "task" not in info.data:  # the task did not validate, and says why; its reward cannot be checked
+            return value
+        task = task_class(info.data["task"])
+        return task.default_reward_spec if value is None else task.reward_spec_type.model_validate(value)
 
     @model_validator(mode="after")
     def _consistent(self) -> TrialConfig:
@@ -173,8 +194,6 @@ def describe_validation_error(error: ValidationError, model: type[BaseModel]) ->
         else:
             message = item["msg"].removeprefix("Value error, ")
             problems.append(f"{where}: {message}" if where else message)
-    if any("reward" in where for where in locations):
-        problems.append(f"reward component kinds: {', '.join(COMPONENT_KINDS)}")
     return "; ".join(problems)
 
 
@@ -199,7 +218,17 @@ def parse_trial_config(data: object, source: str = "trial config") -> TrialConfi
     try:
         return TrialConfig.model_validate(data)
     except ValidationError as error:
-        raise ConfigurationError(f"{source}: {describe_validation_error(error, TrialConfig)}") from None
+        problems = describe_validation_error(error, TrialConfig)
+        if any(item["loc"][:1] == ("reward_spec",) for item in error.errors()):
+            problems += f"; {_reward_component_kinds(data.get('task', TrialConfig.model_fields['task'].default))}"
+        raise ConfigurationError(f"{source}: {problems}") from None
+
+
+def _reward_component_kinds(task_name: str) -> str:
+    """The components a reward spec of the task may have, for an error in one (the task is valid: its reward spec
+    was checked)."""
+    task = task_class(task_name)
+    return f"reward component kinds: {', '.join((task.base_reward_component, *task.optional_reward_components))}"
 
 
 def load_trial_config(path: Path) -> TrialConfig:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from autoresearch.errors import ConfigurationError
+from autoresearch.trials.modes import SINGLE_TURN, Mode
 from tasks.errors import SplitError
 from tasks.interface import AnyTask, TaskExample
 
@@ -26,33 +27,6 @@ class Tokenizer(Protocol):
 
 
 PromptFormat = Literal["auto", "chat", "plain"]
-
-
-def resolved_prompt_format(
-    requested: PromptFormat, tokenizer: Tokenizer, agentic: bool = False
-) -> Literal["chat", "plain"]:
-    """`chat` or `plain`: "auto" is chat exactly when the tokenizer has a chat template and the trial is single-turn
-    (an agentic episode is one growing transcript, its observations appended as text).
-
-    Raises:
-        ConfigurationError: chat was asked for and the tokenizer has no chat template, or of agentic episodes.
-    """
-    if agentic:
-        if requested == "chat":
-            raise ConfigurationError(
-                "prompt_format: chat is not supported for agentic episodes yet (their turns are one transcript); "
-                "use prompt_format: plain or auto"
-            )
-        return "plain"
-    has_template = bool(getattr(tokenizer, "chat_template", None))
-    if requested == "chat" and not has_template:
-        raise ConfigurationError(
-            "prompt_format: chat was asked for, but the base model's tokenizer has no chat template; use "
-            "prompt_format: plain, or serve the model with one (trainer_backend serve --chat-template FILE)"
-        )
-    if requested == "auto":
-        return "chat" if has_template else "plain"
-    return requested
 
 
 @dataclass(frozen=True)
@@ -127,19 +101,19 @@ class PromptRenderer:
         tokenizer: Tokenizer,
         few_shot: int,
         shots_split: str,
-        max_turns: int | None = None,
+        mode: Mode = SINGLE_TURN,
         prompt_format: PromptFormat = "plain",
     ) -> None:
-        """`max_turns` renders the task's agentic prompt, for episodes of at most that many turns.
+        """`mode` says which of the task's prompts it renders (the agentic one, for episodes) and in which format.
 
-        Raises ConfigurationError for a chat format the tokenizer has no template for.
+        Raises ConfigurationError for a format the mode or the tokenizer cannot render.
         """
         split_of(task, shots_split, "train_split")
         self.task = task
         self.tokenizer = tokenizer
-        self.max_turns = max_turns
+        self.mode = mode
         self.shots = task.few_shot_examples(few_shot, shots_split)
-        self.format = resolved_prompt_format(prompt_format, tokenizer, agentic=max_turns is not None)
+        self.format = mode.prompt_format(prompt_format, tokenizer)
 
     @property
     def shot_ids(self) -> frozenset[str]:
@@ -153,12 +127,9 @@ class PromptRenderer:
         return Prompt(example=example, tokens=self._chat_tokens(text, add_generation_prompt=True))
 
     def gold_completion(self, example: TaskExample) -> tuple[int, ...]:
-        """The tokens of the task's gold completion, as the model should continue the prompt (in the agentic mode,
-        a first turn that answers at once); in the chat format, through the end of the assistant's turn."""
-        if self.max_turns is None:
-            text = self.task.gold_completion(example)
-        else:
-            text = self.task.agentic_gold_completion(example)
+        """The tokens of the mode's gold completion, as the model should continue the prompt; in the chat format,
+        through the end of the assistant's turn."""
+        text = self.mode.gold_text(self.task, example)
         if self.format == "plain":
             return tuple(self.tokenizer.encode(text, add_special_tokens=False))
         prompt = self.prompt(example).tokens
@@ -175,9 +146,7 @@ class PromptRenderer:
         return answer[: answer.index(end) + 1] if end in answer else answer
 
     def _prompt_text(self, example: TaskExample) -> str:
-        if self.max_turns is None:
-            return self.task.render_prompt(example, self.shots)
-        return self.task.agentic_prompt(example, self.shots, self.max_turns)
+        return self.mode.prompt_text(self.task, example, self.shots)
 
     def _chat_tokens(
         self, user: str, add_generation_prompt: bool = False, answer: str | None = None

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import tinker
 from tinker import types
 
-from autoresearch.trials.data import Prompt, PromptRenderer
 from autoresearch.trials.rollouts import Completion, Group, derived_seed
 from tasks.interface import Episode
+
+if TYPE_CHECKING:
+    # The renderer holds its trial's mode, which plays episodes with this module: names for annotations only.
+    from autoresearch.trials.data import Prompt, PromptRenderer
 
 
 @dataclass

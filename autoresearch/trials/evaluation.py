@@ -15,7 +15,7 @@ from tinker import types
 from autoresearch.trials.backend import api_key as default_api_key
 from autoresearch.trials.config import TrialConfig
 from autoresearch.trials.data import PromptRenderer, held_out_subset
-from autoresearch.trials.episodes import play_episodes
+from autoresearch.trials.modes import mode_of
 from tasks.interface import AnyTask, TaskExample
 from tasks.registry import open_task
 from tasks.report import HeldOutReport
@@ -30,16 +30,10 @@ def evaluate_sampler(
     stop: Sequence[str],
     step: int,
 ) -> HeldOutReport:
-    """Greedy (temperature 0) completions of every example, all requests in flight at once, judged by the task; with
-    the renderer's `max_turns`, greedy episodes, each answer's completion its transcript."""
+    """Greedy (temperature 0) answers to every example in the renderer's mode (completions, or episodes whose
+    transcripts are the answers), judged by the task."""
     params = types.SamplingParams(max_tokens=max_tokens, temperature=0.0, stop=list(stop))
-    if renderer.max_turns is not None:
-        prompts = [renderer.prompt(e) for e in examples]
-        rollouts = play_episodes(sampler, prompts, 1, [params] * len(prompts), renderer, renderer.max_turns)
-        return renderer.task.report_episodes(split, [group[0].episode for group in rollouts], step)
-    futures = [sampler.sample(types.ModelInput.from_ints(list(renderer.prompt(e).tokens)), 1, params) for e in examples]
-    completions = [renderer.decode(f.result().sequences[0].tokens) for f in futures]
-    return renderer.task.report(split, examples, completions, step)
+    return renderer.mode.held_out_report(sampler, renderer, examples, split, params, step)
 
 
 def evaluate_checkpoint(
@@ -66,9 +60,8 @@ def evaluate_checkpoint(
             sampler = service.create_sampling_client(base_model=config.base_model).result()
         else:
             sampler = service.create_sampling_client(model_path=model_path).result()
-        max_turns = config.max_turns if config.mode == "agentic" else None
         renderer = PromptRenderer(
-            opened, tokenizer, config.few_shot, config.train_split, max_turns, config.prompt_format
+            opened, tokenizer, config.few_shot, config.train_split, mode_of(config), config.prompt_format
         )
         examples = held_out_subset(opened, config.eval_split, config.eval_size, config.eval_seed)
         return evaluate_sampler(sampler, renderer, examples, config.eval_split, config.max_tokens, config.stop, step=0)

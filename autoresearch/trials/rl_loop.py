@@ -17,10 +17,8 @@ import secrets
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Literal
 
 import tinker
-from pydantic import BaseModel, ConfigDict
 from tinker import types
 
 from autoresearch.errors import ConfigurationError
@@ -28,14 +26,14 @@ from autoresearch.trials.backend import TRIAL_METADATA_KEY, api_key, backend_for
 from autoresearch.trials.config import InitialState, TrialConfig
 from autoresearch.trials.data import PromptRenderer, TrainingOrder, held_out_subset, split_of
 from autoresearch.trials.datums import supervised_datum
-from autoresearch.trials.episodes import sample_episode_groups
 from autoresearch.trials.evaluation import evaluate_sampler
 from autoresearch.trials.metrics import StepMetrics, summarize_groups
-from autoresearch.trials.paired import PairedComparison, compare
+from autoresearch.trials.modes import mode_of
+from autoresearch.trials.paired import compare
 from autoresearch.trials.plot import plot_run
 from autoresearch.trials.progress import TrialProgress
-from autoresearch.trials.rollouts import derived_seed, sample_groups, score_groups
-from autoresearch.trials.run_dir import RunDirectory, RunState
+from autoresearch.trials.rollouts import derived_seed
+from autoresearch.trials.run_dir import RunDirectory, RunState, TrialResult
 from autoresearch.trials.training_batch import build_training_batch, select_samples
 from tasks.interface import AnyTask
 from tasks.registry import open_task
@@ -50,36 +48,6 @@ logger = logging.getLogger(__name__)
 
 # Called with each held-out evaluation; returning False stops the trial there (e.g. Optuna's pruner said so).
 EvalCallback = Callable[[HeldOutReport], bool]
-
-
-class TrialResult(BaseModel):
-    """What a finished (or early-stopped) trial reports; also written to `result.json` in its run directory."""
-
-    model_config = ConfigDict(frozen=True)
-
-    run_id: str
-    run_dir: Path
-    steps_completed: int
-    # The last held-out evaluation, the trial's objective.
-    held_out_accuracy: float
-    held_out_by_difficulty: dict[str, float | None]
-    # Held-out accuracy after each evaluated step.
-    held_out_history: dict[int, float]
-    # What RL did: the evaluation where it started (after any warm-up) against the last one, question by question;
-    # None when the trial did not evaluate where RL started (eval_interval 0) or ran no RL step.
-    rl_comparison: PairedComparison | None = None
-    # How prompts were rendered: "chat" (the model's chat template) or "plain".
-    prompt_format: Literal["chat", "plain"] = "plain"
-    # Reward mean of the last RL step; None when the trial ran no RL step.
-    final_reward_mean: float | None
-    stopped_early: bool
-    # The step this invocation resumed from; None when it started the run.
-    resumed_from_step: int | None
-    # Times the backend went away during this invocation and the trial went on from its last checkpoint.
-    backend_interruptions: int = 0
-    checkpoint_path: str
-    sampler_path: str
-    wall_time_s: float
 
 
 def new_run_id() -> str:
@@ -110,8 +78,8 @@ def run_trial(
     directory = RunDirectory(run_dir / str(config.run_id))
     directory.check_config(config)
     state = directory.load_state()
-    if state is not None and state.finished and directory.result_path.exists():
-        stored = TrialResult.model_validate_json(directory.result_path.read_text())
+    stored = directory.read_result() if state is not None and state.finished else None
+    if state is not None and stored is not None:
         if stored.stopped_early or config.steps <= state.step:
             return stored
         # Asked for more steps than the run finished with: it goes on from its final checkpoint.
@@ -239,9 +207,9 @@ class _Trial:
         self.task = task
         self.view = view
         self.on_eval = on_eval
-        max_turns = config.max_turns if config.mode == "agentic" else None
+        self.mode = mode_of(config)
         self.renderer = PromptRenderer(
-            task, training.get_tokenizer(), config.few_shot, config.train_split, max_turns, config.prompt_format
+            task, training.get_tokenizer(), config.few_shot, config.train_split, self.mode, config.prompt_format
         )
         view.note(f"prompts in the {self.renderer.format} format ({_FORMAT_MEANING[self.renderer.format]})")
         train_examples = split_of(task, config.train_split, "train_split")
@@ -342,20 +310,8 @@ class _Trial:
             )
             for i in range(len(prompts))
         ]
-        sampling_started = time.monotonic()
-        if config.mode == "agentic":
-            # Episodes are scored as they end: sampling and scoring are one phase.
-            groups = sample_episode_groups(
-                sampler, prompts, config.group_size, params, self.renderer, config.max_turns, config.reward_spec
-            )
-            sampling_s = time.monotonic() - sampling_started
-        else:
-            # DRO's penalty also acts on prompt positions, so they need the sampler's own log-probs (datums.rl_datum).
-            groups = sample_groups(
-                sampler, prompts, config.group_size, params, self.renderer, include_prompt_logprobs=config.loss == "dro"
-            )
-            sampling_s = time.monotonic() - sampling_started
-            groups = score_groups(groups, self.task, config.reward_spec)
+        sampled = self.mode.sample(sampler, prompts, params, self.renderer, config)
+        groups = sampled.groups
         samples = select_samples(groups, config.normalize_advantages)
         base_logprobs = self._base_logprobs([(s.group.prompt.tokens, s.completion.tokens) for s in samples])
         batch = build_training_batch(samples, base_logprobs, config.kl_coef)
@@ -382,9 +338,9 @@ class _Trial:
             loss=loss,
             kl=batch.kl,
             completion_tokens_mean=summary.completion_tokens / summary.completions,
-            tokens_per_s=summary.completion_tokens / sampling_s if sampling_s > 0 else 0.0,
+            tokens_per_s=summary.completion_tokens / sampled.sampling_s if sampled.sampling_s > 0 else 0.0,
             step_time_s=time.monotonic() - step_started,
-            turns_mean=summary.turns_mean if config.mode == "agentic" else None,
+            turns_mean=self.mode.turns_mean(summary),
         )
         return metrics, sampler
 
@@ -448,7 +404,7 @@ class _Trial:
             sampler_path=sampler_path,
             wall_time_s=time.monotonic() - started,
         )
-        directory.result_path.write_text(result.model_dump_json(indent=2))
+        directory.write_result(result)
         directory.save_state(state.model_copy(update={"finished": True, "sampler_path": sampler_path}))
         return result
 

@@ -5,13 +5,17 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import tinker
 from tinker import types
 
 from autoresearch.errors import BackendResponseError
-from autoresearch.trials.data import Prompt, PromptRenderer
 from tasks.interface import AnyTask, CompletionScore
+
+if TYPE_CHECKING:
+    # The renderer holds its trial's mode, which samples with this module: names for annotations only.
+    from autoresearch.trials.data import Prompt, PromptRenderer
 
 
 def derived_seed(*parts: object) -> int:

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from autoresearch.errors import ResumeError
 from autoresearch.trials.config import RESUMABLE_CHANGES, TrialConfig, parse_trial_config
+from autoresearch.trials.paired import PairedComparison
 
 
 class RunState(BaseModel):
@@ -40,6 +42,36 @@ class RunState(BaseModel):
     finished: bool = False
     # tinker://…/sampler_weights/… of the final weights, once finished.
     sampler_path: str | None = None
+
+
+class TrialResult(BaseModel):
+    """What a finished (or early-stopped) trial reports; also written to `result.json` in its run directory."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    run_dir: Path
+    steps_completed: int
+    # The last held-out evaluation, the trial's objective.
+    held_out_accuracy: float
+    held_out_by_difficulty: dict[str, float | None]
+    # Held-out accuracy after each evaluated step.
+    held_out_history: dict[int, float]
+    # What RL did: the evaluation where it started (after any warm-up) against the last one, question by question;
+    # None when the trial did not evaluate where RL started (eval_interval 0) or ran no RL step.
+    rl_comparison: PairedComparison | None = None
+    # How prompts were rendered: "chat" (the model's chat template) or "plain".
+    prompt_format: Literal["chat", "plain"] = "plain"
+    # Reward mean of the last RL step; None when the trial ran no RL step.
+    final_reward_mean: float | None
+    stopped_early: bool
+    # The step this invocation resumed from; None when it started the run.
+    resumed_from_step: int | None
+    # Times the backend went away during this invocation and the trial went on from its last checkpoint.
+    backend_interruptions: int = 0
+    checkpoint_path: str
+    sampler_path: str
+    wall_time_s: float
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -99,6 +131,16 @@ class RunDirectory:
 
     def save_state(self, state: RunState) -> None:
         _write_atomically(self.state_path, state.model_dump_json(indent=2))
+
+    def read_result(self) -> TrialResult | None:
+        """The result of a run that finished, or None."""
+        if not self.result_path.exists():
+            return None
+        return TrialResult.model_validate_json(self.result_path.read_text())
+
+    def write_result(self, result: TrialResult) -> None:
+        # Atomically: a controller reads the result of a trial that is still running, as soon as it appears.
+        _write_atomically(self.result_path, result.model_dump_json(indent=2))
 
     def check_config(self, config: TrialConfig) -> None:
         """Write the config of a new run, or check that a resumed run's config only changes what may change.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from tasks.errors import SplitError
 from tasks.interface import Task
@@ -15,7 +15,7 @@ from tasks.text2sql.bundled import load_bundled
 from tasks.text2sql.dataset import Difficulty, Example, Text2SqlDataset
 from tasks.text2sql.errors import Text2SqlError
 from tasks.text2sql.prompts import FewShot, render_prompt
-from tasks.text2sql.rewards import DEFAULT_REWARD_SPEC, RewardSpec
+from tasks.text2sql.rewards import COMPONENT_KINDS, DEFAULT_REWARD_SPEC, ExecutionMatch, RewardSpec
 from tasks.text2sql.scoring import Score, Scorer
 
 
@@ -27,6 +27,18 @@ class Text2SqlTask(Task[Example, RewardSpec]):
     """
 
     name = "text2sql"
+    reward_spec_type = RewardSpec
+    default_reward_spec = DEFAULT_REWARD_SPEC
+    base_reward_component = "execution_match"
+    optional_reward_components = tuple(kind for kind in COMPONENT_KINDS if kind != "execution_match")
+    description = (
+        "The task is text-to-SQL: the model reads a database's schema and a question and writes one DuckDB query; an "
+        "answer is right when its result matches the gold query's on every variant of the database (execution "
+        "match), and held-out accuracy is the fraction of right answers. Optional reward components: result_overlap "
+        "(F1 of the result's rows, partial credit), parses and executes (the SQL parses, runs), format (one clean "
+        "statement), length_penalty (long completions), schema_linking (the gold query's tables and columns named), "
+        "and for agentic episodes turn_penalty, failed_exploration and unanswered (how the episode went)."
+    )
 
     def __init__(self, dataset: Text2SqlDataset) -> None:
         self.dataset = dataset
@@ -38,6 +50,16 @@ class Text2SqlTask(Task[Example, RewardSpec]):
     def bundled(cls) -> Text2SqlTask:
         """The task over the data set that ships with the project (its databases built on first use)."""
         return cls(load_bundled())
+
+    @classmethod
+    def reward_spec_from_weights(cls, weights: Mapping[str, float]) -> RewardSpec:
+        """Execution match on every database variant at weight 1, plus each optional component of positive weight.
+
+        Raises:
+            RewardSpecError: a component that does not exist, or a weight outside its bounds.
+        """
+        added = [{"kind": kind, "weight": weight} for kind, weight in sorted(weights.items()) if weight > 0]
+        return RewardSpec.parse({"components": [ExecutionMatch(weight=1.0, databases="all"), *added]})
 
     @property
     def split_names(self) -> tuple[str, ...]:

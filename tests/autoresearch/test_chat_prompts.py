@@ -13,6 +13,7 @@ from support.backends import tiny_server_config
 from autoresearch.errors import ConfigurationError
 from autoresearch.trials.config import TrialConfig
 from autoresearch.trials.data import PromptRenderer
+from autoresearch.trials.modes import Episodes
 from autoresearch.trials.rl_loop import run_trial
 from tasks.text2sql.task import Text2SqlTask
 from trainer_backend.models.tiny import TINY_QWEN2_NAME, train_tiny_chatml_tokenizer, train_tiny_tokenizer
@@ -91,7 +92,9 @@ def test_chat_asked_of_a_tokenizer_without_a_template_names_the_fix(text2sql: Te
 
 def test_agentic_episodes_stay_plain_and_refuse_an_explicit_chat_format(text2sql: Text2SqlTask) -> None:
     tokenizer = train_tiny_chatml_tokenizer()
-    renderer = PromptRenderer(text2sql, tokenizer, few_shot=0, shots_split="train", max_turns=3)
+    renderer = PromptRenderer(text2sql, tokenizer, few_shot=0, shots_split="train", mode=Episodes(max_turns=3))
     assert renderer.format == "plain"
     with pytest.raises(ConfigurationError, match=r"not supported for agentic episodes"):
-        PromptRenderer(text2sql, tokenizer, few_shot=0, shots_split="train", max_turns=3, prompt_format="chat")
+        PromptRenderer(
+            text2sql, tokenizer, few_shot=0, shots_split="train", mode=Episodes(max_turns=3), prompt_format="chat"
+        )

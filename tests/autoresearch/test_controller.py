@@ -19,13 +19,15 @@ from optuna_dashboard import get_note
 from pydantic import ValidationError
 from scripted_llm import scripted_llm
 
+from autoresearch.attributes import SHARED_WARMUP_PREFIX, SharedWarmup, StudyAttributes
 from autoresearch.controller import Controller
 from autoresearch.controller_state import open_controller_state
 from autoresearch.executors import LocalExecutor
 from autoresearch.proposer import LlmProposer
 from autoresearch.search import distributions
+from autoresearch.shared_warmup import shared_warmup_run_id
 from autoresearch.spec import StudySpec
-from autoresearch.study import SHARED_WARMUP_PREFIX, SharedWarmup, open_study, shared_warmup_run_id, shared_warmups
+from autoresearch.study import open_study
 from autoresearch.trials.config import TrialConfig
 from autoresearch.trials.run_dir import RunDirectory
 
@@ -273,7 +275,7 @@ def test_a_shared_warmup_runs_once_and_every_trial_starts_its_rl_from_it(backend
 
     warmup_run = shared_warmup_run_id(spec, backend_url)
     assert executor.launched[0] == warmup_run and executor.launched.count(warmup_run) == 1
-    warmup = shared_warmups(study)[backend_url]
+    warmup = StudyAttributes.of(study).shared_warmups[backend_url]
     warmup_result = json.loads((tmp_path / "trials" / warmup_run / "result.json").read_text())
     assert warmup.path == warmup_result["checkpoint_path"] and warmup.path.endswith("/weights/warmup-000002")
     assert warmup.examples_seen == 4 and warmup.held_out_accuracy == warmup_result["held_out_accuracy"]

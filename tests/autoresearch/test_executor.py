@@ -25,7 +25,7 @@ def test_a_trial_runs_to_its_result_and_launching_again_does_nothing(
 
     done = wait_for_phase(executor, "first", {TrialPhase.FINISHED, TrialPhase.DIED})
     assert done.phase is TrialPhase.FINISHED, done.failure
-    assert done.result["run_id"] == "first" and 0.0 <= done.result["held_out_accuracy"] <= 1.0
+    assert done.result.run_id == "first" and 0.0 <= done.result.held_out_accuracy <= 1.0
     assert set(done.evaluations) == {0, 2, 3}
     executor.launch("first", tiny_trial_config, backend_url)
     assert (tmp_path / "first" / PID_FILE).read_text() == launched

@@ -61,7 +61,7 @@ def test_a_trial_job_runs_to_its_result_and_is_made_once(
         assert done.phase is TrialPhase.FINISHED, done.failure
         executor.launch("t-0", tiny_trial_config, backend_url)  # finished: not run again
 
-    assert done.result["run_id"] == "t-0" and set(done.evaluations) == {0, 2, 3}
+    assert done.result.run_id == "t-0" and set(done.evaluations) == {0, 2, 3}
     (job,) = api.created
     assert job["metadata"]["name"] == "trial-t-0"
     labels = job["metadata"]["labels"]

@@ -27,7 +27,7 @@ def test_every_searched_name_has_a_distribution() -> None:
 
 
 def test_reward_spec_keeps_execution_match_and_drops_zero_weights() -> None:
-    spec = reward_spec({"format": 0.2, "length_penalty": 0.0})
+    spec = reward_spec(SPEC, {"format": 0.2, "length_penalty": 0.0}).model_dump(mode="json")
     assert spec["components"][0] == {"kind": "execution_match", "weight": 1.0, "databases": "all"}
     assert spec["components"][1:] == [{"kind": "format", "weight": 0.2}]
 

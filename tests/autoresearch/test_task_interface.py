@@ -1,19 +1,22 @@
 """A trial reaches its task through `tasks.interface` alone: a second task, registered by name, trains and is
-evaluated by the trial's own loop on the tiny model, with no text-to-SQL code involved."""
+evaluated by the trial's own loop on the tiny model, with no text-to-SQL code involved; its config's reward spec is
+the task's own."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel, ConfigDict
 
-from autoresearch.trials.config import TrialConfig
+from autoresearch.errors import ConfigurationError
+from autoresearch.trials.config import TrialConfig, parse_trial_config
 from autoresearch.trials.rl_loop import run_trial
 from autoresearch.trials.run_dir import RunDirectory
 from tasks import registry
-from tasks.errors import SplitError
+from tasks.errors import SplitError, TaskError
 from tasks.interface import Task
 
 WORDS = ("apple", "river", "stone", "cloud", "tiger", "maple", "ocean", "piano", "lemon", "ember", "frost", "grape")
@@ -33,10 +36,29 @@ class EchoScore:
     components: dict[str, float]
 
 
-class EchoTask(Task[Word, object]):
+class EchoReward(BaseModel):
+    """What an exact repeat of the word earns; nothing else earns anything."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    exact: float = 1.0
+
+
+class EchoTask(Task[Word, EchoReward]):
     """Repeat a word: a task as small as a task can be, standing in for any task that is not text-to-SQL."""
 
     name = "echo"
+    reward_spec_type = EchoReward
+    default_reward_spec = EchoReward()
+    base_reward_component = "exact"
+    optional_reward_components = ()
+    description = "The task is to repeat a word."
+
+    @classmethod
+    def reward_spec_from_weights(cls, weights: Mapping[str, float]) -> EchoReward:
+        if weights:
+            raise TaskError(f"echo's reward has no optional components, got {sorted(weights)}")
+        return EchoReward()
 
     def __init__(self) -> None:
         words = [Word(f"w{i}", word, "short" if len(word) <= 5 else "long") for i, word in enumerate(WORDS)]
@@ -68,10 +90,10 @@ class EchoTask(Task[Word, object]):
     def gold_completion(self, example: Word) -> str:
         return f" {example.word};"
 
-    def score_batch(self, items_B: Sequence[tuple[Word, str]], reward_spec: object) -> list[EchoScore]:
+    def score_batch(self, items_B: Sequence[tuple[Word, str]], reward_spec: EchoReward) -> list[EchoScore]:
         self.scored += [(e.id, c) for e, c in items_B]
         marks = [c.strip().rstrip(";").strip() == e.word for e, c in items_B]
-        return [EchoScore(float(m), m, {"exact": float(m)}) for m in marks]
+        return [EchoScore(reward_spec.exact * m, m, {"exact": reward_spec.exact * m}) for m in marks]
 
     def judge_batch(self, items_B: Sequence[tuple[Word, str]]) -> list[bool]:
         self.judged += [(e.id, c) for e, c in items_B]
@@ -90,7 +112,7 @@ def test_a_second_task_trains_and_is_evaluated_through_the_interface_alone(
         opened.append(EchoTask())
         return opened[-1]
 
-    monkeypatch.setitem(registry.TASKS, "echo", open_echo)
+    monkeypatch.setitem(registry.TASKS, "echo", registry.RegisteredTask(EchoTask, open_echo))
     monkeypatch.delitem(registry.TASKS, "text2sql")  # nothing of text-to-SQL may be opened
     config = TrialConfig(
         run_id="echo",
@@ -125,3 +147,15 @@ def test_a_second_task_trains_and_is_evaluated_through_the_interface_alone(
     assert [e["step"] for e in evals] == [0, 1, 2]
     assert [a["completion"] for a in evals[-1]["answers"]] == [c for _, c in task.judged[-config.eval_size :]]
     assert result.held_out_accuracy == evals[-1]["accuracy"]
+
+
+def test_a_trial_configs_reward_spec_is_its_tasks_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(registry.TASKS, "echo", registry.RegisteredTask(EchoTask, EchoTask))
+    assert TrialConfig(task="echo").reward_spec == EchoReward()
+    config = parse_trial_config({"task": "echo", "reward_spec": {"exact": 2.0}})
+    assert config.reward_spec == EchoReward(exact=2.0)
+    assert parse_trial_config(config.model_dump(mode="json")) == config
+    text2sql_reward = TrialConfig().model_dump(mode="json")["reward_spec"]
+    refused = r"reward_spec\.components: unknown field; reward component kinds: exact"
+    with pytest.raises(ConfigurationError, match=refused):
+        parse_trial_config({"task": "echo", "reward_spec": text2sql_reward})
