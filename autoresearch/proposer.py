@@ -11,44 +11,66 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Any, Literal
 
 import httpx
 import openai
 from langchain_core.messages import HumanMessage, SystemMessage
 from langchain_openai import ChatOpenAI
-from pydantic import BaseModel, Field, StringConstraints, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from autoresearch.errors import ProposalError
 from autoresearch.search import Candidate
-from autoresearch.spec import LlmSettings, StudySpec
+from autoresearch.spec import Choices, FloatRange, IntRange, LlmSettings, StudySpec
 from tasks.registry import task_class
 
-# Bounds on a reply's strings and mappings: under constrained decoding a model cannot ramble past them, so a reply
-# ends within a budget of tokens whatever the model (choices here are short; a rationale is a sentence or two). Keys
-# stay unbounded: a bound on them (propertyNames) is a keyword llguidance, and so the backend, does not follow.
-Choice = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+# The most candidates one reply may hold (Budget.candidates_per_round's bound).
+MAX_CANDIDATES = 16
 
 
 # A candidate as the LLM writes it, part of the reply's JSON schema (so no docstring: it would be sent as the schema's
-# description); `candidate()` is what the study runs.
+# description); `proposal_model` gives it the study's own params and reward weights, `candidate()` is what it runs.
 class ProposedCandidate(BaseModel):
-    params: dict[str, float | int | Choice | bool] = Field(
-        default_factory=dict, max_length=32, description="searched hyperparameters by name; omitted ones are sampled"
-    )
-    reward_weights: dict[str, float] = Field(
-        default_factory=dict,
-        max_length=16,
-        description="weights of optional reward components added to the task's base component",
-    )
+    params: BaseModel
+    reward_weights: BaseModel
+    # Bounded, so that under constrained decoding a reply ends within a budget of tokens whatever the model.
     rationale: str = Field(min_length=1, max_length=300, description="why this candidate, in a sentence or two")
 
     def candidate(self) -> Candidate:
-        return Candidate(dict(self.params), dict(self.reward_weights), self.rationale, "llm")
+        return Candidate(self.params.model_dump(), self.reward_weights.model_dump(), self.rationale, "llm")
 
 
 class Proposal(BaseModel):
-    candidates: list[ProposedCandidate] = Field(min_length=1, max_length=16)
+    candidates: list[ProposedCandidate]
+
+
+def proposal_model(spec: StudySpec) -> type[Proposal]:
+    """The reply's JSON schema for this study: each candidate gives every searched hyperparameter and every optional
+    reward component's weight, each inside its range or among its choices, and nothing else. Under constrained
+    decoding (the backend's own /v1 and vLLM, both through llguidance) a model cannot write a candidate outside the
+    search space; the caller still checks each one (a step of an integer range, a trial config that is invalid)."""
+    strict = ConfigDict(extra="forbid")
+    space = spec.search_space
+    params: Any = create_model(
+        "Params", __config__=strict, **{name: _field(param) for name, param in space.params.items()}
+    )
+    weights: Any = create_model(
+        "RewardWeights",
+        __config__=strict,
+        **{kind: _field(weight) for kind, weight in space.reward.components.items()},
+    )
+    candidate: Any = create_model(
+        "ProposedCandidate", __base__=ProposedCandidate, params=(params, ...), reward_weights=(weights, ...)
+    )
+    candidates = (list[candidate], Field(min_length=1, max_length=MAX_CANDIDATES))
+    return create_model("Proposal", __base__=Proposal, candidates=candidates)
+
+
+def _field(param: FloatRange | IntRange | Choices) -> tuple[Any, Any]:
+    if isinstance(param, Choices):
+        return Literal[param.choices], ...
+    kind = int if isinstance(param, IntRange) else float
+    return kind, Field(ge=param.low, le=param.high)
 
 
 @dataclass(frozen=True)
@@ -114,9 +136,10 @@ class LlmProposer:
         self, spec: StudySpec, history: list[TrialRecord], count: int, baseline: float | None
     ) -> list[ProposedCandidate]:
         messages = [SystemMessage(system_prompt(spec)), HumanMessage(_proposal_prompt(spec, history, count, baseline))]
+        reply = proposal_model(spec)
         if self._json_schema:
             try:
-                return self.chat.with_structured_output(Proposal, method="json_schema").invoke(messages).candidates
+                return self.chat.with_structured_output(reply, method="json_schema").invoke(messages).candidates
             except openai.BadRequestError as error:
                 if "response_format" not in str(error) and "json_schema" not in str(error):
                     raise ProposalError(f"the LLM at {self.settings.base_url} refused the request: {error}") from None
@@ -131,11 +154,11 @@ class LlmProposer:
                     f"the LLM's proposal was cut off at {self.settings.max_tokens} tokens (llm.max_tokens)"
                 ) from None
             except (ValidationError, ValueError) as error:
-                raise ProposalError(f"the LLM's proposal is not valid: {_first_line(error)}") from None
-        return self._propose_in_json_mode(messages)
+                raise ProposalError(f"the LLM's proposal is not valid: {_reason(error)}") from None
+        return self._propose_in_json_mode(messages, reply)
 
-    def _propose_in_json_mode(self, messages: list) -> list[ProposedCandidate]:
-        schema = json.dumps(Proposal.model_json_schema())
+    def _propose_in_json_mode(self, messages: list, reply_model: type[Proposal]) -> list[ProposedCandidate]:
+        schema = json.dumps(reply_model.model_json_schema())
         messages = [*messages, HumanMessage(f"Answer with one JSON object only, matching this JSON schema: {schema}")]
         try:
             reply = self.chat.bind(response_format={"type": "json_object"}).invoke(messages)
@@ -144,9 +167,9 @@ class LlmProposer:
         except openai.APIError as error:
             raise ProposalError(f"the LLM at {self.settings.base_url} refused the request: {error}") from None
         try:
-            return Proposal.model_validate_json(str(reply.content)).candidates
+            return reply_model.model_validate_json(str(reply.content)).candidates
         except ValidationError as error:
-            raise ProposalError(f"the LLM's reply is not a valid proposal: {_first_line(error)}") from None
+            raise ProposalError(f"the LLM's reply is not a valid proposal: {_reason(error)}") from None
 
     def analyze(self, spec: StudySpec, history: list[TrialRecord], baseline: float | None = None) -> str:
         """A few sentences on what worked and what to try next, for a note on the study."""
@@ -161,7 +184,12 @@ class LlmProposer:
         return str(reply.content).strip()
 
 
-def _first_line(error: Exception) -> str:
+def _reason(error: Exception) -> str:
+    """What is wrong, in a line: each bad field of a reply with the reason (the first three), else the error's first
+    line."""
+    if isinstance(error, ValidationError):
+        problems = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors()[:3]]
+        return "; ".join(problems)
     return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 

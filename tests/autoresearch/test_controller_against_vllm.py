@@ -10,11 +10,12 @@ from pathlib import Path
 
 import openai
 import pytest
-from support.backends import GEMMA_CHAT_TEMPLATE, TINY
+from support.backends import GEMMA_CHAT_TEMPLATE, REPOSITORY, TINY
 from support.vllm import NEEDS_VLLM, VLLM_PYTHON
 from test_controller import run_study_with_a_real_llm
 
-from autoresearch.proposer import Proposal
+from autoresearch.proposer import proposal_model
+from autoresearch.spec import load_study_spec
 from trainer_backend.models.registry import default_cache_root, resolve_base_model
 from trainer_backend.vllm_sampler import VllmProcess, VllmSettings
 
@@ -46,6 +47,7 @@ def vllm_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def test_vllms_replies_under_the_proposal_schema_parse_as_proposals(vllm_url: str) -> None:
     """The random model writes long random strings, so some replies run out of tokens; every one that ends, parses."""
     client = openai.OpenAI(base_url=f"{vllm_url}/v1", api_key="unused")
+    proposal = proposal_model(load_study_spec(REPOSITORY / "experiments" / "text2sql_tiny.yaml"))
     reply = client.chat.completions.create(
         model=TINY,
         messages=[{"role": "user", "content": "Propose two candidates."}],
@@ -53,13 +55,13 @@ def test_vllms_replies_under_the_proposal_schema_parse_as_proposals(vllm_url: st
         max_tokens=MAX_TOKENS,
         response_format={
             "type": "json_schema",
-            "json_schema": {"name": "Proposal", "schema": Proposal.model_json_schema(), "strict": True},
+            "json_schema": {"name": "Proposal", "schema": proposal.model_json_schema(), "strict": True},
         },
     )
     ended = [choice.message.content for choice in reply.choices if choice.finish_reason == "stop"]
     assert ended, [choice.finish_reason for choice in reply.choices]
     for content in ended:
-        assert Proposal.model_validate_json(content).candidates
+        assert proposal.model_validate_json(content).candidates
 
 
 def test_a_study_whose_llm_is_vllms_own_endpoint_under_a_json_schema_finishes_its_budget(

@@ -15,10 +15,19 @@ from autoresearch.search import check_candidate
 from autoresearch.spec import LlmSettings, load_study_spec
 
 SPEC = load_study_spec(Path(__file__).resolve().parents[2] / "experiments" / "text2sql_tiny.yaml")
+WEIGHTS = {"format": 0.2, "length_penalty": 0.0}
 GOOD = {
     "candidates": [
-        {"params": {"learning_rate": 0.002, "loss": "ppo"}, "reward_weights": {"format": 0.2}, "rationale": "PPO"},
-        {"params": {"batch_size": 2}, "rationale": "bigger batches"},
+        {
+            "params": {"learning_rate": 0.002, "batch_size": 1, "loss": "ppo"},
+            "reward_weights": WEIGHTS,
+            "rationale": "PPO",
+        },
+        {
+            "params": {"learning_rate": 0.001, "batch_size": 2, "loss": "importance_sampling"},
+            "reward_weights": WEIGHTS,
+            "rationale": "bigger batches",
+        },
     ]
 }
 
@@ -39,9 +48,19 @@ def test_a_structured_proposal_is_parsed_and_the_prompt_carries_the_space_and_hi
     history = [TrialRecord(0, {"learning_rate": 0.01}, "COMPLETE", 0.25, {0: 0.0, 3: 0.25}, "high lr", None)]
     candidates = proposer(llm.url).propose(SPEC, history, count=2, baseline=0.0625)
     assert [c.rationale for c in candidates] == ["PPO", "bigger batches"]
-    assert candidates[0].params == {"learning_rate": 0.002, "loss": "ppo"}
+    assert candidates[0].params == {"learning_rate": 0.002, "batch_size": 1, "loss": "ppo"}
+    assert candidates[0].reward_weights == WEIGHTS
     request = llm.requests[0]
     assert request["response_format"]["type"] == "json_schema"
+    # The schema is the study's search space: a constrained model cannot write a value outside it.
+    schema = request["response_format"]["json_schema"]["schema"]
+    params, weights = schema["$defs"]["Params"], schema["$defs"]["RewardWeights"]
+    assert params["properties"]["learning_rate"] == {
+        "maximum": 0.01, "minimum": 0.0001, "title": "Learning Rate", "type": "number"
+    }  # fmt: skip
+    assert params["properties"]["loss"]["enum"] == ["importance_sampling", "ppo"]
+    assert params["additionalProperties"] is False and weights["additionalProperties"] is False
+    assert set(weights["required"]) == {"format", "length_penalty"}
     prompt = request["messages"][-1]["content"]
     assert "learning_rate" in prompt and "length_penalty" in prompt and "acc=0.250" in prompt and "Propose 2" in prompt
     assert "base model scores 0.062" in prompt
@@ -71,20 +90,25 @@ def test_a_malformed_reply_is_refused_with_the_reason(llm: ScriptedLlm, reply: s
         proposer(llm.url).propose(SPEC, [], count=2)
 
 
-def test_out_of_range_values_and_unknown_components_come_back_and_are_rejected_by_the_space(llm: ScriptedLlm) -> None:
-    llm.say(
-        {
-            "candidates": [
-                {"params": {"learning_rate": 5.0}, "rationale": "huge"},
-                {"params": {}, "reward_weights": {"style_points": 1.0}, "rationale": "style"},
-            ]
-        }
-    )
-    first, second = proposer(llm.url).propose(SPEC, [], count=2)
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"params": {"learning_rate": 5.0, "batch_size": 1, "loss": "ppo"}}, "learning_rate"),
+        ({"reward_weights": {**WEIGHTS, "style_points": 1.0}}, "style_points"),
+        ({"params": {"learning_rate": 0.002, "loss": "ppo"}}, "batch_size"),
+    ],
+)
+def test_a_server_that_does_not_constrain_its_reply_gets_a_candidate_outside_the_space_refused(
+    llm: ScriptedLlm, change: dict, problem: str
+) -> None:
+    llm.say({"candidates": [{**GOOD["candidates"][0], **change}]})
+    with pytest.raises(ProposalError, match=f"not valid.*{problem}"):
+        proposer(llm.url).propose(SPEC, [], count=1)
+
+
+def test_what_the_schema_cannot_say_is_still_checked_against_the_space() -> None:
     with pytest.raises(CandidateError, match=r"learning_rate=5\.0 is outside"):
-        check_candidate(SPEC, first.params, first.reward_weights)
-    with pytest.raises(CandidateError, match="'style_points' is not searched"):
-        check_candidate(SPEC, second.params, second.reward_weights)
+        check_candidate(SPEC, {"learning_rate": 5.0}, {})
 
 
 def test_the_analysis_is_the_models_text(llm: ScriptedLlm) -> None:

@@ -23,6 +23,7 @@ from trainer_backend.checkpoints import CheckpointPath
 from trainer_backend.config import ServerConfig
 from trainer_backend.engine.sampling import SamplingRequest
 from trainer_backend.models.gemma import GEMMA_3_270M
+from trainer_backend.models.qwen import QWEN_2_5_CODER_0_5B_INSTRUCT
 from trainer_backend.server import RunningServer, running_server
 
 pytestmark = NEEDS_VLLM
@@ -225,15 +226,17 @@ def test_structured_output_through_vllm_follows_the_schema_as_the_builtin_engine
     assert on_vllm.logprobs.token_logprobs == pytest.approx(on_builtin.logprobs.token_logprobs, abs=LOGPROB_ROUNDING)
 
 
-def test_gemma_greedy_tokens_through_vllm_are_the_builtin_engines(tmp_path: Path) -> None:
-    """The real Gemma 3 270M: vLLM's greedy tokens and logprobs, of the base model and of a trained adapter, against
-    the built-in engine of the same server (the trainer's own model, which --sampler vllm leaves to training)."""
+@pytest.mark.parametrize("base_model", [GEMMA_3_270M, QWEN_2_5_CODER_0_5B_INSTRUCT])
+def test_real_models_greedy_tokens_through_vllm_are_the_builtin_engines(base_model: str, tmp_path: Path) -> None:
+    """The real Gemma 3 270M and Qwen2.5-Coder-0.5B-Instruct (vLLM loads the converted folder): vLLM's greedy tokens
+    and logprobs, of the base model and of a trained adapter, against the built-in engine of the same server (the
+    trainer's own model, which --sampler vllm leaves to training)."""
     config = ServerConfig(
-        base_model=GEMMA_3_270M, device="cpu", storage_root=tmp_path, port=0, sampler="vllm", vllm_python=VLLM_PYTHON
+        base_model=base_model, device="cpu", storage_root=tmp_path, port=0, sampler="vllm", vllm_python=VLLM_PYTHON
     )
-    with running_server(config) as gemma, tinker.ServiceClient(base_url=gemma.url, api_key=KEY) as client:
+    with running_server(config) as server, tinker.ServiceClient(base_url=server.url, api_key=KEY) as client:
         training = client.create_lora_training_client(
-            base_model=GEMMA_3_270M, rank=8, seed=0, train_unembed=False
+            base_model=base_model, rank=8, seed=0, train_unembed=False
         ).result()
         tokenizer = training.get_tokenizer()
         datum = datum_for(tokenizer, "SELECT COUNT(*) FROM customers WHERE city = 'Berlin';")
@@ -246,11 +249,11 @@ def test_gemma_greedy_tokens_through_vllm_are_the_builtin_engines(tmp_path: Path
             sampler = (
                 client.create_sampling_client(model_path=path)
                 if path
-                else client.create_sampling_client(base_model=GEMMA_3_270M)
+                else client.create_sampling_client(base_model=base_model)
             )
             answer = sampler.sample(types.ModelInput.from_ints(prompt), 1, GREEDY).result(timeout=300).sequences[0]
-            folder = None if path is None else gemma.service.checkpoints.folder(CheckpointPath.parse(path))
-            reference = gemma.service.engine.sample(
+            folder = None if path is None else server.service.checkpoints.folder(CheckpointPath.parse(path))
+            reference = server.service.engine.sample(
                 folder, SamplingRequest(tuple(prompt), max_tokens=GREEDY.max_tokens, temperature=0.0), True
             ).sequences[0]
             assert list(answer.tokens) == list(reference.tokens)
