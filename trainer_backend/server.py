@@ -51,7 +51,8 @@ class RunningServer:
 
 @contextmanager
 def running_server(config: ServerConfig) -> Iterator[RunningServer]:
-    """A real server on a background thread (tests, benchmarks, a local backend for trials)."""
+    """A real server on a background thread, for tests and benchmarks (trials start `python -m trainer_backend
+    serve` in a process of its own)."""
     policy = KeyPolicy(frozenset(config.api_keys))
     policy.check_bind(config.host)
     service = build_service(config)

@@ -3,8 +3,8 @@ LoRA adapters hot-loaded by name, and Tinker `sample` requests mapped onto its c
 
 The mapping keeps the built-in engine's semantics: the stop token stays the sequence's last token and stop strings
 stay in the output (`include_stop_str_in_output`); logprobs are those of the distribution sampled from (vLLM's
-`processed_logprobs`: after temperature, top-k and top-p); `stop=[]` disables EOS (`ignore_eos`). What vLLM cannot
-give exactly is refused by name (structured output through it, for now).
+`processed_logprobs`: after temperature, top-k and top-p); `stop=[]` disables EOS (`ignore_eos`); a JSON schema goes to
+vLLM's structured output (llguidance, as the built-in engine's). What vLLM cannot give exactly is refused by name.
 
 vLLM batches concurrent requests itself, so each sampling request goes to it at once from a thread pool, outside the
 device worker's queue; a request whose adapter vLLM no longer holds (it restarted) loads it again and retries once.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -11,11 +10,9 @@ from contextlib import contextmanager
 import uvicorn
 from fastapi import FastAPI
 
+from autoresearch.trials.backend import free_port
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+__all__ = ["free_port", "serving"]
 
 
 @contextmanager

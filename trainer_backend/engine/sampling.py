@@ -72,7 +72,7 @@ class SamplingInputError(UserInputError, ValueError):
 
 @dataclass(frozen=True)
 class SamplingRequest:
-    """One prompt and how to sample from it; the HTTP layer builds it from the SDK's `SampleRequest`."""
+    """One prompt and how to sample from it; the service builds it from the wire's `SampleRequest`."""
 
     prompt_tokens: tuple[int, ...]
     num_samples: int = 1
