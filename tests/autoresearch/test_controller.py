@@ -56,11 +56,26 @@ def run_study_with_llm(spec: StudySpec, backend_url: str, tmp_path: Path) -> opt
 PROPOSAL = {
     "candidates": [
         {
-            "params": {"learning_rate": 0.003, "loss": "ppo"},
-            "reward_weights": {"format": 0.3},
+            "params": {"learning_rate": 0.003, "batch_size": 1, "loss": "ppo"},
+            "reward_weights": {"format": 0.3, "length_penalty": 0.0},
             "rationale": "PPO + fmt",
         },
-        {"params": {}, "reward_weights": {"style_points": 1.0}, "rationale": "reward style"},
+        {
+            "params": {"learning_rate": 0.001, "batch_size": 2, "loss": "importance_sampling"},
+            "reward_weights": {"format": 0.0, "length_penalty": 0.1},
+            "rationale": "batch 2",
+        },
+    ]
+}
+# The scripted server does not constrain its replies to the schema: a reward component the study does not search
+# makes the reply invalid, and the round's rejection names it.
+OUTSIDE_THE_SPACE = {
+    "candidates": [
+        {
+            "params": {"learning_rate": 0.001, "batch_size": 2, "loss": "ppo"},
+            "reward_weights": {"format": 0.0, "length_penalty": 0.1, "style_points": 1.0},
+            "rationale": "reward style",
+        }
     ]
 }
 
@@ -71,7 +86,7 @@ def test_a_study_runs_its_budget_with_llm_proposals_rejections_pruning_and_notes
     monkeypatch.setenv("SCRIPTED_LLM_KEY", "sk-test")
     with scripted_llm() as llm:
         llm.say(PROPOSAL)
-        llm.default_proposal = json.dumps({"candidates": [{"params": {"batch_size": 2}, "rationale": "batch 2"}]})
+        llm.default_proposal = json.dumps(OUTSIDE_THE_SPACE)
         llm.default_analysis = "PPO with a format bonus did no better; the tiny model cannot write SQL."
         spec = tiny_spec(
             tmp_path,
@@ -89,7 +104,7 @@ def test_a_study_runs_its_budget_with_llm_proposals_rejections_pruning_and_notes
     assert json.loads(first.user_attrs["reward_spec"])["components"][1] == {"kind": "format", "weight": 0.3}
     assert all(t.user_attrs["rationale"] for t in trials)
     rejected = study.user_attrs["rejected_proposals"]
-    assert any("'style_points' is not searched" in reason for reason in rejected)
+    assert any("reward_weights.style_points" in reason for reason in rejected), rejected
     assert "PPO with a format bonus did no better" in get_note(study)
 
 
