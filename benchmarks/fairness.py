@@ -190,6 +190,8 @@ def engine_main(model: str, before: str | None, steps: int) -> None:
             servers.insert(0, (before, stack.enter_context(worktree_at(before, workdir / "before"))))
         for name, tree in servers:
             figures = run_engine(tree, workdir / name.replace(" ", "-"), model, steps)
+            # Each server's figures as soon as they exist: a run stopped midway keeps what it measured.
+            console.print(f"{name}: {figures}")
             table.add_row(
                 name,
                 f"{figures.b_step_alone_s:.1f} s",
