@@ -60,6 +60,11 @@ class CheckpointPath:
         return cls(model_id, CheckpointKind(kind), name)
 
 
+def folder_bytes(folder: Path) -> int:
+    """The bytes of the files in a checkpoint folder (what a checkpoint's `size_bytes` counts)."""
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
 def validate_name(name: str) -> str:
     if not _NAME.fullmatch(name) or ".." in name:
         raise UserInputError(
@@ -129,7 +134,7 @@ class CheckpointStore:
         ttl_seconds: float | None = None,
     ) -> CheckpointInfo:
         """Write the metadata and swap the staging folder in, so a crash never leaves half a checkpoint."""
-        size = sum(f.stat().st_size for f in staging.rglob("*") if f.is_file())
+        size = folder_bytes(staging)
         now = time.time()
         info = CheckpointInfo(
             path=str(path),

@@ -22,7 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from trainer_backend.checkpoints import CheckpointInfo, CheckpointKind, CheckpointPath, CheckpointStore, validate_name
+from trainer_backend.checkpoints import (
+    CheckpointInfo,
+    CheckpointKind,
+    CheckpointPath,
+    CheckpointStore,
+    folder_bytes,
+    validate_name,
+)
 from trainer_backend.config import ServerConfig
 from trainer_backend.duty_cycle import DutyCycle, TokenCounts
 from trainer_backend.engine.adapters import saved_adapter_settings
@@ -442,7 +449,7 @@ class TrainingService:
         limit = self.config.max_storage_bytes_per_key
         if limit is None:
             return
-        size = sum(f.stat().st_size for f in staging.rglob("*") if f.is_file())
+        size = folder_bytes(staging)
         used = self.checkpoints.usage_bytes(owner, replacing=path)
         if keep is not None:
             leaving = self.checkpoints.prunable(path.model_id, path.kind, keep - 1, self.scheduler.folders_in_use())
