@@ -35,6 +35,7 @@ from trainer_backend.duty_cycle import DutyCycle, TokenCounts
 from trainer_backend.engine.adapters import saved_adapter_settings
 from trainer_backend.engine.model_engine import MAX_SAMPLING_ROWS, ForwardBackwardCall, ModelEngine, SamplerCall
 from trainer_backend.engine.sampling import SamplingInputError, SamplingRequest, SamplingResult
+from trainer_backend.engine.types import LoraSettings
 from trainer_backend.errors import (
     BackendError,
     NotFoundError,
@@ -328,13 +329,7 @@ class TrainingService:
                 f"lora_config.rank must be between 1 and this server's limit of {self.config.max_lora_rank} "
                 f"(--max-lora-rank), got {lora.rank}"
             )
-        keep = self._checkpoints_to_keep(request.user_metadata)
-        metadata = _kept_metadata(request.user_metadata)
-        run = self.runs.create_training_run(owner, request.session_id, request.model_seq_id, self.loaded.name, lora)
-        if keep is not None:
-            self.runs.set_retention(run.model_id, keep)
-        if metadata:
-            self.runs.set_metadata(run.model_id, metadata)
+        run = self._create_run(owner, request.session_id, request.model_seq_id, lora, request.user_metadata)
 
         def work() -> tuple[bytes, ResultFormat]:
             if not self.engine.has_adapter(run.model_id):
@@ -404,6 +399,25 @@ class TrainingService:
 
         record = self._submit(owner, "optim_step", request.model_id, body, work, request.seq_id, key, request.model_id)
         return Submitted(record, model_id=request.model_id)
+
+    def _create_run(
+        self,
+        owner: str,
+        session_id: str,
+        model_seq_id: int,
+        lora: LoraSettings,
+        user_metadata: Mapping[str, Any] | None,
+    ) -> TrainingRun:
+        """A new training run with what its user_metadata asks for (how many checkpoints it keeps) and keeps (the
+        metadata itself); metadata that cannot be honoured is refused before the run exists."""
+        keep = self._checkpoints_to_keep(user_metadata)
+        metadata = _kept_metadata(user_metadata)
+        run = self.runs.create_training_run(owner, session_id, model_seq_id, self.loaded.name, lora)
+        if keep is not None:
+            self.runs.set_retention(run.model_id, keep)
+        if metadata:
+            self.runs.set_metadata(run.model_id, metadata)
+        return run
 
     def _checkpoints_to_keep(self, metadata: Mapping[str, Any] | None) -> int | None:
         """How many checkpoints of each kind a new run keeps: its user_metadata's `keep_checkpoints`, else the
@@ -523,15 +537,9 @@ class TrainingService:
         else:
             # create_training_client_from_state: a new run whose first operation is this load.
             self._check_base_model(request.base_model)
-            keep = self._checkpoints_to_keep(request.user_metadata)
-            metadata = _kept_metadata(request.user_metadata)
             source = self.runs.training_run(owner, path.model_id) if self._known_run(owner, path.model_id) else None
             lora = source.lora if source else saved_adapter_settings(folder)
-            run = self.runs.create_training_run(owner, request.session_id, request.model_seq_id, self.loaded.name, lora)
-            if keep is not None:
-                self.runs.set_retention(run.model_id, keep)
-            if metadata:
-                self.runs.set_metadata(run.model_id, metadata)
+            run = self._create_run(owner, request.session_id, request.model_seq_id, lora, request.user_metadata)
             model_id, seq_id = run.model_id, 0
             self.scheduler.expect_sequence(model_id, 0)
 
