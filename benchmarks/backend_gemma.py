@@ -46,11 +46,12 @@ def measure_vllm(device: str, tokens: int, vllm_python: Path) -> dict:
     """The 'sample' measurement's requests through a vLLM server started for it."""
     import tempfile
 
-    from trainer_backend.engine.sampling import SamplingRequest
+    from trainer_backend.engine.types import SamplingRequest
     from trainer_backend.models.gemma import GEMMA_3_270M
     from trainer_backend.models.loading import load_base_model, select_device
     from trainer_backend.models.registry import default_cache_root, resolve_base_model
-    from trainer_backend.vllm_sampler import VllmSampler, VllmSettings
+    from trainer_backend.samplers.vllm_client import VllmClient
+    from trainer_backend.samplers.vllm_process import VllmSettings
 
     loaded = load_base_model(resolve_base_model(GEMMA_3_270M, default_cache_root()), select_device(device))
     generator = torch.Generator().manual_seed(0)
@@ -63,7 +64,7 @@ def measure_vllm(device: str, tokens: int, vllm_python: Path) -> dict:
             log_path=Path(scratch) / "vllm.log",
             device=loaded.device.type,
         )
-        sampler = VllmSampler(settings, lambda ids: loaded.tokenizer.decode(ids, skip_special_tokens=False))
+        sampler = VllmClient(settings, lambda ids: loaded.tokenizer.decode(ids, skip_special_tokens=False))
         try:
             rates = {}
             for samples in (1, 8):
@@ -81,8 +82,7 @@ def measure_vllm(device: str, tokens: int, vllm_python: Path) -> dict:
 def measure(kind: str, device: str, batch: int, tokens: int, repeats: int) -> dict:
     """One measurement, in this process: 'chunked', 'full' or 'sample'."""
     from trainer_backend.engine.model_engine import ModelEngine
-    from trainer_backend.engine.sampling import SamplingRequest
-    from trainer_backend.engine.types import AdamSettings, DecodedDatum, LoraSettings
+    from trainer_backend.engine.types import AdamSettings, DecodedDatum, LoraSettings, SamplingRequest
     from trainer_backend.models.gemma import GEMMA_3_270M
     from trainer_backend.models.loading import load_base_model, select_device
     from trainer_backend.models.registry import default_cache_root, resolve_base_model

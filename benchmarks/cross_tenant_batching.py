@@ -31,12 +31,19 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trainer_backend.engine.model_engine import ForwardBackwardCall, ModelEngine, SamplerCall  # noqa: E402
-from trainer_backend.engine.sampling import SamplingRequest  # noqa: E402
-from trainer_backend.engine.types import AdamSettings, DecodedDatum, LoraSettings  # noqa: E402
+from trainer_backend.engine.model_engine import ModelEngine  # noqa: E402
+from trainer_backend.engine.types import (  # noqa: E402
+    AdamSettings,
+    DecodedDatum,
+    ForwardBackwardCall,
+    LoraSettings,
+    SamplerCall,
+    SamplingRequest,
+)
 from trainer_backend.models.loading import load_base_model, select_device  # noqa: E402
 from trainer_backend.models.registry import default_cache_root, resolve_base_model  # noqa: E402
-from trainer_backend.vllm_sampler import VllmSampler, VllmSettings  # noqa: E402
+from trainer_backend.samplers.vllm_client import VllmClient  # noqa: E402
+from trainer_backend.samplers.vllm_process import VllmSettings  # noqa: E402
 
 ADAPTERS = 4
 
@@ -68,7 +75,7 @@ def vllm_rates(loaded, names: list[str], folders: list[Path], prompts: list, arg
         log_path=scratch / "vllm.log",
         device=loaded.device.type,
     )
-    sampler = VllmSampler(settings, lambda ids: loaded.tokenizer.decode(ids, skip_special_tokens=False))
+    sampler = VllmClient(settings, lambda ids: loaded.tokenizer.decode(ids, skip_special_tokens=False))
     try:
         for name, folder in zip(names, folders, strict=True):
             sampler.load_adapter(name, folder)

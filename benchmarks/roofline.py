@@ -40,8 +40,11 @@ from trainer_backend.engine.model_engine import ModelEngine  # noqa: E402
 from trainer_backend.engine.onednn_linear import applies  # noqa: E402
 from trainer_backend.engine.onednn_linear import linear as onednn_linear  # noqa: E402
 from trainer_backend.engine.prefixes import shared_prefix_groups  # noqa: E402
-from trainer_backend.engine.sampling import SamplingRequest  # noqa: E402
-from trainer_backend.engine.types import DecodedDatum, LoraSettings  # noqa: E402
+from trainer_backend.engine.types import (  # noqa: E402
+    DecodedDatum,
+    LoraSettings,
+    SamplingRequest,
+)
 from trainer_backend.engine.unembedding import unembedding_logits  # noqa: E402
 from trainer_backend.models.gemma import GEMMA_3_270M  # noqa: E402
 from trainer_backend.models.loading import load_base_model, select_device  # noqa: E402

@@ -13,17 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tinker import types
 from transformers import PreTrainedTokenizerBase
 
 from trainer_backend.checkpoints import CheckpointKind, CheckpointPath
-from trainer_backend.engine.model_engine import SamplerCall
-from trainer_backend.engine.sampling import SamplingRequest
-from trainer_backend.errors import NotFoundError, UserInputError
+from trainer_backend.engine.types import SampledSequence, SamplerCall, SamplingRequest
+from trainer_backend.errors import NotFoundError, ServerError, UserInputError
 from trainer_backend.service import Submitted, TrainingService
 from trainer_backend.structured_output import JsonSchemaConstraint, JsonSchemaConstraints
 from trainer_backend.wire import openai as oa
-from trainer_backend.wire.proto import decode_sample_response
 
 # (sample index, token) as each token is drawn, from the engine's thread.
 TokenCallback = Callable[[int, int], None]
@@ -150,11 +147,6 @@ class OpenAIInference:
             constraint=self._constraint(request.response_format),
             on_token=on_token,
         )
-        if sampling.num_samples > self.service.config.max_num_samples:
-            raise UserInputError(
-                f"n must be at most this server's limit of {self.service.config.max_num_samples} "
-                f"(--max-num-samples), got {sampling.num_samples}"
-            )
         folder = self._weights_folder(owner, request.model)
         # A checkpoint's sampling counts toward the run that saved it, as Tinker's `sample` does.
         run = None if folder is None else CheckpointPath.parse(request.model).model_id
@@ -173,13 +165,15 @@ class OpenAIInference:
 
     # --- answers ------------------------------------------------------------------------------------------
 
-    def generated(self, pending: PendingGeneration, result: bytes) -> list[Generated]:
-        """The choices of a finished sampling future."""
-        response = decode_sample_response(result)
-        return [self._choice(sequence, pending.stop_strings) for sequence in response.sequences]
+    def generated(self, pending: PendingGeneration) -> list[Generated]:
+        """The choices of a sampling future that completed."""
+        sampled = pending.submitted.sampled
+        if sampled is None or not sampled.done():
+            raise ServerError("the sampling request completed without its result")
+        return [self._choice(sequence, pending.stop_strings) for sequence in sampled.result().sequences]
 
-    def _choice(self, sequence: types.SampledSequence, stop_strings: tuple[str, ...]) -> Generated:
-        tokens, logprobs = list(sequence.tokens), list(sequence.logprobs or [])
+    def _choice(self, sequence: SampledSequence, stop_strings: tuple[str, ...]) -> Generated:
+        tokens, logprobs = list(sequence.tokens), list(sequence.logprobs)
         if sequence.stop_reason == "stop" and tokens and tokens[-1] in self.service.loaded.eos_token_ids:
             tokens, logprobs = tokens[:-1], logprobs[:-1]
         # Special tokens stay out of the text, as vLLM's default has it; each token's own text keeps them.

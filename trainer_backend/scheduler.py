@@ -73,7 +73,7 @@ class Operation(Generic[PayloadT]):
     # Position in the lane's order; None for operations that need no ordering (sampling).
     seq_id: int | None = None
     batch_kind: str | None = None
-    # What the batch kind's runner runs (the service's ForwardBackwardCall or pending sample); None with `work`.
+    # What the batch kind's runner runs (a ForwardBackwardCall, a SampleJob); None with `work`.
     payload: PayloadT | None = None
     # May run while a long batch pauses (a training step may run inside a long generation; nothing that adds or
     # removes adapters may).
@@ -205,6 +205,17 @@ class Scheduler:
     def on_device_time(self, listener: Callable[[Operation, float], None]) -> None:
         """Called after each device call with each of its operations and the device seconds that were its share."""
         self._device_time_listeners.append(listener)
+
+    def add_batch_kind(
+        self, kind: str, runner: BatchRunner, window_s: float = 0.0, budget: BatchBudget | None = None
+    ) -> None:
+        """Serve operations of batch kind `kind` with `runner` (as `batch_runners`, `batch_windows_s` and
+        `batch_budgets` do at construction), for a component built after the scheduler that queues its own work."""
+        with self._condition:
+            self._batch_runners[kind] = runner
+            self._batch_windows_s[kind] = window_s
+            if budget is not None:
+                self._batch_budgets[kind] = budget
 
     def submit(self, operation: Operation[Any]) -> None:
         """Queue an operation; raises OverloadedError when the queues are full (the client backs off)."""

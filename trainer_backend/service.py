@@ -8,7 +8,6 @@ another's runs, sampling sessions or checkpoints.
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import functools
 import hashlib
@@ -18,6 +17,7 @@ import re
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -33,9 +33,8 @@ from trainer_backend.checkpoints import (
 from trainer_backend.config import ServerConfig
 from trainer_backend.duty_cycle import DutyCycle, TokenCounts
 from trainer_backend.engine.adapters import saved_adapter_settings
-from trainer_backend.engine.model_engine import MAX_SAMPLING_ROWS, ForwardBackwardCall, ModelEngine, SamplerCall
-from trainer_backend.engine.sampling import SamplingInputError, SamplingRequest, SamplingResult
-from trainer_backend.engine.types import LoraSettings
+from trainer_backend.engine.model_engine import ModelEngine
+from trainer_backend.engine.types import ForwardBackwardCall, LoraSettings, SamplerCall, SamplingResult
 from trainer_backend.errors import (
     BackendError,
     NotFoundError,
@@ -47,29 +46,23 @@ from trainer_backend.errors import (
 from trainer_backend.ledger import FutureRecord, Ledger, ResultFormat
 from trainer_backend.models.loading import LoadedModel
 from trainer_backend.runs import RunStore, TrainingRun
-from trainer_backend.scheduler import BatchBudget, Operation, Outcome, PauseCallback, Scheduler
+from trainer_backend.samplers.answers import SampleAnswers
+from trainer_backend.samplers.builtin import BuiltinSampler
+from trainer_backend.samplers.interface import SampleJob
+from trainer_backend.samplers.routing import build_sampler
+from trainer_backend.scheduler import Operation, Outcome, PauseCallback, Scheduler
 from trainer_backend.status_view import server_status
 from trainer_backend.tenant_usage import TenantUsage, TokenPhase, tenant_label
 from trainer_backend.views import RegistryViews
-from trainer_backend.vllm_sampler import VllmSampler, VllmSettings
 from trainer_backend.wire import schemas
-from trainer_backend.wire.proto import (
-    ForwardBackwardBatch,
-    encode_forward_backward_output,
-    encode_sample_response,
-)
+from trainer_backend.wire.proto import ForwardBackwardBatch, encode_forward_backward_output
 from trainer_backend.wire.status import KeyUsage, RunUsage, ServerStatus
 
 log = logging.getLogger(__name__)
 
 RESTART_REASON = "the server restarted while this request was queued or running; submit it again"
-# Batch kinds: sampling requests of any weights share a generation batch; forward and forward_backward
-# requests of different clients share a pass over the base model.
-SAMPLING = "sampling"
-# A client's concurrent sampling requests (an RL step's prompts) arrive within about 25 ms of each other (measured on
-# the Gemma trial's server log); waiting 50 ms for the oldest lets them all into one generation batch instead of the
-# first one running alone while the others queue, which cost an RL step of 8 prompts 9 s of its 36 s of sampling.
-SAMPLING_BATCH_WINDOW_S = 0.05
+# The batch kind of forward and forward_backward requests: those of different clients share a pass over the base
+# model. (Sampling's is the built-in sampler's.)
 TRAINING_PASS = "training_pass"
 # Operations that may run while a long generation pauses: they touch only their own training adapter and files,
 # never the set of loaded adapters a generation relies on.
@@ -133,6 +126,8 @@ class Submitted:
     record: FutureRecord
     model_id: str | None = None
     sample_sequence_ids: list[str] | None = None
+    # A sampling request's own result, once its future completes (None for a request answered from the ledger).
+    sampled: Future[SamplingResult] | None = None
 
 
 class TrainingService:
@@ -158,10 +153,8 @@ class TrainingService:
             self.ledger,
             max_queued=config.max_queued,
             gap_timeout_s=config.gap_timeout_s,
-            batch_runners={SAMPLING: self._run_samples, TRAINING_PASS: self._run_forward_backward},
-            batch_windows_s={SAMPLING: SAMPLING_BATCH_WINDOW_S},
+            batch_runners={TRAINING_PASS: self._run_forward_backward},
             max_queued_per_owner=config.max_queued_per_key,
-            batch_budgets={SAMPLING: BatchBudget(self._generation_share)},
         )
         self.duty_cycle = DutyCycle()
         self.scheduler.on_busy(self.duty_cycle.record)
@@ -169,11 +162,12 @@ class TrainingService:
         self.usage = TenantUsage()
         self.scheduler.on_device_time(self._count_device_time)
         self.views = RegistryViews(self.runs, self.checkpoints, self.engine.has_adapter, loaded)
-        self.vllm = _vllm_sampler(config, loaded) if config.sampler == "vllm" else None
+        answers = SampleAnswers(self.ledger, self.tokens_processed, self.usage)
+        builtin = BuiltinSampler(self.engine, self.scheduler, answers, config.max_generation_batch_tokens)
+        self.sampler = build_sampler(config, builtin, loaded, answers)
 
     def close(self) -> None:
-        if self.vllm is not None:
-            self.vllm.close()
+        self.sampler.close()
         self.scheduler.stop()
         self.ledger.close()
         self.runs.close()
@@ -190,7 +184,7 @@ class TrainingService:
         seq_id: int | None = None,
         idempotency_key: str | None = None,
         model_id: str | None = None,
-        batch: tuple[str, _PendingSample | ForwardBackwardCall] | None = None,
+        batch: tuple[str, ForwardBackwardCall] | None = None,
         reads: Path | None = None,
         run: str | None = None,
     ) -> FutureRecord:
@@ -206,38 +200,35 @@ class TrainingService:
             idempotency_key=idempotency_key,
         )
         if created:
-            try:
-                batch_kind, payload = batch if batch is not None else (None, None)
-                operation = Operation(
-                    record.request_id,
-                    kind,
-                    lane,
-                    work,
-                    seq_id,
-                    batch_kind=batch_kind,
-                    payload=payload,
-                    interleaves=kind in INTERLEAVING_KINDS,
-                    owner=owner,
-                    run=model_id if run is None else run,
-                    reads=reads,
-                )
-                self.scheduler.submit(operation)
-            except OverloadedError:
-                # The client retries a 429 with the same body and seq_id: that retry must be queued, not answered
-                # with this refusal.
-                self.ledger.discard(record.request_id)
-                raise
-            except Exception as error:
-                self.ledger.fail(record.request_id, str(error), "server")
-                raise
+            batch_kind, payload = batch if batch is not None else (None, None)
+            operation = Operation(
+                record.request_id,
+                kind,
+                lane,
+                work,
+                seq_id,
+                batch_kind=batch_kind,
+                payload=payload,
+                interleaves=kind in INTERLEAVING_KINDS,
+                owner=owner,
+                run=model_id if run is None else run,
+                reads=reads,
+            )
+            self._start(record, lambda: self.scheduler.submit(operation))
         return record
 
-    def _generation_share(self, pending: _PendingSample) -> float:
-        """The share of one generation batch a sampling request takes: the larger of its rows and its tokens
-        (prompt and planned completion, every row) against the batch's limits."""
-        request = pending.call.request
-        tokens = request.num_samples * (len(request.prompt_tokens) + request.max_tokens)
-        return max(request.num_samples / MAX_SAMPLING_ROWS, tokens / self.config.max_generation_batch_tokens)
+    def _start(self, record: FutureRecord, start: Callable[[], None]) -> None:
+        """Run `start` (queue the recorded future's work); a refusal takes the record back or fails it."""
+        try:
+            start()
+        except OverloadedError:
+            # The client retries a 429 with the same body and seq_id: that retry must be queued, not answered with
+            # this refusal.
+            self.ledger.discard(record.request_id)
+            raise
+        except Exception as error:
+            self.ledger.fail(record.request_id, str(error), "server")
+            raise
 
     def release_seq_id(self, owner: str, model_id: str | None, seq_id: int | None) -> None:
         """Let the owner's model go on past `seq_id`, whose request was refused before it was queued."""
@@ -253,7 +244,7 @@ class TrainingService:
     def status(self, owner: str) -> ServerStatus:
         """The device's recent busy fraction, the caller's unfinished futures with their ages, what its key holds
         against the per-key limits and has used, and its recently active runs with their share of the device."""
-        sampler = self.vllm.status() if self.vllm is not None else None
+        sampler = self.sampler.status()
         used = self.usage.tenant(owner)
         usage = KeyUsage(
             tenant=tenant_label(owner),
@@ -496,21 +487,13 @@ class TrainingService:
         self, owner: str, request: schemas.SaveWeightsForSamplerRequest, body: bytes, key: str | None
     ) -> Submitted:
         run = self._live_run(owner, request.model_id)
-        if self.vllm is not None and run.lora.train_unembed:
-            raise UserInputError(
-                f"model {request.model_id} trains the unembedding (train_unembed), and vLLM cannot load a LoRA on "
-                "lm_head: create the training client with train_unembed=False, or run the server with --sampler builtin"
-            )
         ephemeral = request.path is None
         name = validate_name(request.path) if request.path else f"ephemeral-{secrets.token_hex(8)}"
         ttl = EPHEMERAL_TTL_S if ephemeral else request.ttl_seconds
 
         def work() -> tuple[bytes, ResultFormat]:
             info = self._save(owner, request.model_id, CheckpointKind.SAMPLER, name, ttl, overwrite=True)
-            if self.vllm is not None:
-                # In vLLM before the future resolves, so the client's next sample finds it there.
-                folder = self.checkpoints.folder(CheckpointPath.parse(info.path))
-                self.vllm.load_adapter(str(folder), folder)
+            self.sampler.weights_saved(self.checkpoints.folder(CheckpointPath.parse(info.path)), run.lora)
             if not ephemeral:
                 return _json(schemas.SaveWeightsForSamplerResponseInternal(path=info.path))
             session = self.runs.create_sampling_session(owner, run.session_id, self.loaded.name, info.path)
@@ -567,59 +550,18 @@ class TrainingService:
         session = self.runs.create_sampling_session(owner, request.session_id, self.loaded.name, request.model_path)
         return session.sampling_session_id
 
-    def sampler(self, owner: str, sampling_session_id: str) -> schemas.GetSamplerResponse:
+    def get_sampler(self, owner: str, sampling_session_id: str) -> schemas.GetSamplerResponse:
         session = self.runs.sampling_session(owner, sampling_session_id)
         return schemas.GetSamplerResponse(
             sampler_id=session.sampling_session_id, base_model=session.base_model, model_path=session.model_path
         )
 
     def sample(self, owner: str, request: schemas.SampleRequest, body: bytes, key: str | None) -> Submitted:
-        if request.num_samples > self.config.max_num_samples:
-            raise UserInputError(
-                f"num_samples must be at most this server's limit of {self.config.max_num_samples} "
-                f"(--max-num-samples), got {request.num_samples}"
-            )
-        if request.topk_sample_logprobs or request.prompt_alt_tokens_k or request.target_prompt_logprobs:
-            raise UserInputError(
-                "topk_sample_logprobs, prompt_alt_tokens_k and target_prompt_logprobs are not supported by this server"
-            )
         model_path = self._sampling_weights(owner, request)
-        folder = None if model_path is None else self.checkpoints.folder(model_path)
-        params = request.sampling_params
-        stop = params.stop
-        stop_strings: tuple[str, ...] = ()
-        stop_tokens: tuple[int, ...] = ()
-        if isinstance(stop, str):
-            stop_strings = (stop,)
-        elif stop:
-            if all(isinstance(s, str) for s in stop):
-                stop_strings = tuple(stop)
-            else:
-                stop_tokens = tuple(int(s) for s in stop)
-        sampling = SamplingRequest(
-            prompt_tokens=tuple(request.prompt.tokens()),
-            num_samples=request.num_samples,
-            max_tokens=params.max_tokens if params.max_tokens is not None else 16,
-            temperature=params.temperature,
-            top_k=params.top_k,
-            top_p=params.top_p,
-            seed=params.seed,
-            stop_token_ids=stop_tokens,
-            stop_strings=stop_strings,
-            prompt_logprobs=bool(request.prompt_logprobs),
-            topk_prompt_logprobs=request.topk_prompt_logprobs,
-        )
-        # `stop=[]` disables every stop, EOS included (SamplingParams' documented semantics).
-        stop_at_eos = stop is None or bool(stop)
+        call = request.to_engine(None if model_path is None else self.checkpoints.folder(model_path))
         lane = request.sampling_session_id or f"base:{owner}"
-
-        last_n = request.prompt_logprobs_last_n
-        if last_n is not None and last_n > len(sampling.prompt_tokens):
-            raise UserInputError(
-                f"prompt_logprobs_last_n={last_n} exceeds the prompt's {len(sampling.prompt_tokens)} tokens"
-            )
         run = None if model_path is None else model_path.model_id
-        return self.submit_sampling(owner, SamplerCall(folder, sampling, stop_at_eos), lane, body, key, last_n, run)
+        return self.submit_sampling(owner, call, lane, body, key, request.prompt_logprobs_last_n, run)
 
     def submit_sampling(
         self,
@@ -631,79 +573,23 @@ class TrainingService:
         prompt_logprobs_last_n: int | None = None,
         run: str | None = None,
     ) -> Submitted:
-        """Queue one sampling request (Tinker's `sample`, or an OpenAI-compatible completion) into the shared
-        generation batches, or send it to vLLM; its future resolves to the encoded `SampleResponse`. `run`: the
-        training run whose sampler weights it reads, which its usage counts toward."""
-        if self.vllm is not None:
-            return self._submit_to_vllm(owner, call, body, key, prompt_logprobs_last_n, run)
-        pending = _PendingSample(call, prompt_logprobs_last_n)
-        record = self._submit(
-            owner, "sample", lane, body, None, None, key, batch=(SAMPLING, pending), reads=call.weights_folder, run=run
-        )
-        ids = [f"{record.request_id}-{i}" for i in range(call.request.num_samples)]
-        return Submitted(record, sample_sequence_ids=ids)
-
-    def _submit_to_vllm(
-        self,
-        owner: str,
-        call: SamplerCall,
-        body: bytes,
-        key: str | None,
-        prompt_logprobs_last_n: int | None,
-        run: str | None,
-    ) -> Submitted:
-        """vLLM batches concurrent requests itself: the request goes to it at once, outside the device queue."""
-        assert self.vllm is not None
-        self.vllm.check(call.request)
+        """Record one sampling request (Tinker's `sample`, or an OpenAI-compatible completion) and hand it to the
+        sampler; its future resolves to the encoded `SampleResponse`, and `Submitted.sampled` to the engine's result.
+        `lane`: the queue it waits in. `run`: the training run whose sampler weights it reads, which its usage counts
+        toward."""
+        samples = call.request.num_samples
+        if samples > self.config.max_num_samples:
+            raise UserInputError(
+                f"a request may ask for at most {self.config.max_num_samples} samples on this server "
+                f"(--max-num-samples), this one asks for {samples}"
+            )
         record, created = self.ledger.submit(owner, "sample", body_hash(body), idempotency_key=key)
-        ids = [f"{record.request_id}-{i}" for i in range(call.request.num_samples)]
+        ids = [f"{record.request_id}-{i}" for i in range(samples)]
         if not created:
             return Submitted(record, sample_sequence_ids=ids)
-        self.ledger.mark_running(record.request_id)
-        folder = call.weights_folder
-
-        def done(outcome: SamplingResult | Exception) -> None:
-            if isinstance(outcome, BackendError):
-                self.ledger.fail(record.request_id, str(outcome), outcome.category)
-                return
-            if isinstance(outcome, Exception):
-                log.error("vLLM sampling request %s failed", record.request_id, exc_info=outcome)
-                self.ledger.fail(record.request_id, f"internal error in sample: {type(outcome).__name__}", "server")
-                return
-            if prompt_logprobs_last_n is not None:
-                outcome = _keep_last_prompt_logprobs(outcome, prompt_logprobs_last_n)
-            generated = sum(len(seq.tokens) for seq in outcome.sequences)
-            self.tokens_processed.add("sample_prompt", len(call.request.prompt_tokens))
-            self.tokens_processed.add("sample_generated", generated)
-            self._count_tokens(owner, run, "sampled", generated)
-            self.ledger.complete(record.request_id, encode_sample_response(outcome), ResultFormat.PROTO)
-
-        adapter = None if folder is None else (str(folder), folder)
-        self.vllm.submit(call.request, adapter, call.stop_at_eos, done)
-        return Submitted(record, sample_sequence_ids=ids)
-
-    def _run_samples(self, operations: Sequence[Operation[_PendingSample]], pause: PauseCallback) -> list[Outcome]:
-        """The scheduler's batch runner for sampling: every pending request, of any weights, in one batch.
-
-        The generation pauses every few tokens for other tenants' training steps.
-        """
-        pending = [op.payload for op in operations if op.payload is not None]
-        outcomes: list[Outcome] = []
-        results = self.engine.sample_batch([p.call for p in pending], pause)
-        for operation, item, result in zip(operations, pending, results, strict=True):
-            if isinstance(result, SamplingInputError):
-                outcomes.append(result)
-                continue
-            if item.prompt_logprobs_last_n is not None:
-                result = _keep_last_prompt_logprobs(result, item.prompt_logprobs_last_n)
-            prompt = len(item.call.request.prompt_tokens)
-            generated = sum(len(s.tokens) for s in result.sequences)
-            operation.processed_tokens = prompt + generated
-            self.tokens_processed.add("sample_prompt", prompt)
-            self.tokens_processed.add("sample_generated", generated)
-            self._count_tokens(operation.owner, operation.run, "sampled", generated)
-            outcomes.append((encode_sample_response(result), ResultFormat.PROTO))
-        return outcomes
+        job = SampleJob(record.request_id, owner, lane, run, call, prompt_logprobs_last_n)
+        self._start(record, lambda: self.sampler.submit(job))
+        return Submitted(record, sample_sequence_ids=ids, sampled=job.result)
 
     def _sampling_weights(self, owner: str, request: schemas.SampleRequest) -> CheckpointPath | None:
         if request.sampling_session_id is not None:
@@ -722,14 +608,6 @@ class TrainingService:
         return parsed
 
 
-@dataclass(frozen=True)
-class _PendingSample:
-    """A queued sampling request, as its batch runner needs it."""
-
-    call: SamplerCall
-    prompt_logprobs_last_n: int | None
-
-
 def _kept_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """A new run's user_metadata as it is kept; raises UserInputError past `MAX_USER_METADATA_CHARS`."""
     if not metadata:
@@ -741,29 +619,3 @@ def _kept_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any] | None:
             "server keeps for a run"
         )
     return dict(metadata)
-
-
-def _keep_last_prompt_logprobs(result: SamplingResult, last_n: int) -> SamplingResult:
-    """Only the last n prompt positions keep their scores (`prompt_logprobs_last_n`)."""
-
-    def cut(values: tuple | None) -> tuple | None:
-        return None if values is None else (None,) * (len(values) - last_n) + tuple(values[-last_n:])
-
-    return dataclasses.replace(
-        result, prompt_logprobs=cut(result.prompt_logprobs), topk_prompt_logprobs=cut(result.topk_prompt_logprobs)
-    )
-
-
-def _vllm_sampler(config: ServerConfig, loaded: LoadedModel) -> VllmSampler:
-    settings = VllmSettings(
-        model_folder=loaded.folder,
-        served_name=loaded.name,
-        python=config.vllm_python,
-        url=config.vllm_url,
-        max_loras=config.max_loras,
-        max_lora_rank=config.max_lora_rank,
-        log_path=config.storage_root / "vllm.log",
-        device=loaded.device.type,
-        gpu_memory_share=config.vllm_gpu_memory_share,
-    )
-    return VllmSampler(settings, lambda ids: loaded.tokenizer.decode(ids, skip_special_tokens=False))

@@ -17,7 +17,7 @@ from test_controller import run_study_with_a_real_llm
 from autoresearch.proposer import proposal_model
 from autoresearch.spec import load_study_spec
 from trainer_backend.models.registry import default_cache_root, resolve_base_model
-from trainer_backend.vllm_sampler import VllmProcess, VllmSettings
+from trainer_backend.samplers.vllm_process import VllmProcess, VllmSettings
 
 pytestmark = NEEDS_VLLM
 # The tiny model's context (2048) holds the proposal prompt (about 820 tokens) and this many more.

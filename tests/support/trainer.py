@@ -17,7 +17,7 @@ from tinker.proto.request_conv import forward_backward_request_to_proto
 from tinker.proto.response_conv import deserialize_proto_response
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
-from trainer_backend.engine.sampling import SamplingResult
+from trainer_backend.engine.types import SamplingResult
 from trainer_backend.server import RunningServer
 from trainer_backend.wire.proto import PROTOBUF_CONTENT_TYPE
 

@@ -6,9 +6,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer_backend.engine.model_engine import ForwardBackwardCall, ModelEngine, SamplerCall
-from trainer_backend.engine.sampling import PAUSE_EVERY_STEPS, SamplingRequest
-from trainer_backend.engine.types import AdamSettings, DecodedDatum, ForwardBackwardResult, LoraSettings
+from trainer_backend.engine.model_engine import ModelEngine
+from trainer_backend.engine.sampling import PAUSE_EVERY_STEPS
+from trainer_backend.engine.types import (
+    AdamSettings,
+    DecodedDatum,
+    ForwardBackwardCall,
+    ForwardBackwardResult,
+    LoraSettings,
+    SamplerCall,
+    SamplingRequest,
+)
 from trainer_backend.errors import NotFoundError, UserInputError
 from trainer_backend.models.loading import load_base_model
 from trainer_backend.models.registry import resolve_base_model

@@ -18,15 +18,8 @@ from transformers import PreTrainedModel, Qwen2ForCausalLM
 
 from trainer_backend.engine import sampling
 from trainer_backend.engine.output_head import linear_output_head
-from trainer_backend.engine.sampling import (
-    SampledSequence,
-    SamplingInputError,
-    SamplingJob,
-    SamplingRequest,
-    SamplingResult,
-    sample,
-    sample_batch,
-)
+from trainer_backend.engine.sampling import SamplingJob, sample, sample_batch
+from trainer_backend.engine.types import SampledSequence, SamplingInputError, SamplingRequest, SamplingResult
 
 VOCAB = 97
 CONTEXT = 256

@@ -15,7 +15,8 @@ from support.trainer import LOGPROB_ROUNDING, assert_answered_alike, peaked_tiny
 
 from trainer_backend.engine import sampling
 from trainer_backend.engine.prefixes import GROUP_OVERHEAD_TOKENS, plan_shared_prefill
-from trainer_backend.engine.sampling import SamplingJob, SamplingRequest, SamplingResult, sample_batch
+from trainer_backend.engine.sampling import SamplingJob, sample_batch
+from trainer_backend.engine.types import SamplingRequest, SamplingResult
 
 VOCAB = 97
 CONTEXT = 256

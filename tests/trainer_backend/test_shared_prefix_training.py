@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from trainer_backend.engine.microbatches import plan_pieces
-from trainer_backend.engine.model_engine import ForwardBackwardCall, ModelEngine
+from trainer_backend.engine.model_engine import ModelEngine
 from trainer_backend.engine.prefixes import GROUP_OVERHEAD_TOKENS, PrefixGroup, length_buckets, shared_prefix_groups
-from trainer_backend.engine.types import AdamSettings, DecodedDatum, LoraSettings
+from trainer_backend.engine.types import AdamSettings, DecodedDatum, ForwardBackwardCall, LoraSettings
 from trainer_backend.errors import UserInputError
 from trainer_backend.models.loading import load_base_model
 from trainer_backend.models.registry import resolve_base_model
@@ -147,13 +147,13 @@ def test_micro_batches_within_a_small_budget_give_the_gradients_of_one_pass(engi
     call = ForwardBackwardCall("bob", datums, "importance_sampling", None, False)
     (whole,) = run(engine, [call])
     whole_grads = adapter_gradients(engine, "bob")
-    budget = engine.piece_tokens
+    budget = engine.training.piece_tokens
     # Less than one group: each group is split, and each part computes its prompt again.
-    engine.piece_tokens = PROMPT_TOKENS + 20
+    engine.training.piece_tokens = PROMPT_TOKENS + 20
     try:
         (pieces,) = run(engine, [call])
     finally:
-        engine.piece_tokens = budget
+        engine.training.piece_tokens = budget
     assert_same([o["logprobs"] for o in pieces.loss_fn_outputs], [o["logprobs"] for o in whole.loss_fn_outputs])
     assert pieces.metrics["loss:sum"] == pytest.approx(whole.metrics["loss:sum"], rel=1e-4, abs=1e-5)
     assert_same(adapter_gradients(engine, "bob"), whole_grads)
@@ -164,12 +164,12 @@ def test_a_bad_call_leaves_no_gradient_even_where_micro_batches_ran_before_it(en
     broken = rl_group(9, 3)
     del broken[-1].loss_fn_inputs["advantages"]
     bad = ForwardBackwardCall("bob", broken, "importance_sampling", None, False)
-    budget = engine.piece_tokens
-    engine.piece_tokens = PROMPT_TOKENS + 20
+    budget = engine.training.piece_tokens
+    engine.training.piece_tokens = PROMPT_TOKENS + 20
     try:
         good_result, bad_result = engine.forward_backward_batch([good, bad])
     finally:
-        engine.piece_tokens = budget
+        engine.training.piece_tokens = budget
     assert isinstance(bad_result, UserInputError) and "advantages" in str(bad_result)
     assert all(p.grad is None for p in engine.adapters.parameters("bob"))
     assert not isinstance(good_result, Exception)

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 import tinker
 from support.backends import TINY, tiny_server_config
@@ -21,7 +22,7 @@ from tinker import types
 
 from trainer_backend.checkpoints import CheckpointPath
 from trainer_backend.config import ServerConfig
-from trainer_backend.engine.sampling import SamplingRequest
+from trainer_backend.engine.types import SamplingRequest
 from trainer_backend.models.gemma import GEMMA_3_270M
 from trainer_backend.models.qwen import QWEN_2_5_CODER_0_5B_INSTRUCT
 from trainer_backend.server import RunningServer, running_server
@@ -152,10 +153,28 @@ def test_stop_tokens_and_strings_end_where_the_builtin_engine_ends(
         assert_same(*(a.result(timeout=120) for a in answers))
 
 
-def test_an_adapter_that_trains_the_unembedding_is_refused_by_name(on_vllm: tinker.ServiceClient) -> None:
-    training = on_vllm.create_lora_training_client(base_model=TINY, rank=2, train_unembed=True).result()
-    with pytest.raises(tinker.BadRequestError, match="train_unembed"):
-        training.save_weights_for_sampler("with-unembedding").result(timeout=60)
+def test_an_adapter_that_trains_the_unembedding_samples_through_the_builtin_engine(
+    vllm_server: RunningServer, on_vllm: tinker.ServiceClient, on_builtin: tinker.ServiceClient
+) -> None:
+    """The SDK's default LoRA trains the unembedding, which vLLM cannot load: its sampler weights are served by the
+    built-in engine of the same server, answering as the built-in server does, and the status and /metrics say so."""
+    before = status_of(vllm_server, KEY)["sampler"]
+    answers = []
+    for client in (on_vllm, on_builtin):
+        training = client.create_lora_training_client(base_model=TINY, rank=2, seed=5).result()  # train_unembed=True
+        datum = next_token_datum(training.get_tokenizer().encode(SQL))
+        for _ in range(2):
+            training.forward_backward([datum], "cross_entropy")
+            training.optim_step(types.AdamParams(learning_rate=5e-2)).result(timeout=60)
+        sampler = training.save_weights_and_get_sampling_client().result()
+        answers.append(sampler.sample(prompt_of(client), 2, GREEDY).result(timeout=120))
+    assert_same(*answers)
+    after = status_of(vllm_server, KEY)["sampler"]
+    reason = "the adapter trains the unembedding (a LoRA on lm_head, which vLLM cannot load)"
+    assert after["builtin_requests"].get(reason, 0) == before["builtin_requests"].get(reason, 0) + 1
+    assert after["requests"] == before["requests"]
+    metrics = httpx.get(f"{vllm_server.url}/metrics", timeout=10).text
+    assert f'trainer_vllm_builtin_requests_total{{reason="{reason}"}}' in metrics
 
 
 def test_a_killed_vllm_is_started_again_and_nothing_but_the_request_it_cut_off_is_lost(
@@ -174,7 +193,7 @@ def test_a_killed_vllm_is_started_again_and_nothing_but_the_request_it_cut_off_i
         time.sleep(0.05)
     time.sleep(0.5)  # from the pool's thread into vLLM
 
-    crashed = vllm_server.service.vllm.process.process
+    crashed = vllm_server.service.sampler.preferred.client.process.process
     crashed.kill()  # the API server alone, as a crash leaves it: its engine processes live on
     crashed.wait()
     # Sent while vLLM is down or restarting: it waits for the restart (its adapter loads again), and is answered.

@@ -224,7 +224,7 @@ def create_app(service: TrainingService, policy: KeyPolicy, long_poll_s: float =
 
     @app.get(f"{api}/samplers/{{sampler_id}}")
     async def sampler(sampler_id: str, who: Owner) -> dict:
-        return service.sampler(who, sampler_id).model_dump(mode="json", exclude_none=True)
+        return service.get_sampler(who, sampler_id).model_dump(mode="json", exclude_none=True)
 
     @app.post(f"{api}/asample")
     async def asample(request: Request, who: Owner, key: IdempotencyKey = None) -> dict:

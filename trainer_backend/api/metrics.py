@@ -67,8 +67,8 @@ class ServiceCollector(Collector):
         for phase, count in sorted(self.service.tokens_processed.snapshot().items()):
             tokens.add_metric([phase], count)
         yield tokens
-        if self.service.vllm is not None:
-            sampler = self.service.vllm.status()
+        sampler = self.service.sampler.status()
+        if sampler is not None:
             yield GaugeMetricFamily("trainer_vllm_in_flight", "Sampling requests in vLLM now", value=sampler.in_flight)
             yield CounterMetricFamily(
                 "trainer_vllm_requests", "Sampling requests vLLM answered", value=sampler.requests
@@ -77,6 +77,14 @@ class ServiceCollector(Collector):
                 "trainer_vllm_busy_seconds", "Summed time requests spent in vLLM", value=sampler.busy_seconds
             )
             yield CounterMetricFamily("trainer_vllm_restarts", "Times vLLM was started again", value=sampler.restarts)
+            builtin = CounterMetricFamily(
+                "trainer_vllm_builtin_requests",
+                "Sampling requests the built-in engine served because vLLM cannot serve them exactly",
+                labels=["reason"],
+            )
+            for reason, count in sorted(sampler.builtin_requests.items()):
+                builtin.add_metric([reason], count)
+            yield builtin
         futures = GaugeMetricFamily("trainer_futures", "Futures in the ledger by state", labels=["state"])
         for state, count in sorted(self.service.ledger.counts_by_state().items()):
             futures.add_metric([state.value], count)

@@ -43,7 +43,7 @@ def add_openai_routes(
             record = await waiters.wait(service, owner, request_id, long_poll_s)
         if record.state is FutureState.FAILED:
             raise (UserInputError if record.category == "user" else ServerError)(record.error or "sampling failed")
-        return inference.generated(pending, record.result or b"")
+        return inference.generated(pending)
 
     async def streamed(
         owner: str,

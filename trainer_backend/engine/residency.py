@@ -1,6 +1,7 @@
-"""How many training adapters stay loaded: past a limit, the least recently used ones wait on disk.
+"""Which adapters stay loaded. Training adapters: past a limit, the least recently used ones wait on disk. Sampler
+weights: a few stay loaded as adapters, the least recently used unloaded (they are read again from their checkpoint).
 
-An adapter on disk is its PEFT folder with the optimizer state beside it, written exactly as a checkpoint is, so
+A training adapter on disk is its PEFT folder with the optimizer state beside it, written exactly as a checkpoint is, so
 bringing it back restores the same weights and Adam moments. The number of tenants is then bounded by disk, not by
 device memory. An adapter holding gradients (a forward_backward not yet followed by its optim_step) stays loaded:
 writing it out would lose them, so the limit is exceeded for a while instead.
@@ -8,13 +9,18 @@ writing it out would lose them, so the limit is exceeded for a while instead.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import shutil
 from collections import OrderedDict
 from collections.abc import Collection
 from pathlib import Path
 
+from safetensors import SafetensorError
+
 from trainer_backend.engine.adapters import AdapterPool
+from trainer_backend.engine.types import SamplingInputError
+from trainer_backend.errors import UserInputError
 
 log = logging.getLogger(__name__)
 
@@ -84,3 +90,43 @@ class AdapterResidency:
             log.warning(
                 "%d training adapters hold gradients; the limit of %d loaded is exceeded", len(self._loaded), self.limit
             )
+
+
+class SamplerAdapters:
+    """Sampler weights loaded in `adapters` from their checkpoint folders, at most `limit` (least recently used out
+    first), each under a name that changes when its folder's weights are saved again."""
+
+    def __init__(self, adapters: AdapterPool, limit: int) -> None:
+        self.adapters = adapters
+        self.limit = limit
+        self._loaded: OrderedDict[str, None] = OrderedDict()
+
+    def use(self, folder: Path) -> str:
+        """The loaded adapter of the sampler weights in `folder`, loading them on first use.
+
+        Raises:
+            SamplingInputError: the weights are gone or unreadable (deleted after the request was queued); the
+                message names no server path.
+        """
+        try:
+            stamp = (folder / "adapter_model.safetensors").stat().st_mtime_ns
+        except OSError:
+            raise SamplingInputError("the sampler weights were deleted before this request ran") from None
+        name = "sampler-" + hashlib.sha256(f"{folder.resolve()}:{stamp}".encode()).hexdigest()[:16]
+        if name in self._loaded:
+            self._loaded.move_to_end(name)
+            return name
+        try:
+            self.adapters.load(name, folder, with_optimizer=False, trainable=False)
+        except (OSError, ValueError, SafetensorError, UserInputError) as error:
+            # Deleted while loading, or not weights of this model: take back what was half added.
+            if name in self.adapters:
+                self.adapters.delete(name)
+            if isinstance(error, UserInputError):
+                raise SamplingInputError(str(error)) from None
+            raise SamplingInputError("the sampler weights were deleted or damaged before this request ran") from None
+        self._loaded[name] = None
+        while len(self._loaded) > self.limit:
+            evicted, _ = self._loaded.popitem(last=False)
+            self.adapters.delete(evicted)
+        return name

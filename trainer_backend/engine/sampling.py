@@ -33,7 +33,6 @@ import math
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -46,12 +45,15 @@ from trainer_backend.engine.drawing import draw_from_hidden, draw_from_logits
 from trainer_backend.engine.kv_cache import preallocated_cache
 from trainer_backend.engine.output_head import cap, linear_output_head
 from trainer_backend.engine.prefixes import plan_shared_prefill
-from trainer_backend.engine.types import TokenConstraint
+from trainer_backend.engine.types import (
+    SampledSequence,
+    SamplingInputError,
+    SamplingRequest,
+    SamplingResult,
+    StopReason,
+    TopkLogprobs,
+)
 from trainer_backend.engine.unembedding import unembedding_logits
-from trainer_backend.errors import UserInputError
-
-StopReason = Literal["stop", "length"]
-TopkLogprobs = tuple[tuple[int, float], ...]
 
 # The prompt is scored a chunk of positions at a time so that its fp32 logits stay near this size: Gemma 3's
 # 262,144-entry vocabulary makes a whole 4k-token prompt's logits 4 GiB.
@@ -64,49 +66,6 @@ _STOP_WINDOW_MARGIN = 8
 # A generation calls its pause callback every this many decode steps, so that other tenants' short operations
 # (an optimizer step) wait for a few tokens, not for the whole generation.
 PAUSE_EVERY_STEPS = 8
-
-
-class SamplingInputError(UserInputError, ValueError):
-    """A sampling request the engine cannot serve; the message names the field and its value."""
-
-
-@dataclass(frozen=True)
-class SamplingRequest:
-    """One prompt and how to sample from it; the service builds it from the wire's `SampleRequest`."""
-
-    prompt_tokens: tuple[int, ...]
-    num_samples: int = 1
-    max_tokens: int = 16
-    temperature: float = 1.0  # 0 samples greedily
-    top_k: int = -1  # -1 or 0: no limit
-    top_p: float = 1.0  # in (0, 1]; 1 keeps the whole distribution
-    seed: int | None = None  # the same seed and request give the same tokens; None draws a fresh seed
-    stop_token_ids: tuple[int, ...] = ()  # in addition to the model's EOS ids, which `sample` takes separately
-    stop_strings: tuple[str, ...] = ()
-    prompt_logprobs: bool = False
-    topk_prompt_logprobs: int = 0  # k > 0 returns the k most likely tokens at each prompt position
-    # Makes each sample's constraint (structured output); a sample ends when its constraint is finished.
-    constraint: Callable[[], TokenConstraint] | None = None
-    # Called with (sample index, token) as each token is drawn, on the engine's thread (streaming).
-    on_token: Callable[[int, int], None] | None = None
-
-
-@dataclass(frozen=True)
-class SampledSequence:
-    """One completion: its tokens, each token's logprob under the sampling distribution, and why it ended."""
-
-    tokens: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    stop_reason: StopReason
-
-
-@dataclass(frozen=True)
-class SamplingResult:
-    """The completions of one request, and the prompt's scores when asked for (None at position 0)."""
-
-    sequences: tuple[SampledSequence, ...]
-    prompt_logprobs: tuple[float | None, ...] | None
-    topk_prompt_logprobs: tuple[TopkLogprobs | None, ...] | None
 
 
 # PEFT's adapter name for rows of a mixed batch that go through no adapter (the base model).

@@ -6,8 +6,10 @@ above it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from pathlib import Path
+from typing import Literal, Protocol
 
 import numpy as np
 import torch
@@ -91,3 +93,70 @@ class TokenConstraint(Protocol):
 
     def finished(self) -> bool:
         """Whether nothing may follow: the sequence ends with the token just taken."""
+
+
+StopReason = Literal["stop", "length"]
+TopkLogprobs = tuple[tuple[int, float], ...]
+
+
+class SamplingInputError(UserInputError, ValueError):
+    """A sampling request the engine cannot serve; the message names the field and its value."""
+
+
+@dataclass(frozen=True)
+class SamplingRequest:
+    """One prompt and how to sample from it; the service builds it from the wire's `SampleRequest`."""
+
+    prompt_tokens: tuple[int, ...]
+    num_samples: int = 1
+    max_tokens: int = 16
+    temperature: float = 1.0  # 0 samples greedily
+    top_k: int = -1  # -1 or 0: no limit
+    top_p: float = 1.0  # in (0, 1]; 1 keeps the whole distribution
+    seed: int | None = None  # the same seed and request give the same tokens; None draws a fresh seed
+    stop_token_ids: tuple[int, ...] = ()  # in addition to the model's EOS ids, which `sample` takes separately
+    stop_strings: tuple[str, ...] = ()
+    prompt_logprobs: bool = False
+    topk_prompt_logprobs: int = 0  # k > 0 returns the k most likely tokens at each prompt position
+    # Makes each sample's constraint (structured output); a sample ends when its constraint is finished.
+    constraint: Callable[[], TokenConstraint] | None = None
+    # Called with (sample index, token) as each token is drawn, on the engine's thread (streaming).
+    on_token: Callable[[int, int], None] | None = None
+
+
+@dataclass(frozen=True)
+class SampledSequence:
+    """One completion: its tokens, each token's logprob under the sampling distribution, and why it ended."""
+
+    tokens: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    stop_reason: StopReason
+
+
+@dataclass(frozen=True)
+class SamplingResult:
+    """The completions of one request, and the prompt's scores when asked for (None at position 0)."""
+
+    sequences: tuple[SampledSequence, ...]
+    prompt_logprobs: tuple[float | None, ...] | None
+    topk_prompt_logprobs: tuple[TopkLogprobs | None, ...] | None
+
+
+@dataclass(frozen=True)
+class SamplerCall:
+    """One sampling request and the weights it samples: a sampler checkpoint folder, or None for the base model."""
+
+    weights_folder: Path | None
+    request: SamplingRequest
+    stop_at_eos: bool
+
+
+@dataclass(frozen=True)
+class ForwardBackwardCall:
+    """One client's forward or forward/backward request."""
+
+    model_id: str
+    datums: Sequence[DecodedDatum]
+    loss_fn: str
+    loss_fn_config: dict[str, float | str] | None
+    forward_only: bool

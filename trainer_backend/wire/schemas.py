@@ -11,13 +11,15 @@ validates, and it validates strictly. Serialize them with `model_dump(mode="json
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tinker import types
 from tinker.types import try_again_response
 
-from trainer_backend.engine.types import AdamSettings, LoraSettings
+from trainer_backend.engine.types import AdamSettings, LoraSettings, SamplerCall, SamplingRequest
+from trainer_backend.errors import UserInputError
 from trainer_backend.wire.proto import WireFormatError
 
 __all__ = [
@@ -375,6 +377,47 @@ class SampleRequest(_Request):
     prompt_alt_tokens_k: int = Field(default=0, ge=0)
     prompt_logprobs_last_n: int | None = Field(default=None, ge=1)
     record_stability_info: bool | None = None
+
+    def to_engine(self, weights_folder: Path | None) -> SamplerCall:
+        """The engine's call, sampling the base model or the sampler weights in `weights_folder`.
+
+        Raises:
+            UserInputError: a field this server does not serve, or `prompt_logprobs_last_n` past the prompt.
+        """
+        if self.topk_sample_logprobs or self.prompt_alt_tokens_k or self.target_prompt_logprobs:
+            raise UserInputError(
+                "topk_sample_logprobs, prompt_alt_tokens_k and target_prompt_logprobs are not supported by this server"
+            )
+        prompt = tuple(self.prompt.tokens())
+        last_n = self.prompt_logprobs_last_n
+        if last_n is not None and last_n > len(prompt):
+            raise UserInputError(f"prompt_logprobs_last_n={last_n} exceeds the prompt's {len(prompt)} tokens")
+        params = self.sampling_params
+        stop = params.stop
+        stop_strings: tuple[str, ...] = ()
+        stop_tokens: tuple[int, ...] = ()
+        if isinstance(stop, str):
+            stop_strings = (stop,)
+        elif stop:
+            if all(isinstance(s, str) for s in stop):
+                stop_strings = tuple(stop)
+            else:
+                stop_tokens = tuple(int(s) for s in stop)
+        sampling = SamplingRequest(
+            prompt_tokens=prompt,
+            num_samples=self.num_samples,
+            max_tokens=params.max_tokens if params.max_tokens is not None else 16,
+            temperature=params.temperature,
+            top_k=params.top_k,
+            top_p=params.top_p,
+            seed=params.seed,
+            stop_token_ids=stop_tokens,
+            stop_strings=stop_strings,
+            prompt_logprobs=bool(self.prompt_logprobs),
+            topk_prompt_logprobs=self.topk_prompt_logprobs,
+        )
+        # `stop=[]` disables every stop, EOS included (SamplingParams' documented semantics).
+        return SamplerCall(weights_folder, sampling, stop_at_eos=stop is None or bool(stop))
 
 
 class FutureRetrieveRequest(_Request):

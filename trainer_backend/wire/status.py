@@ -39,6 +39,11 @@ class SamplerStatus(BaseModel):
     requests: int = Field(description="sampling requests vLLM answered (or failed) since start")
     busy_seconds: float = Field(description="summed time requests spent in vLLM")
     restarts: int = Field(description="times vLLM was found dead and started again")
+    builtin_requests: dict[str, int] = Field(
+        default_factory=dict,
+        description="sampling requests the built-in engine served instead, because vLLM cannot serve them exactly, "
+        "by reason (an adapter that trains the unembedding, structured output other than a JSON schema)",
+    )
 
 
 class KeyUsage(BaseModel):

@@ -1,195 +1,31 @@
-"""vLLM as the sampling engine: a server process of its own (its own Python environment: its pins clash with ours),
-LoRA adapters hot-loaded by name, and Tinker `sample` requests mapped onto its completions API, token ids in and out.
+"""A client of a vLLM server: LoRA adapters hot-loaded by name, and the engine's sampling requests mapped onto vLLM's
+completions API, token ids in and out.
 
 The mapping keeps the built-in engine's semantics: the stop token stays the sequence's last token and stop strings
 stay in the output (`include_stop_str_in_output`); logprobs are those of the distribution sampled from (vLLM's
 `processed_logprobs`: after temperature, top-k and top-p); `stop=[]` disables EOS (`ignore_eos`); a JSON schema goes to
-vLLM's structured output (llguidance, as the built-in engine's). What vLLM cannot give exactly is refused by name.
-
-vLLM batches concurrent requests itself, so each sampling request goes to it at once from a thread pool, outside the
-device worker's queue; a request whose adapter vLLM no longer holds (it restarted) loads it again and retries once.
+vLLM's structured output (llguidance, as the built-in engine's). A request whose adapter vLLM no longer holds (it
+restarted) loads it again and is sent again once.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import os
-import signal
-import socket
-import subprocess
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
-from trainer_backend.engine.sampling import SampledSequence, SamplingRequest, SamplingResult
-from trainer_backend.errors import ServerError, UserInputError
+from trainer_backend.engine.types import SampledSequence, SamplingRequest, SamplingResult
+from trainer_backend.errors import UserInputError
+from trainer_backend.samplers.vllm_process import VllmProcess, VllmSettings, VllmUnavailableError
 from trainer_backend.structured_output import JsonSchemaConstraint
-from trainer_backend.wire.status import SamplerStatus
-
-log = logging.getLogger(__name__)
-
-# Requests in flight to vLLM at once; it queues the rest of a burst itself.
-MAX_IN_FLIGHT = 64
-HEALTH_POLL_S = 0.5
 
 
-class VllmUnavailableError(ServerError):
-    """vLLM did not start, died, or did not answer; the message says which and ends with its log."""
-
-
-@dataclass(frozen=True)
-class VllmSettings:
-    """How to start (or reach) the vLLM server."""
-
-    model_folder: Path
-    served_name: str
-    python: Path | None = None  # the interpreter of vLLM's environment; None with `url`
-    url: str | None = None  # a vLLM server already running (started with --enable-lora, runtime LoRA updating)
-    max_loras: int = 8
-    max_lora_rank: int = 64
-    log_path: Path = Path("vllm.log")
-    startup_timeout_s: float = 600.0
-    device: str = "cpu"
-    gpu_memory_share: float = 0.4  # on a GPU: vLLM's share of its memory, the trainer keeps the rest
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-class VllmProcess:
-    """The vLLM server this backend started; `ensure_running` starts it again if it died."""
-
-    def __init__(self, settings: VllmSettings) -> None:
-        self.settings = settings
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.process: subprocess.Popen | None = None
-        self.restarts = 0
-        self.restarting = False  # between finding it down and its answering again
-        self._lock = threading.Lock()
-
-    def command(self) -> list[str]:
-        s = self.settings
-        # fp32 on a CPU (as the trainer computes), bf16 on a GPU; eager mode: no graph capture on the CPU build.
-        dtype = "float32" if s.device == "cpu" else "bfloat16"
-        command = [
-            str(s.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(s.model_folder),
-            "--served-model-name", s.served_name, "--host", "127.0.0.1", "--port", str(self.port), "--dtype", dtype,
-            "--enforce-eager", "--enable-lora", "--max-loras", str(s.max_loras),
-            "--max-lora-rank", str(s.max_lora_rank), "--logprobs-mode", "processed_logprobs",
-            # Structured output through llguidance, compact as the built-in engine's: vLLM's default (xgrammar) can
-            # leave raw control characters inside a JSON string, which strict JSON refuses.
-            "--structured-outputs-config", '{"backend": "guidance", "disable_any_whitespace": true}',
-        ]  # fmt: skip
-        if s.device != "cpu":
-            command += ["--gpu-memory-utilization", str(s.gpu_memory_share)]
-        return command
-
-    def start(self) -> None:
-        environment = os.environ | {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
-        environment.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-        log.info("starting vLLM: %s", " ".join(self.command()))
-        with self.settings.log_path.open("ab") as output:
-            # A session (process group) of its own: vLLM's engine runs in child processes, which must go with it.
-            self.process = subprocess.Popen(
-                self.command(),
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=environment,
-                start_new_session=True,
-            )
-        self._wait_until_healthy()
-
-    def _wait_until_healthy(self) -> None:
-        deadline = time.monotonic() + self.settings.startup_timeout_s
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                raise VllmUnavailableError(
-                    f"vLLM exited with status {self.process.returncode} while starting; its log "
-                    f"({self.settings.log_path}) ends:\n{_tail(self.settings.log_path)}"
-                )
-            try:
-                if httpx.get(f"{self.url}/v1/models", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(HEALTH_POLL_S)
-        self.stop()
-        raise VllmUnavailableError(
-            f"vLLM did not answer within {self.settings.startup_timeout_s:.0f} s; its log ends:\n"
-            + _tail(self.settings.log_path)
-        )
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def ensure_running(self) -> bool:
-        """Start vLLM again if it died or stopped answering; True when it was restarted."""
-        with self._lock:
-            if self.alive() and self._answers():
-                return False
-            log.warning(
-                "vLLM is not answering (exit status %s); starting it again", self.process and self.process.poll()
-            )
-            self.restarting = True
-            try:
-                self.stop()
-                self.restarts += 1
-                self.start()
-            finally:
-                self.restarting = False
-            return True
-
-    def _answers(self) -> bool:
-        try:
-            return httpx.get(f"{self.url}/v1/models", timeout=5).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def stop(self) -> None:
-        """Stop vLLM and its engine processes; those of a server that crashed are left running by it otherwise."""
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            self._signal_group(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=30)
-        self._signal_group(signal.SIGKILL)
-        self.process.wait()
-
-    def _signal_group(self, signum: int) -> None:
-        assert self.process is not None
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signum)
-
-
-def _tail(path: Path, lines: int = 20) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
-
-
-@dataclass
-class SamplerStats:
-    """Counts behind the sampler's status."""
-
-    in_flight: int = 0
-    requests: int = 0
-    busy_seconds: float = 0.0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-
-class VllmSampler:
-    """Samples through a vLLM server: the base model, or an adapter loaded under its checkpoint path."""
+class VllmClient:
+    """Samples through a vLLM server, the one it started or one already running at `settings.url`: the base model,
+    or an adapter loaded under its checkpoint folder's path."""
 
     def __init__(self, settings: VllmSettings, decode: Callable[[list[int]], str]) -> None:
         """`decode` turns token ids into text as the built-in engine does (to find stop strings)."""
@@ -198,8 +34,6 @@ class VllmSampler:
         self.process = VllmProcess(settings) if settings.url is None else None
         self.url = settings.url or self.process.url
         self.http = httpx.Client(base_url=self.url, timeout=httpx.Timeout(600.0, connect=10.0))
-        self.pool = ThreadPoolExecutor(MAX_IN_FLIGHT, thread_name_prefix="vllm")
-        self.stats = SamplerStats()
         # Adapters vLLM holds, least recently used first: name -> folder.
         self._adapters: OrderedDict[str, Path] = OrderedDict()
         # Reentrant: a load that finds vLLM down recovers it, which clears the adapters under the same lock.
@@ -207,13 +41,14 @@ class VllmSampler:
         if self.process is not None:
             self.process.start()
 
+    @property
+    def restarts(self) -> int:
+        return self.process.restarts if self.process is not None else 0
+
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
         self.http.close()
         if self.process is not None:
             self.process.stop()
-
-    # --- adapters -----------------------------------------------------------------------------------------
 
     def load_adapter(self, name: str, folder: Path) -> None:
         """Load the PEFT adapter in `folder` under `name` (again, if a save replaced it); past `max_loras` the least
@@ -242,47 +77,6 @@ class VllmSampler:
             raise VllmUnavailableError(f"vLLM refused to {what}: {response.status_code} {_message(response)}")
 
     # --- sampling -----------------------------------------------------------------------------------------
-
-    def submit(
-        self,
-        request: SamplingRequest,
-        adapter: tuple[str, Path] | None,
-        stop_at_eos: bool,
-        done: Callable[[SamplingResult | Exception], None],
-    ) -> None:
-        """Send one request to vLLM from the pool; `done` gets its result or the error that ended it."""
-
-        def run() -> None:
-            started = time.monotonic()
-            with self.stats._lock:
-                self.stats.in_flight += 1
-            outcome: SamplingResult | Exception
-            try:
-                outcome = self.sample(request, adapter, stop_at_eos)
-            except Exception as error:
-                outcome = error
-            # Counted before the future resolves, so that a client reading the status after its answer sees it.
-            with self.stats._lock:
-                self.stats.in_flight -= 1
-                self.stats.requests += 1
-                self.stats.busy_seconds += time.monotonic() - started
-            done(outcome)
-
-        self.pool.submit(run)
-
-    def check(self, request: SamplingRequest) -> None:
-        """Raises UserInputError for what vLLM cannot serve as the built-in engine would, before it is queued."""
-        if request.constraint is not None and not isinstance(request.constraint, JsonSchemaConstraint):
-            raise UserInputError("this structured output is served by --sampler builtin only")
-
-    def status(self) -> SamplerStatus:
-        with self.stats._lock:
-            return SamplerStatus(
-                in_flight=self.stats.in_flight,
-                requests=self.stats.requests,
-                busy_seconds=round(self.stats.busy_seconds, 3),
-                restarts=self.process.restarts if self.process is not None else 0,
-            )
 
     def sample(self, request: SamplingRequest, adapter: tuple[str, Path] | None, stop_at_eos: bool) -> SamplingResult:
         """One request, blocking; an adapter vLLM lost (it restarted) is loaded again and the request sent again.

@@ -1,0 +1,80 @@
+"""Per-request routing between a preferred sampler (vLLM) and the built-in engine: the preferred one answers every
+request it can serve exactly, the built-in engine the rest, so a client never sees a refusal for the engine's sake
+(an unmodified Tinker script trains the unembedding by default, which vLLM cannot load)."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from pathlib import Path
+
+from trainer_backend.config import ServerConfig
+from trainer_backend.engine.types import LoraSettings, SamplerCall
+from trainer_backend.models.loading import LoadedModel
+from trainer_backend.samplers.answers import SampleAnswers
+from trainer_backend.samplers.builtin import BuiltinSampler
+from trainer_backend.samplers.interface import SampleJob, Sampler
+from trainer_backend.samplers.vllm import VllmSampler
+from trainer_backend.samplers.vllm_client import VllmClient
+from trainer_backend.samplers.vllm_process import VllmSettings
+from trainer_backend.wire.status import SamplerStatus
+
+
+class RoutedSampler:
+    """`preferred` for what it serves, `builtin` for the rest, counted by reason in the status."""
+
+    def __init__(self, preferred: Sampler, builtin: BuiltinSampler) -> None:
+        self.preferred = preferred
+        self.builtin = builtin
+        self.name = preferred.name
+        self._fallbacks: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def serves(self, call: SamplerCall) -> str | None:
+        return None
+
+    def engine_for(self, call: SamplerCall) -> Sampler:
+        reason = self.preferred.serves(call)
+        if reason is None:
+            return self.preferred
+        with self._lock:
+            self._fallbacks[reason] += 1
+        return self.builtin
+
+    def submit(self, job: SampleJob) -> None:
+        self.engine_for(job.call).submit(job)
+
+    def weights_saved(self, folder: Path, lora: LoraSettings) -> None:
+        self.preferred.weights_saved(folder, lora)
+
+    def status(self) -> SamplerStatus | None:
+        status = self.preferred.status()
+        if status is None:
+            return None
+        with self._lock:
+            return status.model_copy(update={"builtin_requests": dict(self._fallbacks)})
+
+    def close(self) -> None:
+        self.preferred.close()
+        self.builtin.close()
+
+
+def build_sampler(
+    config: ServerConfig, builtin: BuiltinSampler, loaded: LoadedModel, answers: SampleAnswers
+) -> Sampler:
+    """The server's sampler: the built-in engine, or with `--sampler vllm` vLLM routed beside it."""
+    if config.sampler == "builtin":
+        return builtin
+    settings = VllmSettings(
+        model_folder=loaded.folder,
+        served_name=loaded.name,
+        python=config.vllm_python,
+        url=config.vllm_url,
+        max_loras=config.max_loras,
+        max_lora_rank=config.max_lora_rank,
+        log_path=config.storage_root / "vllm.log",
+        device=loaded.device.type,
+        gpu_memory_share=config.vllm_gpu_memory_share,
+    )
+    client = VllmClient(settings, lambda ids: loaded.tokenizer.decode(ids, skip_special_tokens=False))
+    return RoutedSampler(VllmSampler(client, answers), builtin)
