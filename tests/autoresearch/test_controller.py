@@ -17,40 +17,20 @@ import yaml
 from optuna.trial import TrialState
 from optuna_dashboard import get_note
 from pydantic import ValidationError
-from scripted_llm import scripted_llm
+from support.scripted_llm import scripted_llm
+from support.studies import run_study_with_a_real_llm, run_study_with_llm, tiny_spec
 
 from autoresearch.attributes import SHARED_WARMUP_PREFIX, SharedWarmup, StudyAttributes
 from autoresearch.controller import Controller
 from autoresearch.controller_state import open_controller_state
 from autoresearch.executors import LocalExecutor
-from autoresearch.proposer import LlmProposer
 from autoresearch.search import distributions
 from autoresearch.shared_warmup import shared_warmup_run_id
-from autoresearch.spec import StudySpec
 from autoresearch.study import open_study
 from autoresearch.trials.config import TrialConfig
 from autoresearch.trials.run_dir import RunDirectory
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def tiny_spec(tmp_path: Path, backend_url: str, **changes: object) -> StudySpec:
-    data = yaml.safe_load((ROOT / "experiments" / "text2sql_tiny.yaml").read_text())
-    data.update(backend=backend_url, storage=f"sqlite:///{tmp_path / 'optuna.db'}", **changes)
-    return StudySpec.model_validate(data)
-
-
-def run_study_with_llm(spec: StudySpec, backend_url: str, tmp_path: Path) -> optuna.Study:
-    """Run the spec's study to its end with the LLM proposer; checks that it ran its budget, every trial to an end."""
-    study = open_study(spec)
-    executor = LocalExecutor(tmp_path / "trials")
-    controller = Controller(spec, study, executor, LlmProposer(spec.llm), [backend_url], poll_s=0.2)
-    with open_controller_state(spec.storage_url(), tmp_path) as checkpointer:
-        controller.run(checkpointer)
-    trials = study.get_trials(deepcopy=False)
-    assert len(trials) == spec.budget.trials
-    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
-    return study
 
 
 PROPOSAL = {
@@ -106,35 +86,6 @@ def test_a_study_runs_its_budget_with_llm_proposals_rejections_pruning_and_notes
     rejected = study.user_attrs["rejected_proposals"]
     assert any("reward_weights.style_points" in reason for reason in rejected), rejected
     assert "PPO with a format bonus did no better" in get_note(study)
-
-
-def run_study_with_a_real_llm(
-    llm_url: str, backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, max_tokens: int
-) -> None:
-    """A two-trial study whose LLM is a real model at `llm_url` (the tiny one, on a server that needs no key of
-    ours or takes `tml-local`), asked under the proposal's JSON schema. Checks that the LLM's answers were used and
-    each followed the schema: it parsed and was judged against the search space, or the model was still inside the
-    schema when its token budget ran out; none was refused by the server or failed to parse."""
-    monkeypatch.setenv("REAL_LLM_KEY", "tml-local")
-    llm = {
-        "base_url": f"{llm_url}/v1",
-        "model": "tiny-gemma3",
-        "api_key_env": "REAL_LLM_KEY",
-        "max_retries": 0,
-        "max_tokens": max_tokens,
-    }
-    budget = {**tiny_spec(tmp_path, backend_url).budget.model_dump(), "trials": 2, "steps_per_trial": 1}
-    spec = tiny_spec(tmp_path, backend_url, llm=llm, budget=budget)
-    study = run_study_with_llm(spec, backend_url, tmp_path)
-
-    trials = study.get_trials(deepcopy=False)
-    assert all(set(t.params) <= set(distributions(spec)) for t in trials)
-    rejected = study.user_attrs.get("rejected_proposals", [])
-    sources = [t.user_attrs["source"] for t in trials]
-    # A candidate ran as the LLM's trial, or was rejected with a reason.
-    assert rejected or "llm" in sources, (rejected, sources)
-    assert all(" rejected: " in r or f"was cut off at {max_tokens} tokens" in r for r in rejected), rejected
-    assert set(sources) <= {"llm", "sampler"}
 
 
 def test_a_study_whose_llm_is_a_real_model_under_a_json_schema_finishes_its_budget(

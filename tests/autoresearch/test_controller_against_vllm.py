@@ -1,7 +1,8 @@
 """The controller's LLM is a second real server: vLLM's own OpenAI endpoint (the CPU build, its own environment) on
 the tiny model, with a chat template given, answering proposals under the proposal's JSON schema with vLLM's
-structured output. As with the backend's own /v1 (test_controller.py), every reply follows the schema, each
-candidate is judged against the search space, and the study finishes its budget."""
+structured output. As with the backend's own /v1 (test_controller.py; both run tests/support/studies.py's study),
+every reply follows the schema, each candidate is judged against the search space, and the study finishes its
+budget."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from pathlib import Path
 import openai
 import pytest
 from support.backends import GEMMA_CHAT_TEMPLATE, REPOSITORY, TINY
+from support.studies import run_study_with_a_real_llm
 from support.vllm import NEEDS_VLLM, VLLM_PYTHON
-from test_controller import run_study_with_a_real_llm
 
 from autoresearch.proposer import proposal_model
 from autoresearch.spec import load_study_spec

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from waiting import wait_for_phase
+from support.trial_phases import wait_for_phase
 
 from autoresearch.executors.local import PID_FILE, LocalExecutor, TrialPhase
 from autoresearch.trials.config import TrialConfig

@@ -1,6 +1,6 @@
-"""Trials as Kubernetes Jobs, against a local stand-in of the `batch/v1` Jobs API (kube_stand_in.py): no cluster
-can be reached from here, so the API server is the boundary; the client, the executor, the controller, the trial
-processes (the stand-in's "pods") and the backend they train on are all real.
+"""Trials as Kubernetes Jobs, against a local stand-in of the `batch/v1` Jobs API (tests/support/kube_stand_in.py):
+no cluster can be reached from here, so the API server is the boundary; the client, the executor, the controller, the
+trial processes (the stand-in's "pods") and the backend they train on are all real.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import optuna
 import pytest
-import yaml
-from kube_stand_in import JobsApi, jobs_api
 from optuna.trial import TrialState
+from support.kube_stand_in import JobsApi, jobs_api
 from support.loopback import free_port
-from waiting import wait_for_phase
+from support.studies import tiny_spec
+from support.trial_phases import wait_for_phase
 
 from autoresearch.controller import Controller
 from autoresearch.controller_state import open_controller_state
@@ -28,7 +28,6 @@ from autoresearch.spec import KubernetesExecutorSettings, StudySpec
 from autoresearch.study import open_study
 from autoresearch.trials.config import TrialConfig
 
-ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "rl-posttrain"
 SECRETS = {"rl-posttrain": {"api-key": "tml-from-the-secret"}}
 SETTINGS = KubernetesExecutorSettings(
@@ -162,15 +161,7 @@ def test_an_unreachable_api_fails_the_call_clearly_and_the_trial_with_the_reason
 
 
 def cluster_spec(tmp_path: Path, backends: list[str], **changes: object) -> StudySpec:
-    data = yaml.safe_load((ROOT / "experiments" / "text2sql_tiny.yaml").read_text())
-    data.update(
-        backend=backends,
-        storage=f"sqlite:///{tmp_path / 'optuna.db'}",
-        executor=SETTINGS.model_dump(mode="json"),
-        pruning={"kind": "none"},
-        **changes,
-    )
-    return StudySpec.model_validate(data)
+    return tiny_spec(tmp_path, backends, executor=SETTINGS.model_dump(mode="json"), pruning={"kind": "none"}, **changes)
 
 
 def run_controller(spec: StudySpec, study: optuna.Study, executor: KubernetesExecutor, tmp_path: Path) -> None:

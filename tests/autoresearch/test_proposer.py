@@ -6,8 +6,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from scripted_llm import ScriptedLlm, scripted_llm
 from support.loopback import free_port
+from support.scripted_llm import ScriptedLlm, scripted_llm
 
 from autoresearch.errors import CandidateError, ProposalError
 from autoresearch.proposer import LlmProposer, TrialRecord

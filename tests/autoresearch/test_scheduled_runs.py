@@ -18,7 +18,7 @@ import psycopg
 import pytest
 import yaml
 from optuna.trial import TrialState
-from postgres_server import postgres_bin, postgres_server
+from support.postgres_server import postgres_bin, postgres_server
 
 ROOT = Path(__file__).resolve().parents[2]
 CRONJOB = ROOT / "k8s" / "base" / "autoresearch-cronjob.yaml"

@@ -1,2 +1,3 @@
-"""What tests of every package share: loopback servers and ports, the tiny model's server config, helpers to drive
-the training server, and vLLM's environment."""
+"""What tests of several packages share: loopback servers and ports, the tiny model's server config, helpers to drive
+the training server, vLLM's environment, and the stand-ins at the boundaries no test can reach (an LLM, the
+Kubernetes Jobs API, a PostgreSQL server), with the studies, trials and hostile SQL the tests run through them."""

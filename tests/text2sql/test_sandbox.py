@@ -10,7 +10,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from hostile_sql import HOSTILE_CASES, HostileCase
+from support.hostile_sql import HOSTILE_CASES, HostileCase
 
 from tasks.text2sql.errors import SandboxError
 from tasks.text2sql.sandbox import ExecutionStatus, SandboxLimits, SqlSandbox

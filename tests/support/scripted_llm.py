@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+
 from support.loopback import serving
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from kubernetes import client
+
 from support.loopback import serving
 
 

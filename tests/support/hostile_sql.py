@@ -1,8 +1,8 @@
 """Hostile and pathological SQL the sandbox must contain, each with the outcomes it may end in.
 
-Written against the fixture database of test_sandbox.py: tables `customers(id, name, city)` and
-`orders(id, customer_id, amount, placed_on)` in a file named `shop.duckdb`. `$TMP` stands for a
-directory the test owns; nothing may appear in it.
+Written against the fixture database of tests/text2sql/test_sandbox.py and test_sandbox_workers.py: tables
+`customers(id, name, city)` and `orders(id, customer_id, amount, placed_on)` in a file named `shop.duckdb`. `$TMP`
+stands for a directory the test owns; nothing may appear in it.
 
 ERROR is accepted only where DuckDB itself refuses the statement (its memory limit, its parser, an
 unknown name); each such case says so in `why`. A few cases are pathological but harmless and end OK;
