@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -12,6 +12,7 @@ from support.backends import TINY, tiny_server_config
 from support.trainer import SQL, RawApi
 
 from trainer_backend.ledger import Ledger
+from trainer_backend.scheduler import Scheduler
 from trainer_backend.server import RunningServer, running_server
 
 
@@ -20,6 +21,22 @@ def ledger(tmp_path: Path) -> Iterator[Ledger]:
     store = Ledger(tmp_path / "ledger.sqlite3")
     yield store
     store.close()
+
+
+@pytest.fixture
+def start_scheduler(ledger: Ledger) -> Iterator[Callable[..., Scheduler]]:
+    """Starts schedulers on the test's ledger (with `Scheduler`'s options) and stops each at teardown, before the
+    ledger closes: a test whose assertion fails leaves no worker thread running behind it."""
+    started: list[Scheduler] = []
+
+    def start(**options: object) -> Scheduler:
+        scheduler = Scheduler(ledger, **options)
+        started.append(scheduler)
+        return scheduler
+
+    yield start
+    for scheduler in started:
+        scheduler.stop()
 
 
 @pytest.fixture(scope="session")

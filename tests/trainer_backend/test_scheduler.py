@@ -48,8 +48,10 @@ def wait_for(predicate, timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-def test_operations_of_one_client_run_in_seq_id_order_whatever_the_arrival(ledger: Ledger) -> None:
-    scheduler = Scheduler(ledger)
+def test_operations_of_one_client_run_in_seq_id_order_whatever_the_arrival(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
+) -> None:
+    scheduler = start_scheduler()
     log: list = []
     operations = {seq: _operation(ledger, "m1", seq, log) for seq in (1, 2, 3, 4)}
     for seq in (3, 4, 2):
@@ -59,11 +61,12 @@ def test_operations_of_one_client_run_in_seq_id_order_whatever_the_arrival(ledge
     scheduler.submit(operations[1])
     wait_for(lambda: len(log) == 4)
     assert log == [("m1", 1), ("m1", 2), ("m1", 3), ("m1", 4)]
-    scheduler.stop()
 
 
-def test_a_gap_that_never_fills_fails_the_waiting_operations(ledger: Ledger) -> None:
-    scheduler = Scheduler(ledger, gap_timeout_s=0.3)
+def test_a_gap_that_never_fills_fails_the_waiting_operations(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
+) -> None:
+    scheduler = start_scheduler(gap_timeout_s=0.3)
     log: list = []
     stuck = _operation(ledger, "m1", 2, log)
     scheduler.submit(stuck)
@@ -75,11 +78,12 @@ def test_a_gap_that_never_fills_fails_the_waiting_operations(ledger: Ledger) -> 
     scheduler.submit(after)
     wait_for(lambda: ledger.get(after.request_id).finished)
     assert log == [("m1", 3)]
-    scheduler.stop()
 
 
-def test_tenants_take_turns_instead_of_first_come_first_served(ledger: Ledger) -> None:
-    scheduler = Scheduler(ledger)
+def test_tenants_take_turns_instead_of_first_come_first_served(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
+) -> None:
+    scheduler = start_scheduler()
     log: list = []
     gate = threading.Event()
     blocked = _held_until(gate)
@@ -93,11 +97,12 @@ def test_tenants_take_turns_instead_of_first_come_first_served(ledger: Ledger) -
     wait_for(lambda: len(log) == 7)
     # The quiet tenant's two operations are not left behind the busy tenant's five.
     assert log.index(("quiet", 2)) < log.index(("busy", 4))
-    scheduler.stop()
 
 
-def test_failures_are_recorded_and_the_worker_keeps_serving(ledger: Ledger, caplog: pytest.LogCaptureFixture) -> None:
-    scheduler = Scheduler(ledger)
+def test_failures_are_recorded_and_the_worker_keeps_serving(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler], caplog: pytest.LogCaptureFixture
+) -> None:
+    scheduler = start_scheduler()
     log: list = []
 
     def bad_input() -> tuple[bytes, ResultFormat]:
@@ -122,11 +127,10 @@ def test_failures_are_recorded_and_the_worker_keeps_serving(ledger: Ledger, capl
     assert "boom" in caplog.text and second.request_id in caplog.text
     assert ledger.get(third.request_id).state is FutureState.DONE
     assert scheduler.stats().busy_seconds > 0
-    scheduler.stop()
 
 
-def test_full_queues_push_back(ledger: Ledger) -> None:
-    scheduler = Scheduler(ledger, max_queued=2)
+def test_full_queues_push_back(ledger: Ledger, start_scheduler: Callable[..., Scheduler]) -> None:
+    scheduler = start_scheduler(max_queued=2)
     log: list = []
     gate = threading.Event()
     blocked = _held_until(gate)
@@ -138,7 +142,6 @@ def test_full_queues_push_back(ledger: Ledger) -> None:
     with pytest.raises(OverloadedError, match="retry"):
         scheduler.submit(_operation(ledger, "d", None, log))
     gate.set()
-    scheduler.stop()
 
 
 def _sample_operation(ledger: Ledger, lane: str, payload: str) -> Operation:
@@ -146,7 +149,9 @@ def _sample_operation(ledger: Ledger, lane: str, payload: str) -> Operation:
     return Operation(record.request_id, "sample", lane, None, batch_kind="sample", payload=payload)
 
 
-def test_ready_operations_of_a_batch_kind_from_all_tenants_run_in_one_call(ledger: Ledger) -> None:
+def test_ready_operations_of_a_batch_kind_from_all_tenants_run_in_one_call(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
+) -> None:
     calls: list[list[str]] = []
 
     def run_samples(operations, pause):
@@ -156,7 +161,7 @@ def test_ready_operations_of_a_batch_kind_from_all_tenants_run_in_one_call(ledge
             for op in operations
         ]
 
-    scheduler = Scheduler(ledger, batch_runners={"sample": run_samples})
+    scheduler = start_scheduler(batch_runners={"sample": run_samples})
     log: list = []
     gate = threading.Event()
     blocked = _held_until(gate, log)
@@ -178,11 +183,10 @@ def test_ready_operations_of_a_batch_kind_from_all_tenants_run_in_one_call(ledge
     assert failed.state is FutureState.FAILED and failed.error == "bad bad" and failed.category == "user"
     stats = scheduler.stats()
     assert stats.batches == 1 and stats.batched_operations == 3 and stats.operations_by_kind["sample"] == 3
-    scheduler.stop()
 
 
 def test_a_tenant_with_a_deep_queue_gets_a_share_of_each_budgeted_batch_and_no_request_starves(
-    ledger: Ledger,
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
 ) -> None:
     """A's 40 one-row requests and B's 4 requests of 4 rows queue behind a busy device; a batch holds 16 rows. B's
     requests share the next batch with A's, and A's queue drains over the following ones; an oversized request runs,
@@ -195,7 +199,7 @@ def test_a_tenant_with_a_deep_queue_gets_a_share_of_each_budgeted_batch_and_no_r
 
     rows = {"a": 1, "b": 4, "huge": 40}
     budget = BatchBudget(share=lambda payload: rows[payload.split("-")[0]] / 16)
-    scheduler = Scheduler(ledger, batch_runners={"sample": run_samples}, batch_budgets={"sample": budget})
+    scheduler = start_scheduler(batch_runners={"sample": run_samples}, batch_budgets={"sample": budget})
     gate = threading.Event()
     scheduler.submit(_operation(ledger, "trainer", 1, [], _held_until(gate)))
     wait_for(lambda: scheduler.stats().running)
@@ -206,7 +210,6 @@ def test_a_tenant_with_a_deep_queue_gets_a_share_of_each_budgeted_batch_and_no_r
         scheduler.submit(operation)
     gate.set()
     wait_for(lambda: all(ledger.get(op.request_id).finished for op in operations))
-    scheduler.stop()
 
     assert sorted(payload for call in calls for payload in call) == sorted(op.payload for op in operations)
     assert all(sum(rows[p.split("-")[0]] for p in call) <= 16 for call in calls if call != ["huge-0"])
@@ -220,11 +223,13 @@ def test_a_tenant_with_a_deep_queue_gets_a_share_of_each_budgeted_batch_and_no_r
     assert sum(rows["b"] for p in mixed if p.startswith("b-")) >= 16 / 2, mixed
 
 
-def test_a_batch_runner_that_breaks_fails_its_operations_and_the_worker_goes_on(ledger: Ledger) -> None:
+def test_a_batch_runner_that_breaks_fails_its_operations_and_the_worker_goes_on(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
+) -> None:
     def broken(operations, pause):
         raise RuntimeError("engine fell over in /srv/secret/path")
 
-    scheduler = Scheduler(ledger, batch_runners={"sample": broken})
+    scheduler = start_scheduler(batch_runners={"sample": broken})
     sampled = _sample_operation(ledger, "s1", "a")
     scheduler.submit(sampled)
     wait_for(lambda: ledger.get(sampled.request_id).finished)
@@ -236,23 +241,24 @@ def test_a_batch_runner_that_breaks_fails_its_operations_and_the_worker_goes_on(
     scheduler.submit(after)
     wait_for(lambda: ledger.get(after.request_id).finished)
     assert log == [("m1", 1)]
-    scheduler.stop()
 
 
-def test_an_operation_needs_work_or_a_registered_batch_kind_and_its_payload(ledger: Ledger) -> None:
-    scheduler = Scheduler(ledger)
+def test_an_operation_needs_work_or_a_registered_batch_kind_and_its_payload(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
+) -> None:
+    scheduler = start_scheduler()
     with pytest.raises(ValueError, match="needs either work or a batch kind"):
         scheduler.submit(_sample_operation(ledger, "s1", "a"))
-    scheduler.stop()
-    scheduler = Scheduler(ledger, batch_runners={"sample": lambda operations, pause: []})
+    scheduler = start_scheduler(batch_runners={"sample": lambda operations, pause: []})
     without_payload = _sample_operation(ledger, "s1", "a")
     without_payload.payload = None
     with pytest.raises(ValueError, match="a batch kind with a runner and payload"):
         scheduler.submit(without_payload)
-    scheduler.stop()
 
 
-def test_the_next_ordered_operations_of_several_clients_batch_and_later_ones_wait(ledger: Ledger) -> None:
+def test_the_next_ordered_operations_of_several_clients_batch_and_later_ones_wait(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
+) -> None:
     calls: list[list[tuple[str, int]]] = []
     log: list = []
 
@@ -261,7 +267,7 @@ def test_the_next_ordered_operations_of_several_clients_batch_and_later_ones_wai
         log.extend((op.lane, op.seq_id) for op in operations)
         return [(b"{}", ResultFormat.JSON) for _ in operations]
 
-    scheduler = Scheduler(ledger, batch_runners={"pass": run_passes})
+    scheduler = start_scheduler(batch_runners={"pass": run_passes})
     gate = threading.Event()
     blocked = _held_until(gate)
 
@@ -286,10 +292,11 @@ def test_the_next_ordered_operations_of_several_clients_batch_and_later_ones_wai
     assert log.index(("m1", 1)) < log.index(("m1", 2)) < log.index(("m1", 3))
     assert all(len({lane for lane, _ in call}) == len(call) for call in calls)
     assert sorted(op for call in calls for op in call) == [("m1", 1), ("m1", 3), ("m2", 1), ("m2", 2)]
-    scheduler.stop()
 
 
-def test_a_long_batch_pauses_for_other_tenants_short_operations_but_not_for_others(ledger: Ledger) -> None:
+def test_a_long_batch_pauses_for_other_tenants_short_operations_but_not_for_others(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
+) -> None:
     log: list = []
     started = threading.Event()
     proceed = threading.Event()
@@ -303,7 +310,7 @@ def test_a_long_batch_pauses_for_other_tenants_short_operations_but_not_for_othe
         log.append("generation ends")
         return [(b"{}", ResultFormat.JSON) for _ in operations]
 
-    scheduler = Scheduler(ledger, batch_runners={"sample": long_generation})
+    scheduler = start_scheduler(batch_runners={"sample": long_generation})
     busy_before = scheduler.stats().busy_seconds
     scheduler.submit(_sample_operation(ledger, "sampler", "long"))
     started.wait(5)
@@ -321,11 +328,12 @@ def test_a_long_batch_pauses_for_other_tenants_short_operations_but_not_for_othe
     assert log == ["generation starts", ("trainer", 1), ("trainer", 2), "generation ends", ("other", 1)]
     stats = scheduler.stats()
     assert stats.operations_by_kind["op"] == 3 and stats.busy_seconds > busy_before
-    scheduler.stop()
 
 
-def test_the_fifo_policy_serves_in_arrival_order_across_tenants(ledger: Ledger) -> None:
-    scheduler = Scheduler(ledger, policy="fifo")
+def test_the_fifo_policy_serves_in_arrival_order_across_tenants(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
+) -> None:
+    scheduler = start_scheduler(policy="fifo")
     log: list = []
     gate = threading.Event()
     blocked = _held_until(gate)
@@ -339,10 +347,11 @@ def test_the_fifo_policy_serves_in_arrival_order_across_tenants(ledger: Ledger) 
     wait_for(lambda: len(log) == 4)
     # Unlike the default policy, the quiet tenant waits behind everything that arrived before it.
     assert log == [("busy", 1), ("busy", 2), ("busy", 3), ("quiet", 1)]
-    scheduler.stop()
 
 
-def test_requests_of_a_batch_kind_sent_moments_apart_gather_into_one_batch(ledger: Ledger) -> None:
+def test_requests_of_a_batch_kind_sent_moments_apart_gather_into_one_batch(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
+) -> None:
     calls: list[list[str]] = []
 
     def run_samples(operations, pause):
@@ -350,17 +359,18 @@ def test_requests_of_a_batch_kind_sent_moments_apart_gather_into_one_batch(ledge
         return [(op.payload.encode(), ResultFormat.JSON) for op in operations]
 
     # A wide window against a short gap, so that a slow machine cannot make the gap outlast the window.
-    scheduler = Scheduler(ledger, batch_runners={"sample": run_samples}, batch_windows_s={"sample": 0.5})
+    scheduler = start_scheduler(batch_runners={"sample": run_samples}, batch_windows_s={"sample": 0.5})
     samples = [_sample_operation(ledger, "s1", payload) for payload in "abc"]
     for operation in samples:
         scheduler.submit(operation)
         time.sleep(0.02)
     wait_for(lambda: all(ledger.get(op.request_id).finished for op in samples))
     assert calls == [["a", "b", "c"]]
-    scheduler.stop()
 
 
-def test_without_a_window_the_first_request_runs_at_once(ledger: Ledger) -> None:
+def test_without_a_window_the_first_request_runs_at_once(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
+) -> None:
     calls: list[list[str]] = []
     first_started = threading.Event()
     release = threading.Event()
@@ -371,7 +381,7 @@ def test_without_a_window_the_first_request_runs_at_once(ledger: Ledger) -> None
         release.wait(5)
         return [(op.payload.encode(), ResultFormat.JSON) for op in operations]
 
-    scheduler = Scheduler(ledger, batch_runners={"sample": run_samples})
+    scheduler = start_scheduler(batch_runners={"sample": run_samples})
     samples = [_sample_operation(ledger, "s1", payload) for payload in "abc"]
     scheduler.submit(samples[0])
     assert first_started.wait(5)
@@ -380,7 +390,6 @@ def test_without_a_window_the_first_request_runs_at_once(ledger: Ledger) -> None
     release.set()
     wait_for(lambda: all(ledger.get(op.request_id).finished for op in samples))
     assert calls == [["a"], ["b", "c"]]
-    scheduler.stop()
 
 
 # --- through the server ---------------------------------------------------------------------------------------

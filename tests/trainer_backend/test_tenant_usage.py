@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -56,14 +57,16 @@ def _device_seconds(scheduler: Scheduler, owners: int) -> tuple[dict[str, float]
     return seconds, reported
 
 
-def test_a_batch_splits_its_device_time_in_proportion_to_each_operations_tokens(ledger: Ledger) -> None:
+def test_a_batch_splits_its_device_time_in_proportion_to_each_operations_tokens(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
+) -> None:
     def generation(operations, _pause):
         for operation in operations:
             operation.processed_tokens = operation.payload
         time.sleep(0.2)
         return [(b"{}", ResultFormat.JSON) for _ in operations]
 
-    scheduler = Scheduler(ledger, batch_runners={"sample": generation})
+    scheduler = start_scheduler(batch_runners={"sample": generation})
     seconds, reported = _device_seconds(scheduler, owners=3)
     gate = threading.Event()
     scheduler.submit(_operation(ledger, "holder", gate=gate))
@@ -72,13 +75,16 @@ def test_a_batch_splits_its_device_time_in_proportion_to_each_operations_tokens(
     scheduler.submit(_sample(ledger, "bob", 100))
     gate.set()
     assert reported.wait(10), seconds
+    # Stopped before the totals are read, so that none moves under the assertions.
     scheduler.stop()
     assert scheduler.stats().batches == 1
     assert seconds["alice"] + seconds["bob"] >= 0.2
     assert seconds["alice"] == pytest.approx(3 * seconds["bob"])
 
 
-def test_an_operation_run_while_a_batch_pauses_takes_its_time_out_of_the_batchs(ledger: Ledger) -> None:
+def test_an_operation_run_while_a_batch_pauses_takes_its_time_out_of_the_batchs(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
+) -> None:
     started = threading.Event()
 
     def long_generation(operations, pause):
@@ -87,7 +93,7 @@ def test_an_operation_run_while_a_batch_pauses_takes_its_time_out_of_the_batchs(
         pause()
         return [(b"{}", ResultFormat.JSON) for _ in operations]
 
-    scheduler = Scheduler(ledger, batch_runners={"sample": long_generation})
+    scheduler = start_scheduler(batch_runners={"sample": long_generation})
     seconds, reported = _device_seconds(scheduler, owners=2)
     scheduler.submit(_sample(ledger, "alice", 10))
     started.wait(5)
@@ -95,6 +101,7 @@ def test_an_operation_run_while_a_batch_pauses_takes_its_time_out_of_the_batchs(
     step.interleaves = True
     scheduler.submit(step)
     assert reported.wait(10), seconds
+    # Stopped before the totals are read, so that none moves under the assertions.
     scheduler.stop()
     # The generation ran about 0.1 s of its own; the 0.3 s step inside its pause is the step's.
     assert seconds["bob"] >= 0.3
