@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import tinker
-from tinker import types
+from support.trained_adapters import trained_adapter
 
 from autoresearch.errors import ConfigurationError
 from autoresearch.trials.backend import api_key
@@ -266,11 +266,9 @@ def test_the_endpoint_evaluation_of_a_checkpoint_agrees_with_the_trials_own(
     subset, few-shot prompt, max_tokens and stops, gives each question the answer and the verdict the trial's own
     evaluation of the same sampler checkpoint gives (the endpoint leaves the stop string out, as OpenAI's does)."""
     with tinker.ServiceClient(base_url=backend_url, api_key="tml-local") as service:
-        training = service.create_lora_training_client(base_model=tiny_trial_config.base_model, rank=4, seed=5)
-        ids = training.get_tokenizer().encode("SELECT COUNT(*) FROM employees;")
-        datum = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]), loss_fn_inputs={"target_tokens": ids[1:]})
-        training.forward_backward([datum], "cross_entropy")
-        training.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+        training = trained_adapter(
+            service, "SELECT COUNT(*) FROM employees;", seed=5, steps=1, base_model=tiny_trial_config.base_model
+        )
         sampler_path = training.save_weights_for_sampler("for-the-endpoint").result().path
     by_trial = evaluate_checkpoint(tiny_trial_config, backend_url, model_path=sampler_path, api_key="tml-local")
 

@@ -15,7 +15,6 @@ from tinker import types
 from tinker._compat import model_dump
 from tinker.proto.request_conv import forward_backward_request_to_proto
 from tinker.proto.response_conv import deserialize_proto_response
-from transformers import Gemma3ForCausalLM, Gemma3TextConfig, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
 from trainer_backend.engine.types import SamplingResult
 from trainer_backend.server import RunningServer
@@ -32,65 +31,6 @@ LOGPROB_ROUNDING = 1e-3
 
 # A completion the tests train on and score: text-to-SQL, as the backend's real users send.
 SQL = "SELECT name FROM employees WHERE salary > 50000;"
-
-
-def peaked_tiny_gemma(vocab_size: int, context: int, sliding_window: int) -> Gemma3ForCausalLM:
-    """A two-layer random Gemma 3 (one sliding, one full attention layer) for engine tests, in eval mode.
-
-    Its initialisation is larger than the default 0.02, so next-token distributions are peaked, not near uniform; it
-    is untied, or the large embeddings make the tied head repeat the last token for ever.
-    """
-    torch.manual_seed(0)
-    config = Gemma3TextConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        max_position_embeddings=context,
-        sliding_window=sliding_window,
-        layer_types=["sliding_attention", "full_attention"],
-        initializer_range=0.3,
-        tie_word_embeddings=False,
-    )
-    return Gemma3ForCausalLM(config).eval()
-
-
-def peaked_tiny_qwen2(vocab_size: int, context: int) -> Qwen2ForCausalLM:
-    """A two-layer random Qwen2 (biases on q/k/v, an untied head, no sliding window) for engine tests, in eval mode;
-    peaked as `peaked_tiny_gemma` is."""
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=context,
-        initializer_range=0.3,
-        tie_word_embeddings=False,
-    )
-    model = Qwen2ForCausalLM(config).eval()
-    # Nonzero q/k/v biases, so a path that dropped them would show.
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith(("q_proj.bias", "k_proj.bias", "v_proj.bias")):
-                parameter.normal_(std=0.3)
-    return model
-
-
-# The two architectures of the engine's tests: Gemma 3 (softcap, sliding window) and Qwen2 (biases, untied head).
-TINY_ARCHITECTURES = ("gemma3", "qwen2")
-
-
-def peaked_tiny_model(architecture: str, vocab_size: int, context: int, sliding_window: int) -> PreTrainedModel:
-    """`peaked_tiny_gemma` or `peaked_tiny_qwen2` by name; Qwen2 has no sliding window, so it ignores that one."""
-    if architecture == "qwen2":
-        return peaked_tiny_qwen2(vocab_size, context)
-    return peaked_tiny_gemma(vocab_size, context, sliding_window)
 
 
 def assert_answered_alike(one: object, other: object) -> None:

@@ -7,7 +7,8 @@ import time
 
 import tinker
 from support.backends import TINY
-from support.trainer import LOGPROB_ROUNDING, RawApi, datum_for, request_id_of
+from support.trained_adapters import trained_adapter
+from support.trainer import LOGPROB_ROUNDING, RawApi, request_id_of
 from tinker import types
 from tinker.proto.response_conv import deserialize_proto_response
 
@@ -15,11 +16,7 @@ from trainer_backend.server import RunningServer
 
 
 def trained_sampler(service_client: tinker.ServiceClient, text: str, seed: int) -> tinker.SamplingClient:
-    training = service_client.create_lora_training_client(base_model=TINY, rank=4, seed=seed)
-    tokenizer = training.get_tokenizer()
-    for _ in range(2):
-        training.forward_backward([datum_for(tokenizer, text)], "cross_entropy").result()
-        training.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+    training = trained_adapter(service_client, text, seed=seed, steps=2, weighted=True)
     return training.save_weights_and_get_sampling_client()
 
 

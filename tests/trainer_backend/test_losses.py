@@ -11,7 +11,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+from support.tiny_models import tiny_gemma3_config
+from transformers import Gemma3ForCausalLM
 
 from trainer_backend.engine.logprobs import target_logprobs
 from trainer_backend.engine.losses import LOSSES, LossInputError, UnknownLossError, compute_loss
@@ -145,16 +146,7 @@ def test_two_dimensional_targets_share_the_shape_of_every_input() -> None:
 @pytest.mark.parametrize("loss_fn", ["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"])
 def test_tiny_gemma_logprobs_feed_every_loss_with_finite_gradients(loss_fn: str) -> None:
     torch.manual_seed(0)
-    config = Gemma3TextConfig(
-        vocab_size=100,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        final_logit_softcapping=30.0,
-    )
+    config = tiny_gemma3_config(100, final_logit_softcapping=30.0)
     model = Gemma3ForCausalLM(config)
     tokens_BT = torch.randint(0, 100, (2, 9))
     input_BT, targets_BT = tokens_BT[:, :-1], tokens_BT[:, 1:]

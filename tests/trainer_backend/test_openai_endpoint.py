@@ -14,7 +14,8 @@ import pytest
 import tinker
 from pydantic import BaseModel, ConfigDict
 from support.backends import GEMMA_CHAT_TEMPLATE, TINY, tiny_server_config
-from support.trainer import LOGPROB_ROUNDING, next_token_datum
+from support.trained_adapters import trained_adapter
+from support.trainer import LOGPROB_ROUNDING, SQL
 from tinker import types
 
 from trainer_backend.server import RunningServer, running_server
@@ -64,12 +65,9 @@ def oai(server: RunningServer) -> openai.OpenAI:
 
 
 @pytest.fixture(scope="module")
-def trained_sampler_path(client: tinker.ServiceClient, ids: list[int]) -> str:
+def trained_sampler_path(client: tinker.ServiceClient) -> str:
     """Sampler weights a few large steps away from the base, so that they answer differently."""
-    training = client.create_lora_training_client(base_model=TINY, rank=4, seed=1)
-    for _ in range(3):
-        training.forward_backward([next_token_datum(ids)], "cross_entropy")
-        training.optim_step(types.AdamParams(learning_rate=5e-2)).result(timeout=30)
+    training = trained_adapter(client, SQL, seed=1, steps=3)
     return training.save_weights_for_sampler("for-openai").result(timeout=30).path
 
 

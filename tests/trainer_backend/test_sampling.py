@@ -13,7 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from peft import LoraConfig, PeftModel, get_peft_model
-from support.trainer import LOGPROB_ROUNDING, TINY_ARCHITECTURES, assert_answered_alike, peaked_tiny_model
+from support.tiny_models import TINY_ARCHITECTURES, peaked_tiny_model, randomise_lora_b
+from support.trainer import LOGPROB_ROUNDING, assert_answered_alike
 from transformers import PreTrainedModel, Qwen2ForCausalLM
 
 from trainer_backend.engine import sampling
@@ -78,10 +79,7 @@ def adapted_copy(model: PreTrainedModel, target_modules: list[str], seed: int) -
     base = type(model)(model.config)
     base.load_state_dict(model.state_dict())
     peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=target_modules))
-    with torch.no_grad():
-        for name, parameter in peft_model.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(std=0.5)
+    randomise_lora_b(peft_model)
     return peft_model.eval()
 
 
@@ -246,10 +244,7 @@ def two_adapter_model(lora_model: PeftModel) -> PeftModel:
     """The LoRA model with a second adapter ("other") of different weights beside "default"."""
     torch.manual_seed(2)
     lora_model.add_adapter("other", LoraConfig(r=2, lora_alpha=8, target_modules=["q_proj", "o_proj", "down_proj"]))
-    with torch.no_grad():
-        for name, parameter in lora_model.named_parameters():
-            if "lora_B" in name and ".other." in name:
-                parameter.normal_(std=0.5)
+    randomise_lora_b(lora_model, "other")
     return lora_model.eval()
 
 

@@ -7,6 +7,7 @@ import math
 import pytest
 import tinker
 from support.backends import TINY
+from support.trained_adapters import trained_adapter
 from support.trainer import LOGPROB_ROUNDING, SQL, datum_for
 from tinker import types
 
@@ -203,11 +204,8 @@ def test_state_saves_and_loads_with_and_without_the_optimizer(service_client: ti
 
 
 def test_named_sampler_weights_serve_a_sampling_client_by_path(service_client: tinker.ServiceClient) -> None:
-    training = service_client.create_lora_training_client(base_model=TINY, rank=4, seed=4).result()
+    training = trained_adapter(service_client, SQL, seed=4, steps=1, weighted=True)
     tokenizer = training.get_tokenizer()
-    datum = datum_for(tokenizer, SQL)
-    training.forward_backward([datum], "cross_entropy")
-    training.optim_step(types.AdamParams(learning_rate=5e-2)).result()
     path = training.save_weights_for_sampler("policy-1").result().path
     assert path.endswith("/sampler_weights/policy-1")
     by_path = service_client.create_sampling_client(model_path=path).result()

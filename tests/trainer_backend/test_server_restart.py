@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 import tinker
-from support.backends import TINY, tiny_server_config
+from support.backends import tiny_server_config
+from support.trained_adapters import trained_adapter
 from support.trainer import SQL, RawApi, error_of, next_token_datum, request_id_of
 from tinker import types
 
@@ -31,11 +32,9 @@ def test_checkpoints_survive_a_restart_and_cut_off_futures_fail_with_a_reason(tm
         running_server(tiny_server_config(tmp_path)) as first,
         tinker.ServiceClient(base_url=first.url, api_key=KEY) as client,
     ):
-        training = client.create_lora_training_client(base_model=TINY, rank=4, seed=3).result()
+        training = trained_adapter(client, SQL, seed=3, steps=1)
         ids = training.get_tokenizer().encode(SQL)
         datum = next_token_datum(ids)
-        training.forward_backward([datum], "cross_entropy")
-        training.optim_step(types.AdamParams(learning_rate=5e-2)).result()
         state_path = training.save_state("kept").result().path
         sampler_path = training.save_weights_for_sampler("kept-sampler").result().path
         logprobs = training.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()

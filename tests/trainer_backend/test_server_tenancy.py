@@ -16,6 +16,7 @@ import httpx
 import pytest
 import tinker
 from support.backends import TINY, tiny_server_config
+from support.trained_adapters import trained_adapter
 from support.trainer import SQL, RawApi, error_of, next_token_datum, request_id_of
 from tinker import types
 
@@ -56,11 +57,9 @@ def api_b(server: RunningServer) -> RawApi:
 
 @pytest.fixture(scope="module")
 def a(server: RunningServer, client_a: tinker.ServiceClient) -> OwnedByA:
-    training = client_a.create_lora_training_client(base_model=TINY, rank=4, seed=0).result()
+    training = trained_adapter(client_a, SQL, seed=0, steps=1, learning_rate=1e-2)
     ids = training.get_tokenizer().encode(SQL)
     datum = next_token_datum(ids)
-    training.forward_backward([datum], "cross_entropy")
-    training.optim_step(types.AdamParams(learning_rate=1e-2)).result()
     training_path = training.save_state("private").result().path
     sampler_path = training.save_weights_for_sampler("private-sampler").result().path
     api_a = RawApi(server.url, KEY_A)

@@ -11,7 +11,8 @@ import threading
 import pytest
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
-from support.trainer import LOGPROB_ROUNDING, assert_answered_alike, peaked_tiny_gemma
+from support.tiny_models import peaked_tiny_gemma, randomise_lora_b
+from support.trainer import LOGPROB_ROUNDING, assert_answered_alike
 
 from trainer_backend.engine import sampling
 from trainer_backend.engine.prefixes import GROUP_OVERHEAD_TOKENS, plan_shared_prefill
@@ -54,10 +55,7 @@ def two_adapters() -> PeftModel:
     base = peaked_tiny_gemma(VOCAB, CONTEXT, sliding_window=CONTEXT)
     model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8), adapter_name="one")
     model.add_adapter("two", LoraConfig(r=2, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.normal_(std=0.5)
+    randomise_lora_b(model)
     return model.eval()
 
 

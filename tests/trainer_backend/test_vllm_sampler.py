@@ -16,7 +16,8 @@ import httpx
 import pytest
 import tinker
 from support.backends import TINY, tiny_server_config
-from support.trainer import LOGPROB_ROUNDING, SQL, datum_for, next_token_datum, status_of
+from support.trained_adapters import trained_adapter
+from support.trainer import LOGPROB_ROUNDING, SQL, next_token_datum, status_of
 from support.vllm import NEEDS_VLLM, VLLM_PYTHON
 from tinker import types
 
@@ -54,11 +55,7 @@ def on_builtin(server: RunningServer) -> Iterator[tinker.ServiceClient]:
 
 def trained_sampler(client: tinker.ServiceClient, seed: int, text: str) -> tinker.SamplingClient:
     """Sampler weights of a few large steps on `text`: the same on both servers for the same seed and text."""
-    training = client.create_lora_training_client(base_model=TINY, rank=4, seed=seed, train_unembed=False).result()
-    datum = next_token_datum(training.get_tokenizer().encode(text))
-    for _ in range(3):
-        training.forward_backward([datum], "cross_entropy")
-        training.optim_step(types.AdamParams(learning_rate=5e-2)).result(timeout=60)
+    training = trained_adapter(client, text, seed=seed, steps=3, train_unembed=False)
     return training.save_weights_and_get_sampling_client().result(timeout=60)
 
 
@@ -161,11 +158,7 @@ def test_an_adapter_that_trains_the_unembedding_samples_through_the_builtin_engi
     before = status_of(vllm_server, KEY)["sampler"]
     answers = []
     for client in (on_vllm, on_builtin):
-        training = client.create_lora_training_client(base_model=TINY, rank=2, seed=5).result()  # train_unembed=True
-        datum = next_token_datum(training.get_tokenizer().encode(SQL))
-        for _ in range(2):
-            training.forward_backward([datum], "cross_entropy")
-            training.optim_step(types.AdamParams(learning_rate=5e-2)).result(timeout=60)
+        training = trained_adapter(client, SQL, seed=5, steps=2, rank=2)  # train_unembed=True
         sampler = training.save_weights_and_get_sampling_client().result()
         answers.append(sampler.sample(prompt_of(client), 2, GREEDY).result(timeout=120))
     assert_same(*answers)
@@ -254,14 +247,19 @@ def test_real_models_greedy_tokens_through_vllm_are_the_builtin_engines(base_mod
         base_model=base_model, device="cpu", storage_root=tmp_path, port=0, sampler="vllm", vllm_python=VLLM_PYTHON
     )
     with running_server(config) as server, tinker.ServiceClient(base_url=server.url, api_key=KEY) as client:
-        training = client.create_lora_training_client(
-            base_model=base_model, rank=8, seed=0, train_unembed=False
-        ).result()
+        berlin = "SELECT COUNT(*) FROM customers WHERE city = 'Berlin';"
+        training = trained_adapter(
+            client,
+            berlin,
+            seed=0,
+            steps=2,
+            rank=8,
+            learning_rate=1e-3,
+            train_unembed=False,
+            weighted=True,
+            base_model=base_model,
+        )
         tokenizer = training.get_tokenizer()
-        datum = datum_for(tokenizer, "SELECT COUNT(*) FROM customers WHERE city = 'Berlin';")
-        for _ in range(2):
-            training.forward_backward([datum], "cross_entropy")
-            training.optim_step(types.AdamParams(learning_rate=1e-3)).result()
         trained_path = training.save_weights_for_sampler("trained").result().path
         prompt = tokenizer.encode("The Eiffel Tower is located in the city of")
         for path in (None, trained_path):
