@@ -1,6 +1,6 @@
 """Our backend against TRL's GRPOTrainer, the in-process peer a user would otherwise pick, on the same RL job.
 
-Run: python benchmarks/against_trl.py [--model google/gemma-3-270m] [--steps 3]   (needs: pip install -e ".[trl]")
+Run: python -m benchmarks.against_trl [--model google/gemma-3-270m] [--steps 3]   (needs: pip install -e ".[trl]")
 
 Both sides: the same base model (fp32, CPU), LoRA rank 8 on attention and MLP, 2 text-to-SQL prompts × 4
 completions per step, at most 48 new tokens stopping only at EOS, temperature 1, no KL term, learning rate 1e-5,
@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,11 +26,9 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from autoresearch.trials.backend import local_backend  # noqa: E402
-from benchmarks.duty_cycle import launch, wait  # noqa: E402
+from autoresearch.trials.backend import local_backend
+from benchmarks.against_commit import run_module
+from benchmarks.duty_cycle import launch, wait
 
 TRL_FLAG = "--trl-measure"
 PROMPTS_PER_STEP = 2
@@ -159,8 +156,7 @@ def main() -> None:
 
     console = Console(width=120)
     with console.status("TRL GRPOTrainer (own process)"):
-        command = [sys.executable, __file__, TRL_FLAG, "--model", args.model, "--steps", str(args.steps)]
-        trl = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout.splitlines()[-1])
+        trl = run_module("benchmarks.against_trl", [TRL_FLAG, "--model", args.model, "--steps", str(args.steps)])
     trl_step = statistics.median(trl["step_seconds"][1:] or trl["step_seconds"])
 
     with tempfile.TemporaryDirectory(prefix="ours-") as scratch:
@@ -191,7 +187,7 @@ def main() -> None:
         f"ours at once {three_makespan:.0f} s; speed-up {3 * trl['total_seconds'] / three_makespan:.2f}× "
         "(target ≥ 2)"
     )
-    console.print("command: python benchmarks/against_trl.py " + " ".join(sys.argv[1:]))
+    console.print("command: python -m benchmarks.against_trl " + " ".join(sys.argv[1:]))
 
 
 if __name__ == "__main__":

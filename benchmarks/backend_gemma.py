@@ -1,6 +1,6 @@
 """Training and sampling cost of the backend's engine on the real Gemma 3 270M.
 
-Run: python benchmarks/backend_gemma.py [--device cpu] [--batch 8] [--tokens 128] [--repeats 2] [--vllm-python PATH]
+Run: python -m benchmarks.backend_gemma [--device cpu] [--batch 8] [--tokens 128] [--repeats 2] [--vllm-python PATH]
 
 1. forward_backward (cross-entropy, LoRA rank 8 on attention and MLP) + optim_step for batch × tokens, with the
    chunked log-prob path the server uses and with the naive full-logits path: seconds per step, and the extra
@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import torch
+
+from benchmarks.against_commit import run_module
 
 MEASURE_FLAG = "--measure"
 
@@ -121,13 +120,11 @@ def measure(kind: str, device: str, batch: int, tokens: int, repeats: int) -> di
 
 
 def _in_subprocess(kind: str, args: argparse.Namespace) -> dict:
-    command = [sys.executable, __file__, MEASURE_FLAG, kind, "--device", args.device, "--batch", str(args.batch)]
-    command += ["--tokens", str(args.tokens), "--repeats", str(args.repeats)]
+    arguments = [MEASURE_FLAG, kind, "--device", args.device, "--batch", str(args.batch)]
+    arguments += ["--tokens", str(args.tokens), "--repeats", str(args.repeats)]
     if args.vllm_python is not None:
-        command += ["--vllm-python", str(args.vllm_python)]
-    environment = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-    done = subprocess.run(command, capture_output=True, text=True, check=True, env=environment)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        arguments += ["--vllm-python", str(args.vllm_python)]
+    return run_module("benchmarks.backend_gemma", arguments, environment={"MALLOC_MMAP_THRESHOLD_": "65536"})
 
 
 def main() -> None:
@@ -184,7 +181,7 @@ def main() -> None:
         rates.add_row(batch, f"{rate:.1f}", *vllm_rate)
     console.print(rates)
     console.print(
-        "command: python benchmarks/backend_gemma.py "
+        "command: python -m benchmarks.backend_gemma "
         f"--device {args.device} --batch {args.batch} --tokens {args.tokens} --repeats {args.repeats}"
     )
 

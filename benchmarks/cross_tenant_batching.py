@@ -1,6 +1,6 @@
 """What mixing adapters in one device call costs: the same work on 4 different adapters vs on one adapter.
 
-Run: python benchmarks/cross_tenant_batching.py [--model google/gemma-3-270m] [--device cpu] [--repeats 2]
+Run: python -m benchmarks.cross_tenant_batching [--model google/gemma-3-270m] [--device cpu] [--repeats 2]
      [--vllm-python PATH]
 
 1. Sampling: 8 requests × 2 samples × 32 new tokens (no early stop) in one generation batch, every request on
@@ -28,11 +28,8 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from trainer_backend.engine.model_engine import ModelEngine  # noqa: E402
-from trainer_backend.engine.types import (  # noqa: E402
+from trainer_backend.engine.model_engine import ModelEngine
+from trainer_backend.engine.types import (
     AdamSettings,
     DecodedDatum,
     ForwardBackwardCall,
@@ -40,10 +37,10 @@ from trainer_backend.engine.types import (  # noqa: E402
     SamplerCall,
     SamplingRequest,
 )
-from trainer_backend.models.loading import load_base_model, select_device  # noqa: E402
-from trainer_backend.models.registry import default_cache_root, resolve_base_model  # noqa: E402
-from trainer_backend.samplers.vllm_client import VllmClient  # noqa: E402
-from trainer_backend.samplers.vllm_process import VllmSettings  # noqa: E402
+from trainer_backend.models.loading import load_base_model, select_device
+from trainer_backend.models.registry import default_cache_root, resolve_base_model
+from trainer_backend.samplers.vllm_client import VllmClient
+from trainer_backend.samplers.vllm_process import VllmSettings
 
 ADAPTERS = 4
 
@@ -223,7 +220,7 @@ def main() -> None:
         f"{train_serial:.0f}",
     )
     console.print(table)
-    console.print("command: python benchmarks/cross_tenant_batching.py " + " ".join(sys.argv[1:]))
+    console.print("command: python -m benchmarks.cross_tenant_batching " + " ".join(sys.argv[1:]))
 
 
 if __name__ == "__main__":

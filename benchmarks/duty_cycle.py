@@ -1,7 +1,7 @@
 """How busy one shared backend keeps the device with 1, 2, 3 and 6 concurrent RL trials, and what running three
 trials at once saves over running them one after another.
 
-Run: python benchmarks/duty_cycle.py [--model tiny-gemma3] [--concurrency 1 2 3 6] [--steps 8] [--plot PATH]
+Run: python -m benchmarks.duty_cycle [--model tiny-gemma3] [--concurrency 1 2 3 6] [--steps 8] [--plot PATH]
 
 A real training server runs in this process (the device worker is its thread); each trial is a real subprocess,
 `python -m autoresearch.trials`, talking to it over loopback with the tinker SDK, scoring its completions on
@@ -31,13 +31,11 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from autoresearch.trials.config import load_trial_config  # noqa: E402
-from trainer_backend.config import ServerConfig  # noqa: E402
-from trainer_backend.duty_cycle import Interval  # noqa: E402
-from trainer_backend.server import RunningServer, running_server  # noqa: E402
+from autoresearch.trials.config import load_trial_config
+from benchmarks import ROOT
+from trainer_backend.config import ServerConfig
+from trainer_backend.duty_cycle import Interval
+from trainer_backend.server import RunningServer, running_server
 
 BASE_CONFIG = ROOT / "experiments" / "trials" / "text2sql_tiny.yaml"
 
@@ -218,7 +216,7 @@ def main() -> None:
     shown = [s for s in scenarios if s.trials in (1, 3)] or scenarios
     plot_timelines(shown, args.plot)
     console.print(f"busy timeline: {args.plot}")
-    console.print("command: python benchmarks/duty_cycle.py " + " ".join(sys.argv[1:]))
+    console.print("command: python -m benchmarks.duty_cycle " + " ".join(sys.argv[1:]))
 
 
 if __name__ == "__main__":

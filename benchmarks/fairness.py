@@ -1,7 +1,7 @@
 """Which tenant goes next, and what one tenant's big evaluation costs another's RL steps.
 
-Run: python benchmarks/fairness.py [--heavy-queue 40] [--light-requests 20] [--work-ms 20]
-     python benchmarks/fairness.py --engine [--model google/gemma-3-270m] [--before COMMIT] [--steps 3]
+Run: python -m benchmarks.fairness [--heavy-queue 40] [--light-requests 20] [--work-ms 20]
+     python -m benchmarks.fairness --engine [--model google/gemma-3-270m] [--before COMMIT] [--steps 3]
 
 Without `--engine`: the real scheduler and ledger, with device work replaced by a fixed sleep so that only the policy
 differs (least recently served, the server's, against first come, first served). A heavy tenant keeps a deep queue
@@ -26,22 +26,20 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from autoresearch.sdk_logging import quiet_sdk_logs  # noqa: E402
-from autoresearch.trials.config import TrialConfig, load_trial_config  # noqa: E402
-from autoresearch.trials.evaluation import evaluate_checkpoint  # noqa: E402
-from autoresearch.trials.rl_loop import run_trial  # noqa: E402
-from benchmarks.rl_step import RECIPES, REWARD_WITH_SPREAD, MemoryWatch, server_from, worktree_at  # noqa: E402
-from trainer_backend.ledger import Ledger, ResultFormat  # noqa: E402
-from trainer_backend.models.gemma import GEMMA_3_270M  # noqa: E402
-from trainer_backend.models.registry import default_cache_root, resolve_base_model  # noqa: E402
-from trainer_backend.scheduler import Operation, Scheduler, SchedulingPolicy  # noqa: E402
+from autoresearch.sdk_logging import quiet_sdk_logs
+from autoresearch.trials.config import TrialConfig, load_trial_config
+from autoresearch.trials.evaluation import evaluate_checkpoint
+from autoresearch.trials.rl_loop import run_trial
+from benchmarks import ROOT
+from benchmarks.against_commit import compared_trees, server_from
+from benchmarks.rl_step import RECIPES, REWARD_WITH_SPREAD, MemoryWatch
+from trainer_backend.ledger import Ledger, ResultFormat
+from trainer_backend.models.gemma import GEMMA_3_270M
+from trainer_backend.models.registry import default_cache_root, resolve_base_model
+from trainer_backend.scheduler import Operation, Scheduler, SchedulingPolicy
 
 TINY_TRIAL = ROOT / "experiments" / "trials" / "text2sql_tiny.yaml"
 DEV_QUESTIONS = 332
@@ -183,13 +181,11 @@ def engine_main(model: str, before: str | None, steps: int) -> None:
     columns = ("server", "B's step alone", "B's step beside A", "ratio", "A alone", "A beside B", "ratio", "peak")
     for column in columns:
         table.add_column(column, justify="right")
-    with tempfile.TemporaryDirectory(prefix="fairness-") as scratch, ExitStack() as stack:
+    with tempfile.TemporaryDirectory(prefix="fairness-") as scratch, compared_trees(before, "before") as trees:
         workdir = Path(scratch)
-        servers = [("this tree", ROOT)]
-        if before is not None:
-            servers.insert(0, (before, stack.enter_context(worktree_at(before, workdir / "before"))))
-        for name, tree in servers:
-            figures = run_engine(tree, workdir / name.replace(" ", "-"), model, steps)
+        for tree in trees:
+            name = tree.commit or "this tree"
+            figures = run_engine(tree.folder, workdir / name.replace(" ", "-"), model, steps)
             # Each server's figures as soon as they exist: a run stopped midway keeps what it measured.
             console.print(f"{name}: {figures}")
             table.add_row(
@@ -203,7 +199,7 @@ def engine_main(model: str, before: str | None, steps: int) -> None:
                 f"{figures.peak_gib:.1f} GiB",
             )
     console.print(table)
-    console.print("command: python benchmarks/fairness.py " + " ".join(sys.argv[1:]))
+    console.print("command: python -m benchmarks.fairness " + " ".join(sys.argv[1:]))
 
 
 def main() -> None:
@@ -239,7 +235,7 @@ def main() -> None:
             f"{figures['light_ops_per_s']:.1f}",
         )
     console.print(table)
-    console.print("command: python benchmarks/fairness.py " + " ".join(sys.argv[1:]))
+    console.print("command: python -m benchmarks.fairness " + " ".join(sys.argv[1:]))
 
 
 if __name__ == "__main__":

@@ -20,12 +20,12 @@ print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")
 PY
 python3 -m venv /tmp/vllm-venv
 /tmp/vllm-venv/bin/pip install -q "vllm==0.33.0"
-python benchmarks/backend_gemma.py --device cuda --batch 8 --tokens 128 --repeats 3 --vllm-python /tmp/vllm-venv/bin/python \
+python -m benchmarks.backend_gemma --device cuda --batch 8 --tokens 128 --repeats 3 --vllm-python /tmp/vllm-venv/bin/python \
   | tee "$OUT/backend_gemma.txt"
-python benchmarks/cross_tenant_batching.py --device cuda --repeats 3 --vllm-python /tmp/vllm-venv/bin/python \
+python -m benchmarks.cross_tenant_batching --device cuda --repeats 3 --vllm-python /tmp/vllm-venv/bin/python \
   | tee "$OUT/cross_tenant_batching.txt"
-python benchmarks/duty_cycle.py --model google/gemma-3-270m --device cuda --concurrency 1 3 --steps 4 \
+python -m benchmarks.duty_cycle --model google/gemma-3-270m --device cuda --concurrency 1 3 --steps 4 \
   --plot "$OUT/duty_cycle_gemma_cuda.png" | tee "$OUT/duty_cycle.txt"
-python benchmarks/duty_cycle.py --model google/gemma-3-270m --device cuda --concurrency 1 3 --steps 4 \
+python -m benchmarks.duty_cycle --model google/gemma-3-270m --device cuda --concurrency 1 3 --steps 4 \
   --no-sequential --vllm-python /tmp/vllm-venv/bin/python --plot "$OUT/duty_cycle_gemma_cuda_vllm.png" \
   | tee "$OUT/duty_cycle_vllm.txt"

@@ -1,12 +1,12 @@
 """A trial's held-out evaluation on Gemma 3 270M, on the backend of an earlier commit and on this tree, in one run.
 
-Run: python benchmarks/held_out_eval.py [--before HEAD] [--eval-size 128]
+Run: python -m benchmarks.held_out_eval [--before HEAD] [--eval-size 128]
 
 The evaluation is the trial's own (`evaluate_checkpoint`: the Gemma trial's zero-shot prompts of about 275 tokens,
 greedy, at most 64 new tokens, every question sent at once) of the base model on the first `--eval-size` questions
 of the dev split. The dev questions are over two databases, so most of each prompt is one of two schemas: the server
 may prefill each schema once. The only difference between the two runs is the server: `--before` is checked out
-into a temporary git worktree and its `python -m trainer_backend serve` runs from there.
+into a temporary directory and its `python -m trainer_backend serve` runs from there.
 
 Prints the wall time of each evaluation and their ratio, and checks that both servers gave the same answers (greedy
 decoding: any difference beyond float rounding would change some answer).
@@ -15,21 +15,18 @@ decoding: any difference beyond float rounding would change some answer).
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from autoresearch.sdk_logging import quiet_sdk_logs  # noqa: E402
-from autoresearch.trials.config import load_trial_config  # noqa: E402
-from autoresearch.trials.evaluation import evaluate_checkpoint  # noqa: E402
-from benchmarks.rl_step import RECIPES, server_from, worktree_at  # noqa: E402
-from tasks.report import HeldOutReport  # noqa: E402
-from trainer_backend.models.gemma import GEMMA_3_270M  # noqa: E402
-from trainer_backend.models.registry import default_cache_root, resolve_base_model  # noqa: E402
+from autoresearch.sdk_logging import quiet_sdk_logs
+from autoresearch.trials.config import load_trial_config
+from autoresearch.trials.evaluation import evaluate_checkpoint
+from benchmarks.against_commit import compared_trees, server_from
+from benchmarks.rl_step import RECIPES
+from tasks.report import HeldOutReport
+from trainer_backend.models.gemma import GEMMA_3_270M
+from trainer_backend.models.registry import default_cache_root, resolve_base_model
 
 
 def measure(tree: Path, workdir: Path, name: str, eval_size: int) -> tuple[float, HeldOutReport]:
@@ -56,10 +53,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         workdir = Path(scratch)
         results = {}
-        with worktree_at(args.before, workdir / "before") as before_tree:
-            for name, tree in (("before", before_tree), ("new", ROOT)):
-                with console.status(f"{name} server: evaluating {args.eval_size} dev questions on Gemma 3 270M"):
-                    results[name] = measure(tree, workdir, name, args.eval_size)
+        with compared_trees(args.before, "before") as trees:
+            for tree in trees:
+                with console.status(f"{tree.name} server: evaluating {args.eval_size} dev questions on Gemma 3 270M"):
+                    results[tree.name] = measure(tree.folder, workdir, tree.name, args.eval_size)
     table = Table(title=f"held-out evaluation, Gemma 3 270M base model, {args.eval_size} dev questions, greedy")
     for column in ("server", "wall s", "questions/s", "execution accuracy"):
         table.add_column(column, justify="right" if column != "server" else "left")
@@ -70,7 +67,7 @@ def main() -> None:
     (before_s, before), (new_s, new) = results["before"], results["new"]
     differing = sum(a.completion != b.completion for a, b in zip(before.answers, new.answers, strict=True))
     console.print(f"wall time, new ÷ before: {new_s / before_s:.2f}; answers that differ: {differing}")
-    console.print(f"command: python benchmarks/held_out_eval.py --before {args.before} --eval-size {args.eval_size}")
+    console.print(f"command: python -m benchmarks.held_out_eval --before {args.before} --eval-size {args.eval_size}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Many clients at once on one server: lost futures, errors, order violations and latency per kind of request.
 
-Run: python benchmarks/load.py [--clients 16] [--requests 100] [--model tiny-gemma3] [--check]
+Run: python -m benchmarks.load [--clients 16] [--requests 100] [--model tiny-gemma3] [--check]
 
 Each client is an SDK `ServiceClient` with its own LoRA training run, on its own thread, submitting its requests
 without waiting: a forward_backward, then an optim_step (so each step depends on the one before, as the SDK's
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -26,15 +25,12 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import tinker
+from tinker import types
 
-import tinker  # noqa: E402
-from tinker import types  # noqa: E402
-
-from trainer_backend.config import ServerConfig  # noqa: E402
-from trainer_backend.models.tiny import TINY_MODEL_NAME  # noqa: E402
-from trainer_backend.server import running_server  # noqa: E402
+from trainer_backend.config import ServerConfig
+from trainer_backend.models.tiny import TINY_MODEL_NAME
+from trainer_backend.server import running_server
 
 KEY = "tml-load-benchmark"
 KINDS = ("forward_backward", "optim_step", "sample")
@@ -175,7 +171,7 @@ def main() -> None:
     for error in errors[:5]:
         console.print(f"[red]{error}[/red]")
     console.print(
-        f"command: python benchmarks/load.py --clients {args.clients} --requests {args.requests} --model {args.model}"
+        f"command: python -m benchmarks.load --clients {args.clients} --requests {args.requests} --model {args.model}"
     )
     if args.check and (lost or errors or violations):
         raise SystemExit(1)

@@ -1,7 +1,7 @@
 """The OpenAI-compatible layer's cost: the same requests through Tinker's `sample` and through /v1/completions, and
 /v1/completions with a JSON schema against without; and llguidance's time to compute one token mask.
 
-Run: python benchmarks/openai_endpoint.py [--model gemma-3-270m] [--requests 4] [--max-tokens 48]
+Run: python -m benchmarks.openai_endpoint [--model gemma-3-270m] [--requests 4] [--max-tokens 48]
 
 Each mode sends `--requests` requests at once (one prompt each, temperature 1, seeded) to one server and waits for
 all; tokens/s is generated tokens over the wall time of the whole round. Prints one line per mode, then the median
@@ -13,27 +13,24 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import llguidance
+import llguidance.hf
+import llguidance.torch
+import openai
+import tinker
+from tinker import types
 
-import llguidance  # noqa: E402
-import llguidance.hf  # noqa: E402
-import llguidance.torch  # noqa: E402
-import openai  # noqa: E402
-import tinker  # noqa: E402
-from tinker import types  # noqa: E402
-
-from trainer_backend.config import ServerConfig  # noqa: E402
-from trainer_backend.models.registry import GEMMA_3_270M  # noqa: E402
-from trainer_backend.openai_service import IncrementalText  # noqa: E402
-from trainer_backend.server import running_server  # noqa: E402
-from trainer_backend.structured_output import COMPACT  # noqa: E402
+from benchmarks import ROOT
+from trainer_backend.config import ServerConfig
+from trainer_backend.models.registry import GEMMA_3_270M
+from trainer_backend.openai_service import IncrementalText
+from trainer_backend.server import running_server
+from trainer_backend.structured_output import COMPACT
 
 KEY = "tml-openai-benchmark"
 PROMPT = "Propose a learning rate and a loss for RL post-training of a small model, as JSON:"

@@ -1,7 +1,7 @@
 """How often the study's own LLM proposes a candidate the study can run: proposal rounds of a study spec against the
 local backend's /v1 (the study's base model, structured output), each candidate checked against the search space.
 
-Run: python benchmarks/proposals.py [--spec experiments/text2sql.yaml] [--rounds 3]
+Run: python -m benchmarks.proposals [--spec experiments/text2sql.yaml] [--rounds 3]
 
 Each round asks for the spec's `candidates_per_round` candidates with no trial history and the base model's score
 given, as a study's first round does. Prints each candidate, whether it is valid (or why not) and the seconds each
@@ -16,16 +16,14 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from autoresearch.errors import CandidateError, ProposalError  # noqa: E402
-from autoresearch.proposer import LlmProposer  # noqa: E402
-from autoresearch.search import check_candidate  # noqa: E402
-from autoresearch.spec import load_study_spec  # noqa: E402
-from autoresearch.trials.backend import api_key  # noqa: E402
-from trainer_backend.config import ServerConfig  # noqa: E402
-from trainer_backend.server import running_server  # noqa: E402
+from autoresearch.errors import CandidateError, ProposalError
+from autoresearch.proposer import LlmProposer
+from autoresearch.search import check_candidate
+from autoresearch.spec import load_study_spec
+from autoresearch.trials.backend import api_key
+from benchmarks import ROOT
+from trainer_backend.config import ServerConfig
+from trainer_backend.server import running_server
 
 
 def main() -> None:
@@ -75,7 +73,7 @@ def main() -> None:
                     )
     console.print(table)
     console.print(f"{valid} of {proposed} candidates valid in {args.rounds} rounds")
-    console.print("command: python benchmarks/proposals.py " + " ".join(sys.argv[1:]))
+    console.print("command: python -m benchmarks.proposals " + " ".join(sys.argv[1:]))
 
 
 if __name__ == "__main__":

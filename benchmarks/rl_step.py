@@ -1,6 +1,6 @@
 """One RL step of a shipped trial recipe on the backend as it shipped and on this tree, in the same run.
 
-Run: python benchmarks/rl_step.py [--model google/gemma-3-270m | Qwen/Qwen2.5-Coder-0.5B-Instruct] [--shipped REV]
+Run: python -m benchmarks.rl_step [--model google/gemma-3-270m | Qwen/Qwen2.5-Coder-0.5B-Instruct] [--shipped REV]
      [--steps 2] [--max-backend-gib 20]
 
 The step is the trial's own (`autoresearch.trials`, the client code of this tree), with the model's recipe:
@@ -11,7 +11,7 @@ The step is the trial's own (`autoresearch.trials`, the client code of this tree
   every model, micro-batched training).
 At temperature 1, scored, one forward_backward (importance sampling) and one optim_step on a LoRA rank-16 adapter,
 then the next sampler's weights saved. The only difference between the two runs is the server: `--shipped` is
-checked out into a temporary git worktree and its `python -m trainer_backend serve` runs from there, on the model's
+checked out into a temporary directory and its `python -m trainer_backend serve` runs from there, on the model's
 converted folder. A small length penalty is added to the reward to give every group a spread of rewards and the step
 its full forward_backward.
 
@@ -25,27 +25,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
-import sys
 import tempfile
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from autoresearch.sdk_logging import quiet_sdk_logs  # noqa: E402
-from autoresearch.trials.backend import free_port, wait_until_healthy  # noqa: E402
-from autoresearch.trials.config import load_trial_config  # noqa: E402
-from autoresearch.trials.rl_loop import run_trial  # noqa: E402
-from tasks.text2sql.rewards import RewardSpec  # noqa: E402
-from trainer_backend.models.gemma import GEMMA_3_270M  # noqa: E402
-from trainer_backend.models.qwen import QWEN_2_5_CODER_0_5B_INSTRUCT  # noqa: E402
-from trainer_backend.models.registry import default_cache_root, resolve_base_model  # noqa: E402
+from autoresearch.sdk_logging import quiet_sdk_logs
+from autoresearch.trials.config import load_trial_config
+from autoresearch.trials.rl_loop import run_trial
+from benchmarks import ROOT
+from benchmarks.against_commit import compared_trees, server_from
+from tasks.text2sql.rewards import RewardSpec
+from trainer_backend.models.gemma import GEMMA_3_270M
+from trainer_backend.models.qwen import QWEN_2_5_CODER_0_5B_INSTRUCT
+from trainer_backend.models.registry import default_cache_root, resolve_base_model
 
 
 @dataclass(frozen=True)
@@ -101,38 +95,6 @@ class MemoryWatch:
     def __exit__(self, *_: object) -> None:
         self._stop.set()
         self._thread.join()
-
-
-@contextmanager
-def server_from(tree: Path, storage: Path, model_folder: Path) -> Iterator[tuple[str, subprocess.Popen]]:
-    """`python -m trainer_backend serve` of the model folder with the code of `tree`, on a free loopback port."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    storage.mkdir(parents=True, exist_ok=True)
-    log_path = storage / "server.log"
-    command = [sys.executable, "-m", "trainer_backend", "serve", "--base-model", str(model_folder)]
-    command += ["--host", "127.0.0.1", "--port", str(port), "--storage-root", str(storage)]
-    environment = {**os.environ, "PYTHONPATH": str(tree)}
-    with log_path.open("ab") as log:
-        server = subprocess.Popen(command, cwd=tree, env=environment, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        wait_until_healthy(server, url, log_path, 900.0)
-        yield url, server
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
-
-
-@contextmanager
-def worktree_at(commit: str, folder: Path) -> Iterator[Path]:
-    """This repository's `commit`, checked out (detached) into `folder` for as long as the block runs."""
-    subprocess.run(
-        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(folder), commit], check=True, capture_output=True
-    )
-    try:
-        yield folder
-    finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(folder)], check=False)
 
 
 def measure(tree: Path, workdir: Path, name: str, steps: int, recipe: Recipe, folder: Path, limit: int) -> dict:
@@ -205,10 +167,10 @@ def main() -> None:
         workdir = Path(scratch)
         results = {}
         shape = f"8 prompts × {recipe.group_size} completions ≤ {recipe.max_tokens} tokens"
-        with worktree_at(shipped, workdir / "shipped") as shipped_tree:
-            for name, tree in (("shipped", shipped_tree), ("new", ROOT)):
-                with console.status(f"{name} server: {args.steps} RL steps of {shape} on {args.model}"):
-                    results[name] = measure(tree, workdir, name, args.steps, recipe, folder, limit)
+        with compared_trees(shipped, "shipped") as trees:
+            for tree in trees:
+                with console.status(f"{tree.name} server: {args.steps} RL steps of {shape} on {args.model}"):
+                    results[tree.name] = measure(tree.folder, workdir, tree.name, args.steps, recipe, folder, limit)
     table = Table(title=f"one RL step, {args.model}, {shape}, LoRA rank 16")
     for column in ("server", "step s", "sampling s", "rest s", "tokens sampled", "datums", "backend peak GiB"):
         table.add_column(column, justify="right" if column != "server" else "left")
@@ -230,7 +192,7 @@ def main() -> None:
     if not any(r.get("exceeded") for r in results.values()):
         console.print(f"step time, new ÷ shipped: {results['new']['step_s'] / results['shipped']['step_s']:.2f}")
     console.print(
-        f"command: python benchmarks/rl_step.py --model {args.model} --shipped {shipped} --steps {args.steps} "
+        f"command: python -m benchmarks.rl_step --model {args.model} --shipped {shipped} --steps {args.steps} "
         f"--max-backend-gib {args.max_backend_gib:g}"
     )
 

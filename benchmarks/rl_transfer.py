@@ -1,6 +1,6 @@
 """Where a trial's RL went: its checkpoints on new databases and on new questions of the training databases.
 
-Run: python benchmarks/rl_transfer.py --run-dir .data/trials/<run_id> --backend-url URL \
+Run: python -m benchmarks.rl_transfer --run-dir .data/trials/<run_id> --backend-url URL \
         --checkpoint start=tinker://…/weights/warmup-000080 --checkpoint final=tinker://…/sampler_weights/final-000030
 
 A trial's held-out score is on the dev split, whose databases it never trains on; its training reward is on new
@@ -28,19 +28,16 @@ from pathlib import Path
 import tinker
 from tinker import types
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from autoresearch.sdk_logging import quiet_sdk_logs  # noqa: E402
-from autoresearch.trials.backend import api_key  # noqa: E402
-from autoresearch.trials.config import TrialConfig, load_trial_config  # noqa: E402
-from autoresearch.trials.data import PromptRenderer, TrainingOrder, held_out_subset, split_of  # noqa: E402
-from autoresearch.trials.evaluation import evaluate_sampler  # noqa: E402
-from autoresearch.trials.paired import compare  # noqa: E402
-from autoresearch.trials.run_dir import RunDirectory  # noqa: E402
-from tasks.interface import TaskExample  # noqa: E402
-from tasks.registry import open_task  # noqa: E402
-from tasks.report import HeldOutReport  # noqa: E402
+from autoresearch.sdk_logging import quiet_sdk_logs
+from autoresearch.trials.backend import api_key
+from autoresearch.trials.config import TrialConfig, load_trial_config
+from autoresearch.trials.data import PromptRenderer, TrainingOrder, held_out_subset, split_of
+from autoresearch.trials.evaluation import evaluate_sampler
+from autoresearch.trials.paired import compare
+from autoresearch.trials.run_dir import RunDirectory
+from tasks.interface import TaskExample
+from tasks.registry import open_task
+from tasks.report import HeldOutReport
 
 # A checkpoint "path" that names the untrained base model.
 BASE = "base"
@@ -159,7 +156,7 @@ def main() -> None:
         table.add_row(*cells)
     console.print(table)
     console.print(json.dumps(record))
-    console.print(f"command: python benchmarks/rl_transfer.py {' '.join(sys.argv[1:])}")
+    console.print(f"command: python -m benchmarks.rl_transfer {' '.join(sys.argv[1:])}")
 
 
 if __name__ == "__main__":

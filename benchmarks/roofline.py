@@ -1,6 +1,6 @@
 """This machine's limits the way the engine uses it, and how close sampling and forward_backward come to them.
 
-Run: python benchmarks/roofline.py [--model google/gemma-3-270m] [--device cpu] [--new-tokens 32]
+Run: python -m benchmarks.roofline [--model google/gemma-3-270m] [--device cpu] [--new-tokens 32]
 
 Any base model the server knows (`--model Qwen/Qwen2.5-Coder-0.5B-Instruct`: its chat prompts). Run it once per
 model to put their fractions of the bound side by side.
@@ -23,32 +23,27 @@ model to put their fractions of the bound side by side.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from autoresearch.trials.data import PromptRenderer, TrainingOrder, split_of  # noqa: E402
-from tasks.text2sql.task import Text2SqlTask  # noqa: E402
-from trainer_backend.engine.model_engine import ModelEngine  # noqa: E402
-from trainer_backend.engine.onednn_linear import applies  # noqa: E402
-from trainer_backend.engine.onednn_linear import linear as onednn_linear  # noqa: E402
-from trainer_backend.engine.prefixes import shared_prefix_groups  # noqa: E402
-from trainer_backend.engine.types import (  # noqa: E402
+from autoresearch.trials.data import PromptRenderer, TrainingOrder, split_of
+from tasks.text2sql.task import Text2SqlTask
+from trainer_backend.engine.model_engine import ModelEngine
+from trainer_backend.engine.onednn_linear import applies
+from trainer_backend.engine.onednn_linear import linear as onednn_linear
+from trainer_backend.engine.prefixes import shared_prefix_groups
+from trainer_backend.engine.types import (
     DecodedDatum,
     LoraSettings,
     SamplingRequest,
 )
-from trainer_backend.engine.unembedding import unembedding_logits  # noqa: E402
-from trainer_backend.models.gemma import GEMMA_3_270M  # noqa: E402
-from trainer_backend.models.loading import load_base_model, select_device  # noqa: E402
-from trainer_backend.models.registry import default_cache_root, resolve_base_model  # noqa: E402
+from trainer_backend.engine.unembedding import unembedding_logits
+from trainer_backend.models.gemma import GEMMA_3_270M
+from trainer_backend.models.loading import load_base_model, select_device
+from trainer_backend.models.registry import default_cache_root, resolve_base_model
 
 LORA_RANK = 16
 
@@ -204,7 +199,7 @@ def main() -> None:
     )  # fmt: skip
     console.print(training)
     console.print(
-        f"command: python benchmarks/roofline.py --model {args.model} --device {args.device} "
+        f"command: python -m benchmarks.roofline --model {args.model} --device {args.device} "
         f"--new-tokens {args.new_tokens}"
     )
 

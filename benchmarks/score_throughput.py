@@ -1,6 +1,6 @@
 """How many completions per second the text-to-SQL scorer handles on this machine.
 
-Run: python benchmarks/score_throughput.py [--split dev] [--workers 2] [--repeats 3]
+Run: python -m benchmarks.score_throughput [--split dev] [--workers 2] [--repeats 3]
 
 The candidates mimic what an RL group produces for each question: the right query, the right query
 followed by rambling, near misses (another constant, another case), a query over the wrong rows, and
@@ -84,7 +84,7 @@ def main() -> None:
     table.add_row("default, repeated completions (cache hits)", f"{repeated:,.0f}", "-", "-")
     console.print(table)
     console.print(
-        "command: python benchmarks/score_throughput.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items())
+        "command: python -m benchmarks.score_throughput " + " ".join(f"--{k} {v}" for k, v in vars(args).items())
     )
 
 

@@ -2,7 +2,7 @@
 
 llguidance was chosen over xgrammar and outlines-core because it installs alone (no torch or triton pins of its own,
 which the torch 2.13.0 CPU pin cannot afford) and computes a token mask in microseconds on Gemma's 262k vocabulary
-(`python benchmarks/openai_endpoint.py`). Output is compact (no whitespace between tokens of JSON), so a small
+(`python -m benchmarks.openai_endpoint`). Output is compact (no whitespace between tokens of JSON), so a small
 model cannot spend its budget on blank space.
 """
 

@@ -25,6 +25,8 @@ DOCS = ROOT / "docs"
 DOCUMENTS = [ROOT / "README.md", ROOT / "k8s" / "README.md", *sorted(DOCS.glob("*.md"))]
 # Modules and scripts of this repository; `python -m` of anything else must at least be importable here.
 OUR_PACKAGES = ("trainer_backend", "autoresearch", "tasks", "benchmarks")
+# Packages whose every module is a command of its own, its flags defined in that module alone.
+COMMAND_PACKAGES = ("benchmarks",)
 REPOSITORY_PATH = re.compile(r"(experiments|benchmarks|docs|k8s|tasks|autoresearch|trainer_backend)/\S+")
 SHELL_SEPARATORS = re.compile(r"\s(?:&&|\|\||\||;)\s")
 PLACEHOLDER = re.compile(r"[<>…]|^[A-Z_]+$|^\$|^URL$")
@@ -78,7 +80,9 @@ def test_every_quoted_command_names_what_exists() -> None:
         ("python -m autoresearch experiments/no_such_study.yaml", "experiments/no_such_study.yaml"),
         ("python -m trainer_backend serve --no-such-flag 3", "--no-such-flag"),
         ("python -m tasks.text2sql no-such-subcommand", "no-such-subcommand"),
-        ("python benchmarks/no_such_benchmark.py", "benchmarks/no_such_benchmark.py"),
+        ("python -m benchmarks.no_such_benchmark", "benchmarks.no_such_benchmark"),
+        ("python benchmarks/rl_step.py --steps 1", "python -m benchmarks.rl_step"),
+        ("python -m benchmarks.rl_step --heavy-queue 40", "--heavy-queue"),
         ("python -m no_such_module_anywhere", "no_such_module_anywhere"),
     ],
 )
@@ -92,7 +96,8 @@ def test_the_command_check_accepts_real_commands() -> None:
         "python -m trainer_backend serve --base-model google/gemma-3-270m --device auto --port 8000",
         "TINKER_BASE_URL=http://localhost:8000 python -m autoresearch.trials experiments/trials/text2sql_qwen.yaml"
         " --run-id x",
-        "python benchmarks/rl_step.py --model Qwen/Qwen2.5-Coder-0.5B-Instruct --steps 1",
+        "python -m benchmarks.rl_step --model Qwen/Qwen2.5-Coder-0.5B-Instruct --steps 1",
+        "python -m benchmarks.fairness --engine --before 8945e16",
         "python -m autoresearch /specs/text2sql.yaml --run-root /runs --no-progress",
     ]:
         assert command_problems(QuotedCommand(ROOT / "README.md", command)) == [], command
@@ -137,6 +142,10 @@ def command_problems(command: QuotedCommand) -> list[str]:
         script = ROOT / words[0]
         if not script.exists():
             return [f"{where}: no script {words[0]}"]
+        if (script.parent / "__init__.py").exists():
+            # A module of a package imports its package absolutely: it runs with -m from the repository root.
+            module = ".".join(script.with_suffix("").relative_to(ROOT).parts)
+            return [f"{where}: {words[0]} is a module of a package: run it as python -m {module}"]
         sources, arguments = [script, *script.parent.glob("_*.py")], words[1:]
     else:
         return []  # a user's own script, or python -c
@@ -164,10 +173,13 @@ def module_or_script(words: list[str]) -> str:
 @cache
 def module_sources(module: str) -> tuple[Path, ...]:
     """The Python files a module's flags may be defined in: its whole top-level package (typer options and pydantic
-    settings derive flags from field names, so a field's name counts as its flag)."""
+    settings derive flags from field names, so a field's name counts as its flag), or the module alone in a package
+    of commands."""
     path = ROOT / module.replace(".", "/")
     if not (path.with_suffix(".py").exists() or (path / "__main__.py").exists()):
         return ()
+    if module.split(".")[0] in COMMAND_PACKAGES:
+        return (path.with_suffix(".py"),)
     return tuple(sorted((ROOT / module.split(".")[0]).rglob("*.py")))
 
 

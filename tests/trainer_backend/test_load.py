@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_many_clients_at_once_lose_nothing_and_keep_their_order() -> None:
-    command = [sys.executable, "benchmarks/load.py", "--clients", "4", "--requests", "12", "--check"]
+    command = [sys.executable, "-m", "benchmarks.load", "--clients", "4", "--requests", "12", "--check"]
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "│      48 │    0 │      0 │                    0 │" in run.stdout, run.stdout

@@ -2,7 +2,7 @@
 
 PyTorch sends a float32 `F.linear` on a CPU to MKL's sgemm. On this project's AMD EPYC CPU, MKL does not run
 AVX-512 kernels; oneDNN's matmul (`torch.ops.mkldnn._linear_pointwise`, the kernel torch.compile's CPU backend emits
-for linear layers) does. At Gemma 3 270M's shapes on 2 cores, `python benchmarks/roofline.py` measured MKL at 158 to
+for linear layers) does. At Gemma 3 270M's shapes on 2 cores, `python -m benchmarks.roofline` measured MKL at 158 to
 208 GFLOP/s and oneDNN at 234 to 467, and a 32-row decode step went from 224 to 137 ms. The results are the same dot
 products summed in another order.
 
