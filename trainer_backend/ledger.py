@@ -19,6 +19,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from trainer_backend.errors import ConflictError
+from trainer_backend.request_kinds import RequestKind
 
 
 class FutureState(StrEnum):
@@ -37,6 +38,7 @@ class ResultFormat(StrEnum):
 class FutureRecord:
     request_id: str
     owner: str
+    # The RequestKind it was submitted as, read back as the string the ledger stores.
     kind: str
     model_id: str | None
     seq_id: int | None
@@ -105,7 +107,7 @@ class Ledger:
     def submit(
         self,
         owner: str,
-        kind: str,
+        kind: RequestKind,
         body_hash: str,
         model_id: str | None = None,
         seq_id: int | None = None,

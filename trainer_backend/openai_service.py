@@ -4,20 +4,25 @@ checkpoint the caller's key owns, through the same generation batches as Tinker'
 A request is translated at this edge into the engine's `SamplingRequest` (with a structured-output constraint when
 `response_format` asks for JSON) and queued with `TrainingService.submit_sampling`, so it batches with every
 tenant's Tinker sampling and counts against the same limits. Its answer is read back from the sampling future.
+Completions and chat share that flow; each `Endpoint` says only how its prompt is made and how its choices look.
 """
 
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar, Generic, TypeVar
 
+from pydantic import BaseModel
 from transformers import PreTrainedTokenizerBase
 
 from trainer_backend.checkpoints import CheckpointKind, CheckpointPath
 from trainer_backend.engine.types import SampledSequence, SamplerCall, SamplingRequest
 from trainer_backend.errors import NotFoundError, ServerError, UserInputError
+from trainer_backend.models.loading import LoadedModel
 from trainer_backend.service import Submitted, TrainingService
 from trainer_backend.structured_output import JsonSchemaConstraint, JsonSchemaConstraints
 from trainer_backend.wire import openai as oa
@@ -27,20 +32,21 @@ TokenCallback = Callable[[int, int], None]
 # OpenAI's default for /v1/completions; chat takes whatever room the context leaves, as OpenAI does.
 DEFAULT_COMPLETION_TOKENS = 16
 
+RequestT = TypeVar("RequestT", bound=oa.GenerationRequest)
+
 
 class ChatTemplateMissingError(UserInputError):
     """A chat request to a model without a chat template."""
 
 
 @dataclass(frozen=True)
-class PendingGeneration:
-    """A queued OpenAI request: its sampling future and what is needed to answer it."""
+class Prompt:
+    """What a request asks for, read its endpoint's way: the prompt's tokens, how many tokens a choice may take, and
+    whether the choices carry their tokens' logprobs."""
 
-    submitted: Submitted
-    model: str
-    prompt_tokens: int
-    stop_strings: tuple[str, ...]
-    created: int
+    tokens: list[int]
+    max_tokens: int
+    logprobs: bool
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,135 @@ class Generated:
     finish_reason: str
 
 
+class Endpoint(ABC, Generic[RequestT]):
+    """What `/v1/completions` and `/v1/chat/completions` each do their own way: how a request becomes a prompt, and how
+    a choice looks in the answer and in a stream's chunks. The flow around them (submit, wait, answer, stream) is
+    `OpenAIInference`'s, the same for both."""
+
+    request_type: ClassVar[type[oa.GenerationRequest]]
+    # The answer's id is this prefix and the request's id.
+    id_prefix: ClassVar[str]
+    answer_type: ClassVar[type[oa.Answer]]
+    chunk_type: ClassVar[type[oa.Answer]]
+
+    @abstractmethod
+    def prompt(self, request: RequestT) -> Prompt:
+        """The request's prompt; raises UserInputError for what this endpoint cannot honour."""
+
+    @abstractmethod
+    def choice(self, index: int, generated: Generated, logprobs: bool) -> BaseModel:
+        """A finished choice as the answer shows it."""
+
+    @abstractmethod
+    def chunk_choice(self, index: int, text: str, finish_reason: str | None) -> BaseModel:
+        """A stream's next piece of a choice: text newly drawn, or its end."""
+
+    def opening_choice(self, index: int) -> BaseModel | None:
+        """What a stream sends of each choice before its text, if anything."""
+        return None
+
+
+class Completions(Endpoint[oa.CompletionRequest]):
+    """`/v1/completions`: a prompt of text or token ids, answered with text."""
+
+    request_type = oa.CompletionRequest
+    id_prefix = "cmpl-"
+    answer_type = oa.Completion
+    chunk_type = oa.Completion
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.tokenizer = tokenizer
+
+    def prompt(self, request: oa.CompletionRequest) -> Prompt:
+        if request.logprobs:
+            raise UserInputError(
+                f"logprobs={request.logprobs}: this server gives the sampled token's logprob only (logprobs=0), "
+                "not alternatives"
+            )
+        tokens = list(request.prompt) if isinstance(request.prompt, list) else self.tokenizer.encode(request.prompt)
+        max_tokens = request.max_tokens or DEFAULT_COMPLETION_TOKENS
+        return Prompt(tokens, max_tokens, logprobs=request.logprobs is not None)
+
+    def choice(self, index: int, generated: Generated, logprobs: bool) -> oa.CompletionChoice:
+        return oa.CompletionChoice(
+            index=index,
+            text=generated.text,
+            finish_reason=generated.finish_reason,
+            logprobs=_completion_logprobs(generated) if logprobs else None,
+        )
+
+    def chunk_choice(self, index: int, text: str, finish_reason: str | None) -> oa.CompletionChoice:
+        return oa.CompletionChoice(index=index, text=text, finish_reason=finish_reason)
+
+
+class Chat(Endpoint[oa.ChatCompletionRequest]):
+    """`/v1/chat/completions`: messages rendered by the chat template, answered with the assistant's message."""
+
+    request_type = oa.ChatCompletionRequest
+    id_prefix = "chatcmpl-"
+    answer_type = oa.ChatCompletion
+    chunk_type = oa.ChatCompletionChunk
+
+    def __init__(self, loaded: LoadedModel, chat_template: str | None) -> None:
+        self.loaded = loaded
+        self.chat_template = chat_template
+
+    def prompt(self, request: oa.ChatCompletionRequest) -> Prompt:
+        if request.top_logprobs:
+            raise UserInputError(
+                f"top_logprobs={request.top_logprobs}: this server gives the sampled token's logprob only, "
+                "not alternatives"
+            )
+        if not self.chat_template:
+            raise ChatTemplateMissingError(
+                f"model {self.loaded.name!r} has no chat template: use /v1/completions with a prompt, or "
+                "start the server with --chat-template FILE"
+            )
+        tokenizer = self.loaded.tokenizer
+        text = tokenizer.apply_chat_template(
+            [{"role": m.role, "content": m.text()} for m in request.messages],
+            chat_template=self.chat_template,
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        # The template writes the special tokens (BOS) itself.
+        tokens = tokenizer.encode(text, add_special_tokens=False)
+        room = self.loaded.max_context_length - len(tokens)
+        max_tokens = request.max_completion_tokens or request.max_tokens or max(room, 1)
+        return Prompt(tokens, max_tokens, logprobs=request.logprobs)
+
+    def choice(self, index: int, generated: Generated, logprobs: bool) -> oa.ChatChoice:
+        return oa.ChatChoice(
+            index=index,
+            message=oa.AssistantMessage(content=generated.text),
+            finish_reason=generated.finish_reason,
+            logprobs=_chat_logprobs(generated) if logprobs else None,
+        )
+
+    def chunk_choice(self, index: int, text: str, finish_reason: str | None) -> oa.ChatChunkChoice:
+        return oa.ChatChunkChoice(index=index, delta=oa.Delta(content=text or None), finish_reason=finish_reason)
+
+    def opening_choice(self, index: int) -> oa.ChatChunkChoice:
+        return oa.ChatChunkChoice(index=index, delta=oa.Delta(role="assistant", content=""))
+
+
+@dataclass(frozen=True)
+class PendingGeneration:
+    """A queued OpenAI request: its sampling future and what is needed to answer it."""
+
+    submitted: Submitted
+    endpoint: Endpoint
+    model: str
+    prompt: Prompt
+    num_samples: int
+    stop_strings: tuple[str, ...]
+    created: int
+
+    @property
+    def id(self) -> str:
+        return f"{self.endpoint.id_prefix}{self.submitted.record.request_id}"
+
+
 class OpenAIInference:
     """Translates OpenAI requests to sampling calls and sampling results to OpenAI answers."""
 
@@ -60,8 +195,10 @@ class OpenAIInference:
         self.service = service
         loaded = service.loaded
         self.tokenizer = loaded.tokenizer
-        self.chat_template = chat_template.read_text() if chat_template is not None else loaded.tokenizer.chat_template
         self.constraints = JsonSchemaConstraints(loaded.tokenizer, loaded.vocab_size)
+        self.completions = Completions(loaded.tokenizer)
+        template = chat_template.read_text() if chat_template is not None else loaded.tokenizer.chat_template
+        self.chat = Chat(loaded, template)
 
     # --- models -------------------------------------------------------------------------------------------
 
@@ -87,58 +224,23 @@ class OpenAIInference:
 
     # --- requests -----------------------------------------------------------------------------------------
 
-    def submit_completion(
-        self, owner: str, request: oa.CompletionRequest, body: bytes, on_token: TokenCallback | None = None
-    ) -> PendingGeneration:
-        if request.logprobs:
-            raise UserInputError(
-                f"logprobs={request.logprobs}: this server gives the sampled token's logprob only (logprobs=0), "
-                "not alternatives"
-            )
-        prompt = list(request.prompt) if isinstance(request.prompt, list) else self.tokenizer.encode(request.prompt)
-        return self._submit(owner, request, body, prompt, request.max_tokens or DEFAULT_COMPLETION_TOKENS, on_token)
-
-    def submit_chat(
-        self, owner: str, request: oa.ChatCompletionRequest, body: bytes, on_token: TokenCallback | None = None
-    ) -> PendingGeneration:
-        if request.top_logprobs:
-            raise UserInputError(
-                f"top_logprobs={request.top_logprobs}: this server gives the sampled token's logprob only, "
-                "not alternatives"
-            )
-        if not self.chat_template:
-            raise ChatTemplateMissingError(
-                f"model {self.service.loaded.name!r} has no chat template: use /v1/completions with a prompt, or "
-                "start the server with --chat-template FILE"
-            )
-        text = self.tokenizer.apply_chat_template(
-            [{"role": m.role, "content": m.text()} for m in request.messages],
-            chat_template=self.chat_template,
-            add_generation_prompt=True,
-            tokenize=False,
-        )
-        # The template writes the special tokens (BOS) itself.
-        prompt = self.tokenizer.encode(text, add_special_tokens=False)
-        room = self.service.loaded.max_context_length - len(prompt)
-        max_tokens = request.max_completion_tokens or request.max_tokens or max(room, 1)
-        return self._submit(owner, request, body, prompt, max_tokens, on_token)
-
-    def _submit(
+    def submit(
         self,
+        endpoint: Endpoint[RequestT],
         owner: str,
-        request: oa.GenerationRequest,
+        request: RequestT,
         body: bytes,
-        prompt: list[int],
-        max_tokens: int,
-        on_token: TokenCallback | None,
+        on_token: TokenCallback | None = None,
     ) -> PendingGeneration:
+        """Queue `request` of `endpoint` as a sampling request; `on_token` hears each token as it is drawn."""
+        prompt = endpoint.prompt(request)
         unsupported = request.unsupported_fields()
         if unsupported:
             raise UserInputError(f"not supported by this server: {', '.join(unsupported)}")
         sampling = SamplingRequest(
-            prompt_tokens=tuple(prompt),
+            prompt_tokens=tuple(prompt.tokens),
             num_samples=request.n,
-            max_tokens=max_tokens,
+            max_tokens=prompt.max_tokens,
             temperature=request.temperature,
             top_k=request.top_k,
             top_p=request.top_p,
@@ -152,7 +254,9 @@ class OpenAIInference:
         run = None if folder is None else CheckpointPath.parse(request.model).model_id
         call = SamplerCall(folder, sampling, stop_at_eos=not request.ignore_eos)
         submitted = self.service.submit_sampling(owner, call, f"openai:{owner}", body, key=None, run=run)
-        return PendingGeneration(submitted, request.model, len(prompt), sampling.stop_strings, int(time.time()))
+        return PendingGeneration(
+            submitted, endpoint, request.model, prompt, request.n, sampling.stop_strings, int(time.time())
+        )
 
     def _constraint(self, response_format: oa.ResponseFormat | None) -> JsonSchemaConstraint | None:
         if response_format is None or response_format.type == "text":
@@ -185,57 +289,29 @@ class OpenAIInference:
         finish_reason = "stop" if sequence.stop_reason == "stop" else "length"
         return Generated(text, token_texts, logprobs, finish_reason)
 
-    def completion(self, pending: PendingGeneration, choices: list[Generated], want_logprobs: bool) -> oa.Completion:
-        return oa.Completion(
-            id=f"cmpl-{pending.submitted.record.request_id}",
+    def answer(self, pending: PendingGeneration, choices: list[Generated]) -> oa.Answer:
+        """The whole answer to a request that was not streamed."""
+        endpoint = pending.endpoint
+        return endpoint.answer_type(
+            id=pending.id,
             created=pending.created,
             model=pending.model,
-            choices=[
-                oa.CompletionChoice(
-                    index=i,
-                    text=c.text,
-                    finish_reason=c.finish_reason,
-                    logprobs=_completion_logprobs(c) if want_logprobs else None,
-                )
-                for i, c in enumerate(choices)
-            ],
+            choices=[endpoint.choice(i, c, pending.prompt.logprobs) for i, c in enumerate(choices)],
             usage=_usage(pending, choices),
         )
 
-    def chat_completion(
-        self, pending: PendingGeneration, choices: list[Generated], want_logprobs: bool
-    ) -> oa.ChatCompletion:
-        return oa.ChatCompletion(
-            id=f"chatcmpl-{pending.submitted.record.request_id}",
-            created=pending.created,
-            model=pending.model,
-            choices=[
-                oa.ChatChoice(
-                    index=i,
-                    message=oa.AssistantMessage(content=c.text),
-                    finish_reason=c.finish_reason,
-                    logprobs=_chat_logprobs(c) if want_logprobs else None,
-                )
-                for i, c in enumerate(choices)
-            ],
-            usage=_usage(pending, choices),
-        )
+    def opening_chunks(self, pending: PendingGeneration) -> list[dict]:
+        """What a stream sends before any text."""
+        opening = (pending.endpoint.opening_choice(index) for index in range(pending.num_samples))
+        return [self._chunk(pending, choice) for choice in opening if choice is not None]
 
-    def completion_chunk(self, pending: PendingGeneration, index: int, text: str, finish_reason: str | None) -> dict:
-        chunk = oa.Completion(
-            id=f"cmpl-{pending.submitted.record.request_id}",
-            created=pending.created,
-            model=pending.model,
-            choices=[oa.CompletionChoice(index=index, text=text, finish_reason=finish_reason)],
-        )
-        return chunk.model_dump(mode="json")
+    def chunk(self, pending: PendingGeneration, index: int, text: str, finish_reason: str | None) -> dict:
+        """A stream's chunk of choice `index`: text newly drawn, or the choice's end."""
+        return self._chunk(pending, pending.endpoint.chunk_choice(index, text, finish_reason))
 
-    def chat_chunk(self, pending: PendingGeneration, index: int, delta: oa.Delta, finish_reason: str | None) -> dict:
-        chunk = oa.ChatCompletionChunk(
-            id=f"chatcmpl-{pending.submitted.record.request_id}",
-            created=pending.created,
-            model=pending.model,
-            choices=[oa.ChatChunkChoice(index=index, delta=delta, finish_reason=finish_reason)],
+    def _chunk(self, pending: PendingGeneration, choice: BaseModel) -> dict:
+        chunk = pending.endpoint.chunk_type(
+            id=pending.id, created=pending.created, model=pending.model, choices=[choice]
         )
         return chunk.model_dump(mode="json")
 
@@ -298,11 +374,10 @@ class IncrementalText:
 
 
 def _usage(pending: PendingGeneration, choices: list[Generated]) -> oa.Usage:
+    prompt_tokens = len(pending.prompt.tokens)
     completion_tokens = sum(len(c.token_texts) for c in choices)
     return oa.Usage(
-        prompt_tokens=pending.prompt_tokens,
-        completion_tokens=completion_tokens,
-        total_tokens=pending.prompt_tokens + completion_tokens,
+        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=prompt_tokens + completion_tokens
     )
 
 

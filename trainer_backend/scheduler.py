@@ -28,6 +28,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from trainer_backend.errors import BackendError, ConflictError, OverloadedError, ServerError
 from trainer_backend.ledger import Ledger, ResultFormat
+from trainer_backend.request_kinds import RequestKind
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ class Operation(Generic[PayloadT]):
     """One queued request; a batch kind's operations carry a payload of that kind's type for its runner."""
 
     request_id: str
-    kind: str
+    kind: RequestKind
     # The tenant whose order and fairness this operation counts toward: a model id or a sampling session.
     lane: str
     # What to run; None for an operation of a batch kind, which its batch runner runs from `payload`.

@@ -45,6 +45,7 @@ from trainer_backend.errors import (
 )
 from trainer_backend.ledger import FutureRecord, Ledger, ResultFormat
 from trainer_backend.models.loading import LoadedModel
+from trainer_backend.request_kinds import RequestKind
 from trainer_backend.runs import RunStore, TrainingRun
 from trainer_backend.samplers.answers import SampleAnswers
 from trainer_backend.samplers.builtin import BuiltinSampler
@@ -67,7 +68,13 @@ TRAINING_PASS = "training_pass"
 # Operations that may run while a long generation pauses: they touch only their own training adapter and files,
 # never the set of loaded adapters a generation relies on.
 INTERLEAVING_KINDS = frozenset(
-    {"forward", "forward_backward", "optim_step", "save_weights", "save_weights_for_sampler"}
+    {
+        RequestKind.FORWARD,
+        RequestKind.FORWARD_BACKWARD,
+        RequestKind.OPTIM_STEP,
+        RequestKind.SAVE_WEIGHTS,
+        RequestKind.SAVE_WEIGHTS_FOR_SAMPLER,
+    }
 )
 # Ephemeral sampler weights (save_weights_and_get_sampling_client) are deleted after this long.
 EPHEMERAL_TTL_S = 24 * 3600
@@ -177,7 +184,7 @@ class TrainingService:
     def _submit(
         self,
         owner: str,
-        kind: str,
+        kind: RequestKind,
         lane: str,
         body: bytes,
         work: Callable[[], tuple[bytes, ResultFormat]] | None,
@@ -328,7 +335,7 @@ class TrainingService:
             return _json(schemas.CreateModelResponse(model_id=run.model_id))
 
         self.scheduler.expect_sequence(run.model_id, 0)
-        record = self._submit(owner, "create_model", run.model_id, body, work, 0, key, run.model_id)
+        record = self._submit(owner, RequestKind.CREATE_MODEL, run.model_id, body, work, 0, key, run.model_id)
         return Submitted(record, model_id=run.model_id)
 
     def get_info(self, owner: str, model_id: str) -> schemas.GetInfoResponse:
@@ -349,7 +356,7 @@ class TrainingService:
     @releases_seq_id_on_refusal
     def forward_backward(self, owner: str, batch: ForwardBackwardBatch, body: bytes, key: str | None) -> Submitted:
         self._live_run(owner, batch.model_id)
-        kind = "forward" if batch.forward_only else "forward_backward"
+        kind = RequestKind.FORWARD if batch.forward_only else RequestKind.FORWARD_BACKWARD
 
         call = ForwardBackwardCall(
             batch.model_id, batch.datums, batch.loss_fn, batch.loss_fn_config, batch.forward_only
@@ -388,7 +395,9 @@ class TrainingService:
             metrics = self.engine.optim_step(request.model_id, adam)
             return _json(schemas.OptimStepResponse(metrics=metrics))
 
-        record = self._submit(owner, "optim_step", request.model_id, body, work, request.seq_id, key, request.model_id)
+        record = self._submit(
+            owner, RequestKind.OPTIM_STEP, request.model_id, body, work, request.seq_id, key, request.model_id
+        )
         return Submitted(record, model_id=request.model_id)
 
     def _create_run(
@@ -478,7 +487,7 @@ class TrainingService:
             return _json(schemas.SaveWeightsResponse(path=info.path))
 
         record = self._submit(
-            owner, "save_weights", request.model_id, body, work, request.seq_id, key, request.model_id
+            owner, RequestKind.SAVE_WEIGHTS, request.model_id, body, work, request.seq_id, key, request.model_id
         )
         return Submitted(record, model_id=request.model_id)
 
@@ -500,7 +509,14 @@ class TrainingService:
             return _json(schemas.SaveWeightsForSamplerResponseInternal(sampling_session_id=session.sampling_session_id))
 
         record = self._submit(
-            owner, "save_weights_for_sampler", request.model_id, body, work, request.seq_id, key, request.model_id
+            owner,
+            RequestKind.SAVE_WEIGHTS_FOR_SAMPLER,
+            request.model_id,
+            body,
+            work,
+            request.seq_id,
+            key,
+            request.model_id,
         )
         return Submitted(record, model_id=request.model_id)
 
@@ -530,7 +546,9 @@ class TrainingService:
             self.engine.load(model_id, folder, with_optimizer=request.optimizer)
             return _json(schemas.LoadWeightsResponse(path=str(path), model_id=model_id))
 
-        record = self._submit(owner, "load_weights", model_id, body, work, seq_id, key, model_id, reads=folder)
+        record = self._submit(
+            owner, RequestKind.LOAD_WEIGHTS, model_id, body, work, seq_id, key, model_id, reads=folder
+        )
         return Submitted(record, model_id=model_id)
 
     def _known_run(self, owner: str, model_id: str) -> bool:
@@ -583,7 +601,7 @@ class TrainingService:
                 f"a request may ask for at most {self.config.max_num_samples} samples on this server "
                 f"(--max-num-samples), this one asks for {samples}"
             )
-        record, created = self.ledger.submit(owner, "sample", body_hash(body), idempotency_key=key)
+        record, created = self.ledger.submit(owner, RequestKind.SAMPLE, body_hash(body), idempotency_key=key)
         ids = [f"{record.request_id}-{i}" for i in range(samples)]
         if not created:
             return Submitted(record, sample_sequence_ids=ids)

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 
 from trainer_backend.duty_cycle import DutyCycle
 from trainer_backend.ledger import FutureRecord, FutureState
+from trainer_backend.request_kinds import RequestKind
 from trainer_backend.scheduler import SchedulerStats
 from trainer_backend.wire.status import DeviceStatus, FutureInFlight, KeyUsage, RunUsage, SamplerStatus, ServerStatus
 
@@ -46,7 +47,7 @@ def server_status(
     queued: dict[str, int] = {}
     for future in mine:
         if future.state == "queued":
-            lane = "sampling" if future.kind == "sample" else future.model_id or future.kind
+            lane = "sampling" if future.kind == RequestKind.SAMPLE else future.model_id or future.kind
             queued[lane] = queued.get(lane, 0) + 1
     return ServerStatus(
         base_model=base_model,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
@@ -17,9 +17,8 @@ from fastapi.responses import StreamingResponse
 from trainer_backend.api.caller import BearerOwner, FutureWaiters, parse
 from trainer_backend.errors import BackendError, ServerError, UserInputError
 from trainer_backend.ledger import FutureState
-from trainer_backend.openai_service import Generated, OpenAIInference, PendingGeneration
+from trainer_backend.openai_service import Endpoint, Generated, OpenAIInference, PendingGeneration
 from trainer_backend.service import TrainingService
-from trainer_backend.wire import openai as oa
 
 
 class TokenFeed:
@@ -45,16 +44,12 @@ def add_openai_routes(
             raise (UserInputError if record.category == "user" else ServerError)(record.error or "sampling failed")
         return inference.generated(pending)
 
-    async def streamed(
-        owner: str,
-        pending: PendingGeneration,
-        feed: TokenFeed,
-        chunk: Callable[[int, str, str | None], dict],
-        choices: int,
-    ) -> AsyncIterator[str]:
+    async def streamed(owner: str, pending: PendingGeneration, feed: TokenFeed) -> AsyncIterator[str]:
         """Text deltas as tokens come, then each choice's rest and finish reason; an error after the first byte
         becomes an error event (the status line is already sent)."""
-        texts = [inference.incremental_text(pending.stop_strings) for _ in range(choices)]
+        for opening in inference.opening_chunks(pending):
+            yield _event(opening)
+        texts = [inference.incremental_text(pending.stop_strings) for _ in range(pending.num_samples)]
         result = asyncio.ensure_future(finished(owner, pending))
         try:
             while not (result.done() and feed.queue.empty()):
@@ -66,59 +61,39 @@ def add_openai_routes(
                 sample, token = next_token.result()
                 delta = texts[sample].add(token)
                 if delta:
-                    yield _event(chunk(sample, delta, None))
+                    yield _event(inference.chunk(pending, sample, delta, None))
             for index, choice in enumerate(result.result()):
                 rest = texts[index].rest(choice.text)
                 if rest:
-                    yield _event(chunk(index, rest, None))
-                yield _event(chunk(index, "", choice.finish_reason))
+                    yield _event(inference.chunk(pending, index, rest, None))
+                yield _event(inference.chunk(pending, index, "", choice.finish_reason))
         except BackendError as error:
             yield _event({"error": {"message": str(error), "type": "server_error", "code": error.status_code}})
         finally:
             result.cancel()
         yield "data: [DONE]\n\n"
 
+    def add_generation_route(path: str, name: str, endpoint: Endpoint) -> None:
+        """POST `path`: `endpoint`'s request, answered whole or streamed as its choices are drawn."""
+
+        async def generate(request: Request, who: BearerOwner) -> dict | StreamingResponse:
+            raw = await request.body()
+            body = parse(endpoint.request_type, raw)
+            if body.stream:
+                feed = TokenFeed()
+                pending = inference.submit(endpoint, who, body, raw, on_token=feed.put)
+                return _event_stream(streamed(who, pending, feed))
+            pending = inference.submit(endpoint, who, body, raw)
+            return inference.answer(pending, await finished(who, pending)).model_dump(mode="json")
+
+        app.post(path, response_model=None, name=name)(generate)
+
     @app.get("/v1/models")
     async def models(who: BearerOwner) -> dict:
         return inference.models(who).model_dump(mode="json")
 
-    @app.post("/v1/completions", response_model=None)
-    async def completions(request: Request, who: BearerOwner) -> dict | StreamingResponse:
-        raw = await request.body()
-        body = parse(oa.CompletionRequest, raw)
-        if body.stream:
-            feed = TokenFeed()
-            pending = inference.submit_completion(who, body, raw, on_token=feed.put)
-
-            def text(index: int, delta: str, finish_reason: str | None) -> dict:
-                return inference.completion_chunk(pending, index, delta, finish_reason)
-
-            return _event_stream(streamed(who, pending, feed, text, body.n))
-        pending = inference.submit_completion(who, body, raw)
-        choices = await finished(who, pending)
-        return inference.completion(pending, choices, want_logprobs=body.logprobs is not None).model_dump(mode="json")
-
-    @app.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(request: Request, who: BearerOwner) -> dict | StreamingResponse:
-        raw = await request.body()
-        body = parse(oa.ChatCompletionRequest, raw)
-        if body.stream:
-            feed = TokenFeed()
-            pending = inference.submit_chat(who, body, raw, on_token=feed.put)
-
-            def content(index: int, delta: str, finish_reason: str | None) -> dict:
-                return inference.chat_chunk(pending, index, oa.Delta(content=delta or None), finish_reason)
-
-            async def with_role() -> AsyncIterator[str]:
-                for index in range(body.n):
-                    yield _event(inference.chat_chunk(pending, index, oa.Delta(role="assistant", content=""), None))
-                async for event in streamed(who, pending, feed, content, body.n):
-                    yield event
-
-            return _event_stream(with_role())
-        pending = inference.submit_chat(who, body, raw)
-        choices = await finished(who, pending)
-        return inference.chat_completion(pending, choices, want_logprobs=body.logprobs).model_dump(mode="json")
+    add_generation_route("/v1/completions", "completions", inference.completions)
+    add_generation_route("/v1/chat/completions", "chat_completions", inference.chat)
 
 
 def _event(data: dict) -> str:

@@ -11,6 +11,7 @@ from trainer_backend.duty_cycle import TokenCounts
 from trainer_backend.engine.types import SamplingResult
 from trainer_backend.errors import BackendError
 from trainer_backend.ledger import Ledger, ResultFormat
+from trainer_backend.request_kinds import RequestKind
 from trainer_backend.samplers.interface import SampleJob
 from trainer_backend.tenant_usage import TenantUsage
 from trainer_backend.wire.proto import encode_sample_response
@@ -48,7 +49,9 @@ class SampleAnswers:
             self.ledger.fail(job.request_id, str(outcome), outcome.category)
         elif isinstance(outcome, Exception):
             log.error("sampling request %s failed", job.request_id, exc_info=outcome)
-            self.ledger.fail(job.request_id, f"internal error in sample: {type(outcome).__name__}", "server")
+            self.ledger.fail(
+                job.request_id, f"internal error in {RequestKind.SAMPLE}: {type(outcome).__name__}", "server"
+            )
         else:
             self.ledger.complete(job.request_id, *self.encode(job, outcome))
 

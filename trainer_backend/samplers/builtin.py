@@ -8,6 +8,7 @@ from pathlib import Path
 
 from trainer_backend.engine.model_engine import MAX_SAMPLING_ROWS, ModelEngine
 from trainer_backend.engine.types import LoraSettings, SamplerCall, SamplingInputError
+from trainer_backend.request_kinds import RequestKind
 from trainer_backend.samplers.answers import SampleAnswers, generated_tokens
 from trainer_backend.samplers.interface import SampleJob
 from trainer_backend.scheduler import BatchBudget, Operation, Outcome, PauseCallback, Scheduler
@@ -44,7 +45,7 @@ class BuiltinSampler:
         self.scheduler.submit(
             Operation(
                 job.request_id,
-                "sample",
+                RequestKind.SAMPLE,
                 job.lane,
                 None,
                 None,

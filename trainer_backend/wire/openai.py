@@ -122,11 +122,19 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogprobs | None = None
 
 
-class Completion(BaseModel):
+class Answer(BaseModel):
+    """What every answer and stream chunk starts with; each kind names its `object` and adds its choices."""
+
     id: str
-    object: Literal["text_completion"] = "text_completion"
+    object: str
     created: int
     model: str
+
+
+class Completion(Answer):
+    """An answer of /v1/completions, and each chunk of its stream (without usage)."""
+
+    object: Literal["text_completion"] = "text_completion"
     choices: list[CompletionChoice]
     usage: Usage | None = None
 
@@ -154,11 +162,8 @@ class ChatChoice(BaseModel):
     logprobs: ChoiceLogprobs | None = None
 
 
-class ChatCompletion(BaseModel):
-    id: str
+class ChatCompletion(Answer):
     object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
     choices: list[ChatChoice]
     usage: Usage
 
@@ -175,11 +180,8 @@ class ChatChunkChoice(BaseModel):
     logprobs: ChoiceLogprobs | None = None
 
 
-class ChatCompletionChunk(BaseModel):
-    id: str
+class ChatCompletionChunk(Answer):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
     choices: list[ChatChunkChoice]
 
 
