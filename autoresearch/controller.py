@@ -39,7 +39,7 @@ from autoresearch.errors import CandidateError, ConfigurationError, ExecutorErro
 from autoresearch.executors import TrialExecutor, TrialPhase
 from autoresearch.executors.base import stop_or_warn
 from autoresearch.proposer import LlmProposer
-from autoresearch.search import candidate_from_params, check_candidate, distributions, trial_config_of
+from autoresearch.search import Candidate, candidate_from_params, check_candidate, distributions, trial_config_of
 from autoresearch.shared_warmup import SharedWarmups
 from autoresearch.spec import StudySpec
 from autoresearch.study import ENDED, RlGain, history, rl_gain_from, run_id_of
@@ -132,14 +132,17 @@ class Controller:
             self._record_rejection(f"round {state['round']}: {error}; Optuna's sampler proposes instead")
             return {"round": state["round"] + 1}
         count_llm_candidates(self.study, "proposed", len(proposed))
-        for candidate in proposed:
+        earlier = {f"trial {t.number}'s": t.params for t in self._trials(TrialState.RUNNING, *ENDED)}
+        for index, candidate in enumerate(proposed):
             try:
                 check_candidate(self.spec, candidate.params, candidate.reward_weights)
+                _check_new(candidate, earlier)
             except CandidateError as error:
                 self._record_rejection(f"round {state['round']}: {candidate.rationale!r} rejected: {error}")
                 continue
             queued = TrialAttributes(rationale=candidate.rationale, source=candidate.source)
             self.study.enqueue_trial(candidate.optuna_params(), user_attrs=queued.user_attrs())
+            earlier[f"candidate {index + 1} of this round's"] = candidate.optuna_params()
             count_llm_candidates(self.study, "valid", 1)
         return {"round": state["round"] + 1}
 
@@ -292,3 +295,11 @@ class Controller:
     def _record_rl_gain(self, trial: optuna.Trial, gain: RlGain) -> None:
         """What RL added over the warm-up, as user attributes the dashboard shows (set before the trial ends)."""
         TrialAttributes(held_out_at_rl_start=gain.at_start, rl_gain=gain.gain).write_to(trial)
+
+
+def _check_new(candidate: Candidate, earlier: dict[str, dict[str, object]]) -> None:
+    """Raises CandidateError when the candidate repeats an earlier trial's or candidate's parameters and reward
+    weights: run again, it would spend a trial slot to retrace the same curve."""
+    for whose, params in earlier.items():
+        if candidate.repeats(params):
+            raise CandidateError(f"it repeats {whose} parameters and reward weights")

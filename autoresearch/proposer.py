@@ -92,8 +92,8 @@ def system_prompt(spec: StudySpec) -> str:
         "You design experiments for LoRA reinforcement-learning post-training of a small language model on a task. "
         f"{task_class(spec.task).description} Each trial trains with the hyperparameters and reward you choose and "
         "is judged only on held-out accuracy, never on its training reward. Propose candidates inside the search "
-        "space; explain each in one or two sentences. Learn from the history: repeat what scored well with "
-        "variations, avoid what failed."
+        "space; explain each in one or two sentences. Learn from the history: vary what scored well, avoid what "
+        "failed, and never repeat a trial's exact values (a repeat is rejected: the same values rerun the same trial)."
     )
 
 

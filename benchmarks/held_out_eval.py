@@ -8,8 +8,9 @@ of the dev split. The dev questions are over two databases, so most of each prom
 may prefill each schema once. The only difference between the two runs is the server: `--before` is checked out
 into a temporary directory and its `python -m trainer_backend serve` runs from there.
 
-Prints the wall time of each evaluation and their ratio, and checks that both servers gave the same answers (greedy
-decoding: any difference beyond float rounding would change some answer).
+Prints the wall time of each evaluation and their ratio, each backend's peak resident memory during it (sampled
+twice a second), and checks that both servers gave the same answers (greedy decoding: any difference beyond float
+rounding would change some answer).
 """
 
 from __future__ import annotations
@@ -17,26 +18,35 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from autoresearch.sdk_logging import quiet_sdk_logs
 from autoresearch.trials.config import load_trial_config
 from autoresearch.trials.evaluation import evaluate_checkpoint
 from benchmarks.against_commit import compared_trees, server_from
-from benchmarks.rl_step import RECIPES
+from benchmarks.rl_step import RECIPES, MemoryWatch
 from tasks.report import HeldOutReport
 from trainer_backend.models.gemma import GEMMA_3_270M
 from trainer_backend.models.registry import default_cache_root, resolve_base_model
 
 
-def measure(tree: Path, workdir: Path, name: str, eval_size: int) -> tuple[float, HeldOutReport]:
+@dataclass(frozen=True)
+class Evaluation:
+    seconds: float
+    peak_gib: float  # the backend's resident memory at its highest, from its start to the evaluation's end
+    report: HeldOutReport
+
+
+def measure(tree: Path, workdir: Path, name: str, eval_size: int) -> Evaluation:
     folder = resolve_base_model(GEMMA_3_270M, default_cache_root()).folder
     trial = RECIPES[GEMMA_3_270M].trial
     config = load_trial_config(trial).model_copy(update={"eval_size": eval_size, "base_model": str(folder)})
-    with server_from(tree, workdir / f"{name}-backend", folder) as (url, _):
+    with server_from(tree, workdir / f"{name}-backend", folder) as (url, server), MemoryWatch(server, 2**40) as watch:
         started = time.perf_counter()
         report = evaluate_checkpoint(config, url)
-        return time.perf_counter() - started, report
+        seconds = time.perf_counter() - started
+    return Evaluation(seconds, watch.peak_bytes / 2**30, report)
 
 
 def main() -> None:
@@ -58,15 +68,22 @@ def main() -> None:
                 with console.status(f"{tree.name} server: evaluating {args.eval_size} dev questions on Gemma 3 270M"):
                     results[tree.name] = measure(tree.folder, workdir, tree.name, args.eval_size)
     table = Table(title=f"held-out evaluation, Gemma 3 270M base model, {args.eval_size} dev questions, greedy")
-    for column in ("server", "wall s", "questions/s", "execution accuracy"):
+    for column in ("server", "wall s", "questions/s", "execution accuracy", "backend peak RSS"):
         table.add_column(column, justify="right" if column != "server" else "left")
-    for name, (seconds, report) in results.items():
+    for name, run in results.items():
         label = f"before ({args.before})" if name == "before" else "this tree"
-        table.add_row(label, f"{seconds:.1f}", f"{args.eval_size / seconds:.2f}", f"{report.accuracy:.1%}")
+        table.add_row(
+            label,
+            f"{run.seconds:.1f}",
+            f"{args.eval_size / run.seconds:.2f}",
+            f"{run.report.accuracy:.1%}",
+            f"{run.peak_gib:.1f} GiB",
+        )
     console.print(table)
-    (before_s, before), (new_s, new) = results["before"], results["new"]
-    differing = sum(a.completion != b.completion for a, b in zip(before.answers, new.answers, strict=True))
-    console.print(f"wall time, new ÷ before: {new_s / before_s:.2f}; answers that differ: {differing}")
+    before, new = results["before"], results["new"]
+    pairs = zip(before.report.answers, new.report.answers, strict=True)
+    differing = sum(a.completion != b.completion for a, b in pairs)
+    console.print(f"wall time, new ÷ before: {new.seconds / before.seconds:.2f}; answers that differ: {differing}")
     console.print(f"command: python -m benchmarks.held_out_eval --before {args.before} --eval-size {args.eval_size}")
 
 

@@ -24,6 +24,7 @@ from autoresearch.attributes import SHARED_WARMUP_PREFIX, SharedWarmup, StudyAtt
 from autoresearch.controller import Controller
 from autoresearch.controller_state import open_controller_state
 from autoresearch.executors import LocalExecutor
+from autoresearch.proposer import LlmProposer
 from autoresearch.search import distributions
 from autoresearch.shared_warmup import shared_warmup_run_id
 from autoresearch.study import open_study
@@ -86,6 +87,35 @@ def test_a_study_runs_its_budget_with_llm_proposals_rejections_pruning_and_notes
     rejected = study.user_attrs["rejected_proposals"]
     assert any("reward_weights.style_points" in reason for reason in rejected), rejected
     assert "PPO with a format bonus did no better" in get_note(study)
+
+
+def test_a_candidate_that_repeats_a_trial_or_another_candidate_is_rejected_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trial's seed is fixed, so a repeat of an earlier trial's values would retrace its run: the LLM's repeat of
+    trial 0, and its second copy of a new candidate, are rejected with what they repeat; the new one is queued."""
+    monkeypatch.setenv("SCRIPTED_LLM_KEY", "sk-test")
+    first, second = PROPOSAL["candidates"]
+    with scripted_llm() as llm:
+        llm.say({"candidates": [first, second, second]})
+        spec = tiny_spec(
+            tmp_path,
+            "http://127.0.0.1:9",  # proposing reaches no backend
+            llm={"base_url": llm.url, "model": "scripted", "api_key_env": "SCRIPTED_LLM_KEY", "max_retries": 0},
+            budget={"trials": 4, "concurrency": 3, "steps_per_trial": 1, "candidates_per_round": 3},
+        )
+        study = open_study(spec)
+        ran = {**first["params"], **{f"reward.{kind}": w for kind, w in first["reward_weights"].items()}}
+        study.add_trial(optuna.trial.create_trial(params=ran, distributions=distributions(spec), values=[0.25]))
+        controller = Controller(spec, study, LocalExecutor(tmp_path / "trials"), LlmProposer(spec.llm), [llm.url])
+        controller.propose({"round": 0, "analysed": 0})
+
+    queued = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    assert [t.user_attrs["rationale"] for t in queued] == ["batch 2"]
+    rejected = StudyAttributes.of(study).rejected_proposals
+    assert len(rejected) == 2, rejected
+    assert "'PPO + fmt' rejected: it repeats trial 0's parameters" in rejected[0]
+    assert "'batch 2' rejected: it repeats candidate 2 of this round's parameters" in rejected[1]
 
 
 def test_a_study_whose_llm_is_a_real_model_under_a_json_schema_finishes_its_budget(
