@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -284,14 +284,10 @@ class Scheduler:
 
     def stats(self) -> SchedulerStats:
         with self._condition:
-            queued_by_owner: dict[str, int] = {}
-            for operation in (op for lane in self._lanes.values() for op in lane.operations()):
-                if operation.owner is not None:
-                    queued_by_owner[operation.owner] = queued_by_owner.get(operation.owner, 0) + 1
             return SchedulerStats(
                 queued=self._queued(),
                 queued_by_lane={name: len(lane) for name, lane in self._lanes.items() if len(lane)},
-                queued_by_owner=queued_by_owner,
+                queued_by_owner=dict(self._queued_by_owner()),
                 busy_seconds=self._busy_seconds,
                 operations_by_kind=dict(self._operations_by_kind),
                 batches=self._batches,
@@ -311,8 +307,11 @@ class Scheduler:
     def _queued(self) -> int:
         return sum(len(lane) for lane in self._lanes.values())
 
+    def _queued_by_owner(self) -> Counter[str]:
+        return Counter(op.owner for lane in self._lanes.values() for op in lane.operations() if op.owner is not None)
+
     def _queued_by(self, owner: str) -> int:
-        return sum(op.owner == owner for lane in self._lanes.values() for op in lane.operations())
+        return self._queued_by_owner()[owner]
 
     def _next(self, only_interleaving: bool = False) -> list[Operation]:
         """The ready operation of the least recently served lane, with every ready operation it can batch with.
