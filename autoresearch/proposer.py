@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -26,6 +27,11 @@ from tasks.registry import task_class
 
 # The most candidates one reply may hold (Budget.candidates_per_round's bound).
 MAX_CANDIDATES = 16
+# An analysis is a note of a few sentences: this many, in at most this many tokens of the LLM's reply.
+ANALYSIS_SENTENCES = 5
+ANALYSIS_MAX_TOKENS = 256
+# Where a sentence ends: ., ! or ? and a space, not after a digit (a numbered list's "1. ").
+_SENTENCE_END = re.compile(r"(?<=[^\d\s][.!?])\s+")
 
 
 # A candidate as the LLM writes it, part of the reply's JSON schema (so no docstring: it would be sent as the schema's
@@ -174,14 +180,22 @@ class LlmProposer:
     def analyze(self, spec: StudySpec, history: list[TrialRecord], baseline: float | None = None) -> str:
         """A few sentences on what worked and what to try next, for a note on the study."""
         prompt = (
-            f"{_history_text(history, baseline)}\n\nIn at most five sentences: what worked, what did not, and what to "
-            "try next. Plain text."
+            f"{_history_text(history, baseline)}\n\nIn at most {ANALYSIS_SENTENCES} sentences: what worked, what did "
+            "not, and what to try next. Plain text."
         )
+        chat = self.chat.bind(max_tokens=min(ANALYSIS_MAX_TOKENS, self.settings.max_tokens))
         try:
-            reply = self.chat.invoke([SystemMessage(system_prompt(spec)), HumanMessage(prompt)])
+            reply = chat.invoke([SystemMessage(system_prompt(spec)), HumanMessage(prompt)])
         except openai.APIError as error:
             raise ProposalError(f"the LLM at {self.settings.base_url} failed to analyse: {error}") from None
-        return str(reply.content).strip()
+        return _first_sentences(str(reply.content), ANALYSIS_SENTENCES)
+
+
+def _first_sentences(text: str, count: int) -> str:
+    """The first `count` distinct sentences of `text`. A small model asked for a few sentences may repeat one until
+    its tokens run out (Qwen2.5-Coder-0.5B did in the main study); the note keeps what it said once."""
+    sentences = (s for s in _SENTENCE_END.split(text.strip()) if s)
+    return " ".join(list(dict.fromkeys(sentences))[:count])
 
 
 def _reason(error: Exception) -> str:

@@ -10,7 +10,7 @@ from support.loopback import free_port
 from support.scripted_llm import ScriptedLlm, scripted_llm
 
 from autoresearch.errors import CandidateError, ProposalError
-from autoresearch.proposer import LlmProposer, TrialRecord
+from autoresearch.proposer import ANALYSIS_MAX_TOKENS, LlmProposer, TrialRecord
 from autoresearch.search import check_candidate
 from autoresearch.spec import LlmSettings, load_study_spec
 
@@ -114,6 +114,17 @@ def test_what_the_schema_cannot_say_is_still_checked_against_the_space() -> None
 def test_the_analysis_is_the_models_text(llm: ScriptedLlm) -> None:
     llm.say("Lower learning rates helped; try PPO next.")
     assert proposer(llm.url).analyze(SPEC, []) == "Lower learning rates helped; try PPO next."
+    assert llm.requests[0]["max_completion_tokens"] == ANALYSIS_MAX_TOKENS
+
+
+def test_an_analysis_that_loops_keeps_its_first_distinct_sentences(llm: ScriptedLlm) -> None:
+    """A small model repeats a sentence until its tokens run out: the note keeps each sentence once, five at most."""
+    llm.say("PPO at 2e-4 scored 0.56. 1. Format helped.\n" + "It ran the system many times. " * 40 + "Try 1e-4!")
+    assert proposer(llm.url).analyze(SPEC, []) == (
+        "PPO at 2e-4 scored 0.56. 1. Format helped. It ran the system many times. Try 1e-4!"
+    )
+    llm.say(" ".join(f"Sentence {n} of many." for n in range(9)))
+    assert proposer(llm.url).analyze(SPEC, []).endswith("Sentence 4 of many.")
 
 
 def test_a_missing_key_or_an_unreachable_endpoint_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
