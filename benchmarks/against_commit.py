@@ -2,8 +2,8 @@
 in a process of its own, so that one benchmark run measures both with nothing else different.
 
 `compared_trees` gives the trees to measure in turn (the commit's, then this one); `server_from` serves a base model
-with a tree's `python -m trainer_backend serve`; `run_module` runs a module of a tree to its end and returns the JSON
-object it printed last (a measurement in a fresh process).
+with a tree's `python -m trainer_backend serve`, and `MemoryWatch` follows its resident memory; `run_module` runs a
+module of a tree to its end and returns the JSON object it printed last (a measurement in a fresh process).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -105,3 +106,36 @@ def server_from(tree: Path, storage: Path, model_folder: Path) -> Iterator[tuple
     finally:
         server.terminate()
         server.wait(timeout=60)
+
+
+class MemoryWatch:
+    """Samples a process's resident memory twice a second for as long as the block runs; with `limit_bytes`, stops
+    the process when it grows past it."""
+
+    def __init__(self, process: subprocess.Popen, limit_bytes: int | None = None) -> None:
+        self.process, self.limit_bytes = process, limit_bytes
+        self.peak_bytes = 0
+        self.exceeded = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        status = Path(f"/proc/{self.process.pid}/status")
+        while not self._stop.wait(0.5):
+            try:
+                line = next(x for x in status.read_text().splitlines() if x.startswith("VmRSS:"))
+            except (OSError, StopIteration):
+                return
+            self.peak_bytes = max(self.peak_bytes, int(line.split()[1]) * 1024)
+            if self.limit_bytes is not None and self.peak_bytes > self.limit_bytes:
+                self.exceeded = True
+                self.process.kill()
+                return
+
+    def __enter__(self) -> MemoryWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()

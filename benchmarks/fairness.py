@@ -34,8 +34,8 @@ from autoresearch.trials.config import TrialConfig, load_trial_config
 from autoresearch.trials.evaluation import evaluate_checkpoint
 from autoresearch.trials.rl_loop import run_trial
 from benchmarks import ROOT
-from benchmarks.against_commit import compared_trees, server_from
-from benchmarks.rl_step import RECIPES, REWARD_WITH_SPREAD, MemoryWatch
+from benchmarks.against_commit import MemoryWatch, compared_trees, server_from
+from benchmarks.rl_step import RECIPES, REWARD_WITH_SPREAD
 from trainer_backend.ledger import Ledger, ResultFormat
 from trainer_backend.models.gemma import GEMMA_3_270M
 from trainer_backend.models.registry import default_cache_root, resolve_base_model
@@ -139,7 +139,7 @@ def run_b(config: TrialConfig, url: str, runs: Path, run_id: str) -> TrialRun:
 def run_engine(tree: Path, workdir: Path, model: str, steps: int) -> EngineFigures:
     b_config, a_config = tenant_configs(model, steps)
     model_name = b_config.base_model
-    with server_from(tree, workdir / "backend", Path(model_name)) as (url, server), MemoryWatch(server, 2**40) as watch:
+    with server_from(tree, workdir / "backend", Path(model_name)) as (url, server), MemoryWatch(server) as watch:
         alone = run_b(b_config, url, workdir / "runs", "b-alone").step_times_s
         started = time.time()
         evaluate_checkpoint(a_config, url)

@@ -24,8 +24,8 @@ from pathlib import Path
 from autoresearch.sdk_logging import quiet_sdk_logs
 from autoresearch.trials.config import load_trial_config
 from autoresearch.trials.evaluation import evaluate_checkpoint
-from benchmarks.against_commit import compared_trees, server_from
-from benchmarks.rl_step import RECIPES, MemoryWatch
+from benchmarks.against_commit import MemoryWatch, compared_trees, server_from
+from benchmarks.rl_step import RECIPES
 from tasks.report import HeldOutReport
 from trainer_backend.models.gemma import GEMMA_3_270M
 from trainer_backend.models.registry import default_cache_root, resolve_base_model
@@ -42,7 +42,7 @@ def measure(tree: Path, workdir: Path, name: str, eval_size: int) -> Evaluation:
     folder = resolve_base_model(GEMMA_3_270M, default_cache_root()).folder
     trial = RECIPES[GEMMA_3_270M].trial
     config = load_trial_config(trial).model_copy(update={"eval_size": eval_size, "base_model": str(folder)})
-    with server_from(tree, workdir / f"{name}-backend", folder) as (url, server), MemoryWatch(server, 2**40) as watch:
+    with server_from(tree, workdir / f"{name}-backend", folder) as (url, server), MemoryWatch(server) as watch:
         started = time.perf_counter()
         report = evaluate_checkpoint(config, url)
         seconds = time.perf_counter() - started

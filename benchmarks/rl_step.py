@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from autoresearch.sdk_logging import quiet_sdk_logs
 from autoresearch.trials.config import load_trial_config
 from autoresearch.trials.rl_loop import run_trial
 from benchmarks import ROOT
-from benchmarks.against_commit import compared_trees, server_from
+from benchmarks.against_commit import MemoryWatch, compared_trees, server_from
 from tasks.text2sql.rewards import RewardSpec
 from trainer_backend.models.gemma import GEMMA_3_270M
 from trainer_backend.models.qwen import QWEN_2_5_CODER_0_5B_INSTRUCT
@@ -63,38 +62,6 @@ REWARD_WITH_SPREAD = RewardSpec.parse(
         ]
     }
 )
-
-
-class MemoryWatch:
-    """Samples a process's resident memory twice a second; stops it when it grows past `limit_bytes`."""
-
-    def __init__(self, process: subprocess.Popen, limit_bytes: int) -> None:
-        self.process, self.limit_bytes = process, limit_bytes
-        self.peak_bytes = 0
-        self.exceeded = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-
-    def _watch(self) -> None:
-        status = Path(f"/proc/{self.process.pid}/status")
-        while not self._stop.wait(0.5):
-            try:
-                line = next(x for x in status.read_text().splitlines() if x.startswith("VmRSS:"))
-            except (OSError, StopIteration):
-                return
-            self.peak_bytes = max(self.peak_bytes, int(line.split()[1]) * 1024)
-            if self.peak_bytes > self.limit_bytes:
-                self.exceeded = True
-                self.process.kill()
-                return
-
-    def __enter__(self) -> MemoryWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def measure(tree: Path, workdir: Path, name: str, steps: int, recipe: Recipe, folder: Path, limit: int) -> dict:
