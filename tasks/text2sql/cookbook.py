@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import math
 import random
 from collections.abc import Sequence
@@ -47,6 +48,8 @@ try:
         StepResult,
     )
     from tinker_cookbook.tokenizer_utils import get_tokenizer
+
+    from tasks.chat_template_renderer import CHAT_TEMPLATE_RENDERER
 except ModuleNotFoundError as error:
     raise ModuleNotFoundError(
         f"tasks.text2sql.cookbook needs the optional `cookbook` extra ({error.name} is missing): {INSTALL_HINT}",
@@ -55,6 +58,10 @@ except ModuleNotFoundError as error:
 
 # The cookbook's renderer for base models (every "-Base" model in its model_info); Gemma 3 270M is one.
 BASE_MODEL_RENDERER = "role_colon"
+# The renderer's default: the tokenizer's own chat template when it has one (an instruct model such as
+# Qwen2.5-Coder-0.5B-Instruct), the base models' format otherwise.
+AUTO_RENDERER = "auto"
+logger = logging.getLogger(__name__)
 # The held-out subset is drawn with this seed, not the training seed, so every trial is scored on the same questions.
 _EVAL_SUBSET_SEED = 0
 
@@ -279,8 +286,9 @@ class Text2SqlDatasetBuilder(RLDatasetBuilder):
     batch_size: int = chz.field(validator=chz.validators.gt(0))
     # Rollouts per question; advantages are rewards centred within the group.
     group_size: int = chz.field(validator=chz.validators.gt(0))
-    # How prompts become tokens; the default suits base models such as Gemma 3 270M.
-    renderer_name: str = BASE_MODEL_RENDERER
+    # How prompts become tokens: a cookbook renderer's name, CHAT_TEMPLATE_RENDERER (the tokenizer's own chat
+    # template), or "auto": the chat template when the tokenizer has one, BASE_MODEL_RENDERER otherwise.
+    renderer_name: str = AUTO_RENDERER
     # The split trained on.
     split: str = "train"
     # The held-out split the loop evaluates every `eval_every` steps (one rollout per question); None for none.
@@ -336,8 +344,12 @@ class Text2SqlDatasetBuilder(RLDatasetBuilder):
 
     def _renderer(self) -> renderers.Renderer:
         tokenizer = get_tokenizer(self.model_name_for_tokenizer)
+        name = self.renderer_name
+        if name == AUTO_RENDERER:
+            name = CHAT_TEMPLATE_RENDERER if getattr(tokenizer, "chat_template", None) else BASE_MODEL_RENDERER
+            logger.info("Rendering prompts for %s with %r", self.model_name_for_tokenizer, name)
         try:
-            renderer = renderers.get_renderer(self.renderer_name, tokenizer, model_name=self.model_name_for_tokenizer)
+            renderer = renderers.get_renderer(name, tokenizer, model_name=self.model_name_for_tokenizer)
             # Some chat renderers (qwen3, deepseekv3) only find a tokenizer without their special tokens when they
             # render; one render here fails now rather than in the first rollout.
             renderer.build_generation_prompt([{"role": "user", "content": "Question:"}])
@@ -345,7 +357,7 @@ class Text2SqlDatasetBuilder(RLDatasetBuilder):
         # TypeError or ValueError, depending on the renderer.
         except (AssertionError, TypeError, ValueError) as error:
             raise CookbookSetupError(
-                f"renderer {self.renderer_name!r} does not work with the tokenizer of "
+                f"renderer {name!r} does not work with the tokenizer of "
                 f"{self.model_name_for_tokenizer!r}: {error}; base models use {BASE_MODEL_RENDERER!r}"
             ) from error
         return renderer

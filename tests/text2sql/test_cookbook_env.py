@@ -39,11 +39,13 @@ from tasks.text2sql.cookbook import (
 from tasks.text2sql.errors import CookbookSetupError
 from tasks.text2sql.prompts import tables_used
 from tasks.text2sql.rewards import ExecutionMatch, Format, LengthPenalty, ResultOverlap, RewardSpec
-from trainer_backend.models.tiny import TINY_MODEL_NAME, train_tiny_tokenizer
+from trainer_backend.models.tiny import IM_END, TINY_MODEL_NAME, train_tiny_chatml_tokenizer, train_tiny_tokenizer
 from trainer_backend.server import running_server
 
 # Unit tests render with the tiny model's tokenizer under a name of their own; the loop test registers the server's.
 TOKENIZER = "text2sql-tests/tiny-tokenizer"
+# A tokenizer with a chat template (ChatML, Qwen2's), as an instruct model's.
+CHAT_TOKENIZER = "text2sql-tests/tiny-chatml-tokenizer"
 # Every component at its best for the gold query: 1 + 0.2 + 0.1.
 SPEC = RewardSpec(components=(ExecutionMatch(weight=1.0), ResultOverlap(weight=0.2), Format(weight=0.1)))
 GOLD_REWARD = 1.3
@@ -55,6 +57,14 @@ def tokenizer() -> Iterator[Tokenizer]:
     register_tokenizer(TOKENIZER, lambda: tiny)
     yield tiny
     unregister_tokenizer(TOKENIZER)
+
+
+@pytest.fixture(scope="module")
+def chat_tokenizer() -> Iterator[Tokenizer]:
+    chatml = train_tiny_chatml_tokenizer()
+    register_tokenizer(CHAT_TOKENIZER, lambda: chatml)
+    yield chatml
+    unregister_tokenizer(CHAT_TOKENIZER)
 
 
 def build(**overrides: object) -> tuple[Text2SqlRLDataset, Text2SqlRLDataset | None]:
@@ -87,6 +97,25 @@ def test_the_observation_is_the_task_prompt_as_the_user_turn(tokenizer: Tokenize
     assert "CREATE TABLE" in text
     assert text.endswith("SQL:\n\nAssistant:")
     assert stop == ["\n\nUser:"]
+
+
+def test_a_tokenizer_with_a_chat_template_gets_its_own_chat_format_and_stop_token(
+    chat_tokenizer: Tokenizer,
+) -> None:
+    group = build(model_name_for_tokenizer=CHAT_TOKENIZER)[0].get_batch(0)[0]
+    env = asyncio.run(group.make_envs())[0]
+    observation, stop = asyncio.run(env.initial_observation())
+    user_turn = [{"role": "user", "content": env.prompt}]
+    template = chat_tokenizer.apply_chat_template(user_turn, add_generation_prompt=True, return_dict=True)
+    assert observation.to_ints() == template["input_ids"]
+    end_of_turn = chat_tokenizer.convert_tokens_to_ids(IM_END)
+    assert stop == [end_of_turn]
+    # Rollout workers rebuild the renderer from its registered name.
+    env = asyncio.run(pickle.loads(pickle.dumps(group)).make_envs())[0]
+    action = [*chat_tokenizer.encode(f"{env.example.gold_sql};", add_special_tokens=False), end_of_turn]
+    result = asyncio.run(env.step(action))
+    assert result.reward == pytest.approx(GOLD_REWARD)
+    assert result.next_stop_condition == [end_of_turn]
 
 
 def test_the_gold_sql_earns_the_specs_gold_reward(tokenizer: Tokenizer) -> None:
