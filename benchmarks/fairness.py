@@ -122,25 +122,52 @@ def tenant_configs(model: str, steps: int) -> tuple[TrialConfig, TrialConfig]:
 
 
 @dataclass(frozen=True)
-class TrialRun:
+class Step:
+    """One of B's RL steps on the wall clock."""
+
     started: float
     ended: float
-    step_times_s: list[float]
+
+    @property
+    def seconds(self) -> float:
+        return self.ended - self.started
 
 
-def run_b(config: TrialConfig, url: str, runs: Path, run_id: str) -> TrialRun:
-    """One trial of B's RL steps on `url`, with when it ran (wall clock)."""
-    started = time.time()
-    run_trial(config.model_copy(update={"run_id": run_id}), url, runs, progress=False)
-    metrics = [json.loads(line) for line in (runs / run_id / "metrics.jsonl").read_text().splitlines()]
-    return TrialRun(started, time.time(), [m["step_time_s"] for m in metrics])
+# How often B's metrics file is read for steps that have just ended: the resolution of a step's end time.
+STEP_POLL_S = 0.5
+
+
+def run_b(config: TrialConfig, url: str, runs: Path, run_id: str) -> list[Step]:
+    """One trial of B's RL steps on `url`, each step placed on the wall clock: it ends when its metrics line appears
+    (read every STEP_POLL_S) and began its `step_time_s` before."""
+    metrics = runs / run_id / "metrics.jsonl"
+    ended_at: list[float] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(STEP_POLL_S):
+            # Whole lines only: one may be half written.
+            finished = metrics.read_text().count("\n") if metrics.exists() else 0
+            ended_at.extend([time.time()] * (finished - len(ended_at)))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        run_trial(config.model_copy(update={"run_id": run_id}), url, runs, progress=False)
+    finally:
+        done.set()
+        watcher.join()
+    lines = metrics.read_text().splitlines()
+    ended_at.extend([time.time()] * (len(lines) - len(ended_at)))
+    times = [json.loads(line)["step_time_s"] for line in lines]
+    return [Step(end - seconds, end) for end, seconds in zip(ended_at, times, strict=True)]
 
 
 def run_engine(tree: Path, workdir: Path, model: str, steps: int) -> EngineFigures:
     b_config, a_config = tenant_configs(model, steps)
     model_name = b_config.base_model
     with server_from(tree, workdir / "backend", Path(model_name)) as (url, server), MemoryWatch(server) as watch:
-        alone = run_b(b_config, url, workdir / "runs", "b-alone").step_times_s
+        alone = [step.seconds for step in run_b(b_config, url, workdir / "runs", "b-alone")]
         started = time.time()
         evaluate_checkpoint(a_config, url)
         a_alone = time.time() - started
@@ -154,13 +181,15 @@ def run_engine(tree: Path, workdir: Path, model: str, steps: int) -> EngineFigur
 
         a_thread = threading.Thread(target=evaluate)
         a_thread.start()
-        beside: list[TrialRun] = []
+        beside: list[Step] = []
+        trials = 0
         while a_thread.is_alive():
-            beside.append(run_b(b_config, url, workdir / "runs", f"b-beside-{len(beside)}"))
+            beside += run_b(b_config, url, workdir / "runs", f"b-beside-{trials}")
+            trials += 1
         a_thread.join()
     begin, end = a_window
-    # Only B's trials that ran wholly while A's evaluation did.
-    during = [step for run in beside if run.started >= begin - 1 and run.ended <= end for step in run.step_times_s]
+    # Only B's steps that ran wholly while A's evaluation did.
+    during = [step.seconds for step in beside if step.started >= begin and step.ended <= end]
     return EngineFigures(
         b_step_alone_s=statistics.median(alone),
         b_step_beside_a_s=statistics.median(during) if during else float("nan"),

@@ -11,8 +11,9 @@ generation batch's rows and tokens), so a tenant with hundreds of queued request
 whole of it, and others' requests join the next call. A batch kind may have a gathering window: its oldest ready
 operation waits until it is that old before the batch is formed, so that requests a client sends together (an RL
 step's prompts, a few milliseconds apart) run as one batch instead of the first alone and the rest behind it. A long
-call may pause between its steps to let other tenants' short operations run. Busy time is measured around each
-device call.
+call may pause between its steps to let other tenants' short operations run, and a batch kind may nest: another
+tenant's gathered operations of that kind run then as a batch of their own (a light tenant's generation does not wait
+for a heavy tenant's to end). Busy time is measured around each device call.
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ BatchRunner = Callable[[Sequence["Operation[Any]"], PauseCallback], Sequence[Out
 SchedulingPolicy = Literal["least_recently_served", "fifo"]
 # Operations handed to a batch runner at once; the runner may still split them by its own limits.
 MAX_BATCH_OPERATIONS = 64
+# A running batch lets other tenants' work run in its pauses while that work has taken at most this many times the
+# batch's own device time, so a long generation keeps a third of the device however busy the others are. Measured
+# with Gemma 3 270M (benchmarks.fairness --engine): with no bound, a tenant's RL steps beside another tenant's
+# 332-prompt evaluation ran about as fast as alone, and the evaluation's batches took 8 to 9 times as long.
+PAUSE_SHARE_LIMIT = 2.0
 
 
 @dataclass(frozen=True)
@@ -179,6 +185,7 @@ class Scheduler:
         self._batch_runners = dict(batch_runners or {})
         self._batch_windows_s = dict(batch_windows_s or {})
         self._batch_budgets = dict(batch_budgets or {})
+        self._nesting_kinds: set[str] = set()
         # When the batch the worker waits to gather may form (monotonic); None when it waits for nothing.
         self._gathering_until: float | None = None
         self._batches = 0
@@ -208,15 +215,26 @@ class Scheduler:
         self._device_time_listeners.append(listener)
 
     def add_batch_kind(
-        self, kind: str, runner: BatchRunner, window_s: float = 0.0, budget: BatchBudget | None = None
+        self,
+        kind: str,
+        runner: BatchRunner,
+        window_s: float = 0.0,
+        budget: BatchBudget | None = None,
+        nests: bool = False,
     ) -> None:
         """Serve operations of batch kind `kind` with `runner` (as `batch_runners`, `batch_windows_s` and
-        `batch_budgets` do at construction), for a component built after the scheduler that queues its own work."""
+        `batch_budgets` do at construction), for a component built after the scheduler that queues its own work.
+
+        `nests`: while a batch pauses, operations of this kind from lanes that have none in it (gathered for the
+        kind's window) may run as a batch of their own, which does not pause; the runner must leave what the paused
+        batch uses alone."""
         with self._condition:
             self._batch_runners[kind] = runner
             self._batch_windows_s[kind] = window_s
             if budget is not None:
                 self._batch_budgets[kind] = budget
+            if nests:
+                self._nesting_kinds.add(kind)
 
     def submit(self, operation: Operation[Any]) -> None:
         """Queue an operation; raises OverloadedError when the queues are full (the client backs off)."""
@@ -322,10 +340,11 @@ class Scheduler:
         now = time.monotonic()
         # Set again below while the chosen batch still gathers; never left over from an earlier look.
         self._gathering_until = None
+        paused_lanes = {op.lane for op in self._running_operations} if only_interleaving else set()
         candidates = []
         for name, lane in self._lanes.items():
             operation = lane.ready()
-            if operation is not None and only_interleaving and not operation.interleaves:
+            if operation is not None and only_interleaving and not self._runs_in_pause(operation, paused_lanes, now):
                 continue
             if operation is not None:
                 lane.gap_since = None
@@ -350,7 +369,21 @@ class Scheduler:
         lane.last_served = now
         if first.batch_kind is None:
             return [first]
-        return [first, *self._batch_mates(first, [name for _, name, _ in candidates], now)]
+        # A nested batch takes nothing from the lanes of the batch it runs in.
+        mate_lanes = [name for _, name, _ in candidates if name not in paused_lanes]
+        return [first, *self._batch_mates(first, mate_lanes, now)]
+
+    def _runs_in_pause(self, operation: Operation, paused_lanes: set[str], now: float) -> bool:
+        """Whether `operation` may run while the batch of `paused_lanes` pauses: it interleaves, or it nests (its
+        kind nests, its lane has nothing in the paused batch, and its batch has gathered)."""
+        if operation.interleaves:
+            return True
+        kind = operation.batch_kind
+        return (
+            kind in self._nesting_kinds
+            and operation.lane not in paused_lanes
+            and now >= operation.enqueued_at + self._batch_windows_s.get(kind, 0.0)
+        )
 
     def _batch_mates(self, first: Operation, lane_names: list[str], now: float) -> list[Operation]:
         """Ready operations of `first`'s batch kind to run with it: one lane at a time in turn (in `lane_names`'
@@ -413,9 +446,13 @@ class Scheduler:
                 self._running_since = None
 
     def _pause(self) -> None:
-        """A long batch pauses: run one batch of other tenants' ready interleaving operations, if any."""
+        """A long batch pauses: run one batch of other tenants' ready operations that interleave or nest, if any, unless
+        they have had their share of this batch's time (PAUSE_SHARE_LIMIT)."""
         with self._condition:
-            batch = [] if self._stopping else self._next(only_interleaving=True)
+            running_s = time.monotonic() - (self._running_since or time.monotonic())
+            if self._stopping or self._paused_seconds > PAUSE_SHARE_LIMIT * (running_s - self._paused_seconds):
+                return
+            batch = self._next(only_interleaving=True)
             if not batch:
                 return
             paused, paused_operations = self._running, self._running_operations

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from trainer_backend.engine.adapters import AdapterPool
+from trainer_backend.engine.residency import SamplerAdapters
 from trainer_backend.engine.types import AdamSettings, LoraSettings
 from trainer_backend.errors import NotFoundError, UserInputError
 from trainer_backend.models.loading import LoadedModel, load_base_model
@@ -111,3 +112,27 @@ def test_deleting_the_last_adapter_restores_the_plain_base_model(loaded: LoadedM
     torch.testing.assert_close(pool.base_model(tokens).logits, before)
     with pytest.raises(NotFoundError, match="no adapter 'a'"):
         pool.parameters("a")
+
+
+def test_sampler_weights_a_running_batch_holds_stay_loaded_past_the_limit(loaded: LoadedModel, tmp_path: Path) -> None:
+    pool = AdapterPool(loaded.model)
+    folders = []
+    for index in range(3):
+        pool.create("trained", LoraSettings(rank=4, seed=index))
+        folder = tmp_path / f"sampler-{index}"
+        folder.mkdir()
+        pool.save("trained", folder, include_optimizer=False)
+        pool.delete("trained")
+        folders.append(folder)
+    sampler = SamplerAdapters(pool, limit=1)
+
+    with sampler.batch() as use:
+        outer = use(folders[0])
+        # A batch nested in this one's pause loads other weights: the paused batch's stay loaded.
+        with sampler.batch() as nested_use:
+            nested = nested_use(folders[1])
+            assert {outer, nested} <= set(pool.names)
+        assert outer in pool.names
+    # Once no batch holds them, the least recently used go as the limit says.
+    latest = sampler.use(folders[2])
+    assert [name for name in pool.names if name.startswith("sampler-")] == [latest]

@@ -2,16 +2,19 @@
 requests until its queue drains.
 
 A real server of the tiny model whose generation batch holds eight of tenant A's requests (`--max-generation-batch-
-tokens`). A sends 64 requests at once, then B sends two: B's are answered before most of A's.
+tokens`). A sends 64 requests at once, then B sends two: B's are answered before most of A's. And B's request does
+not even wait for A's running generation to end: it runs in one of its pauses.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
+import tinker
 from support.backends import TINY, tiny_server_config
-from support.trainer import RawApi, request_id_of
+from support.trainer import RawApi, request_id_of, status_of
 from tinker import types
 
 from trainer_backend.server import RunningServer, running_server
@@ -53,3 +56,25 @@ def test_a_tenants_requests_are_served_before_another_tenants_deep_queue_drains(
     # recorded within milliseconds of its last; now A's queue drains over batches of eight that run after B's.
     later = sum(done > b_done + SAME_CALL_S for done in a_done)
     assert later >= 2 * ROWS_OF_A_PER_BATCH, f"only {later} of A's 64 requests ran after B's"
+
+
+def test_a_tenants_request_runs_inside_another_tenants_long_generation(server: RunningServer) -> None:
+    key_a, key_b = "tml-nest-tenant-a", "tml-nest-tenant-b"
+    with (
+        tinker.ServiceClient(base_url=server.url, api_key=key_a) as client_a,
+        tinker.ServiceClient(base_url=server.url, api_key=key_b) as client_b,
+    ):
+        very_long = types.SamplingParams(max_tokens=400, temperature=1.0, stop=[])
+        a_future = client_a.create_sampling_client(base_model=TINY).sample(PROMPT, 1, very_long)
+        deadline = time.monotonic() + 30
+        while "sample" not in status_of(server, key_a)["device"]["running_kinds"]:
+            assert time.monotonic() < deadline, "A's generation never started"
+            time.sleep(0.02)
+
+        short = types.SamplingParams(max_tokens=8, temperature=1.0, stop=[])
+        b_result = client_b.create_sampling_client(base_model=TINY).sample(PROMPT, 4, short).result()
+        assert [len(sequence.tokens) for sequence in b_result.sequences] == [8] * 4
+        # B's answer came while A's generation was still running.
+        running = [f for f in status_of(server, key_a)["in_flight"] if f["kind"] == "sample"]
+        assert running and running[0]["state"] == "running"
+        assert len(a_future.result().sequences[0].tokens) == 400

@@ -12,6 +12,7 @@ from support.backends import TINY
 from support.trainer import next_token_datum, status_of
 from tinker import types
 
+from trainer_backend import scheduler as scheduler_module
 from trainer_backend.errors import OverloadedError, UserInputError
 from trainer_backend.ledger import FutureState, Ledger, ResultFormat
 from trainer_backend.scheduler import BatchBudget, Operation, Scheduler
@@ -328,6 +329,118 @@ def test_a_long_batch_pauses_for_other_tenants_short_operations_but_not_for_othe
     assert log == ["generation starts", ("trainer", 1), ("trainer", 2), "generation ends", ("other", 1)]
     stats = scheduler.stats()
     assert stats.operations_by_kind["op"] == 3 and stats.busy_seconds > busy_before
+
+
+def test_another_tenants_gathered_batch_nests_in_a_long_batchs_pause_but_the_same_tenants_waits(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
+) -> None:
+    log: list = []
+    window_s = 0.3
+    heavy_started = threading.Event()
+    proceed = threading.Event()
+    light = _sample_operation(ledger, "light", "light")
+    nested_at: list[float] = []
+
+    def generation(operations, pause):
+        payloads = [op.payload for op in operations]
+        if payloads == ["heavy"]:
+            log.append("heavy starts")
+            heavy_started.set()
+            proceed.wait(5)
+            # Pauses every few tokens until the light tenant's request has run (10 s at most).
+            deadline = time.monotonic() + 10
+            while not ledger.get(light.request_id).finished and time.monotonic() < deadline:
+                pause()
+                time.sleep(0.02)
+            log.append("heavy ends")
+        else:
+            nested_at.append(time.monotonic())
+            log.append(payloads)
+        return [(b"{}", ResultFormat.JSON) for _ in operations]
+
+    scheduler = start_scheduler()
+    scheduler.add_batch_kind("sample", generation, window_s=window_s, nests=True)
+    heavy = _sample_operation(ledger, "heavy", "heavy")
+    scheduler.submit(heavy)
+    assert heavy_started.wait(5)
+    more_of_heavy = _sample_operation(ledger, "heavy", "heavy-2")
+    for operation in (more_of_heavy, light):
+        scheduler.submit(operation)
+    proceed.set()
+    wait_for(lambda: all(ledger.get(op.request_id).finished for op in (heavy, more_of_heavy, light)))
+
+    # The light tenant's request ran inside the heavy generation, once its window had passed; the heavy tenant's own
+    # next request waited for its generation to end.
+    assert log == ["heavy starts", ["light"], "heavy ends", ["heavy-2"]]
+    assert nested_at[0] >= light.enqueued_at + window_s
+
+
+def test_a_long_batch_yields_at_most_its_share_of_the_device_to_other_tenants(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    share_limit = 2.0
+    monkeypatch.setattr(scheduler_module, "PAUSE_SHARE_LIMIT", share_limit)
+    other_work_s = 0.3
+    spans: dict[int, tuple[float, float]] = {}
+
+    def slow_step(seq_id: int) -> Callable[[], tuple[bytes, ResultFormat]]:
+        def work() -> tuple[bytes, ResultFormat]:
+            started = time.monotonic()
+            time.sleep(other_work_s)
+            spans[seq_id] = (started, time.monotonic())
+            return b"{}", ResultFormat.JSON
+
+        return work
+
+    steps = [_operation(ledger, "trainer", seq, [], slow_step(seq)) for seq in (1, 2)]
+
+    def long_generation(operations, pause):
+        for operation in steps:
+            operation.interleaves = True
+            scheduler.submit(operation)
+        deadline = time.monotonic() + 10
+        while len(spans) < 2 and time.monotonic() < deadline:
+            pause()
+            time.sleep(0.005)
+        return [(b"{}", ResultFormat.JSON) for _ in operations]
+
+    scheduler = start_scheduler(batch_runners={"sample": long_generation})
+    generation = _sample_operation(ledger, "sampler", "long")
+    scheduler.submit(generation)
+    wait_for(lambda: ledger.get(generation.request_id).finished)
+
+    assert set(spans) == {1, 2}, "both steps run inside the generation"
+    # The second step was ready at once (the next pause comes 5 ms later), but waited until the generation had run
+    # for its share again: half the first step's time at a limit of 2.
+    (first_start, first_end), (second_start, _) = spans[1], spans[2]
+    assert second_start - first_end >= 0.8 * (first_end - first_start) / share_limit
+
+
+def test_a_batch_kind_that_does_not_nest_waits_for_the_long_batch(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
+) -> None:
+    log: list = []
+    started = threading.Event()
+    proceed = threading.Event()
+
+    def generation(operations, pause):
+        payloads = [op.payload for op in operations]
+        log.append(payloads)
+        if payloads == ["heavy"]:
+            started.set()
+            proceed.wait(5)
+            for _ in range(3):
+                pause()
+        return [(b"{}", ResultFormat.JSON) for _ in operations]
+
+    scheduler = start_scheduler(batch_runners={"sample": generation})
+    heavy, light = _sample_operation(ledger, "heavy", "heavy"), _sample_operation(ledger, "light", "light")
+    scheduler.submit(heavy)
+    assert started.wait(5)
+    scheduler.submit(light)
+    proceed.set()
+    wait_for(lambda: all(ledger.get(op.request_id).finished for op in (heavy, light)))
+    assert log == [["heavy"], ["light"]]
 
 
 def test_the_fifo_policy_serves_in_arrival_order_across_tenants(

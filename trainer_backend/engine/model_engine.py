@@ -164,31 +164,37 @@ class ModelEngine:
         """Serve several sampling requests, of any mix of weights, in as few generation batches as fit.
 
         A batch holds at most `MAX_SAMPLING_ROWS` rows and `SAMPLER_ADAPTERS_KEPT` distinct sampler weights, so
-        loading one batch's adapters never evicts another of the same batch. `pause` is called every few decode
-        steps (see `sample_batch` in sampling.py).
+        loading one batch's adapters never evicts another of the same batch; nor does a batch that runs in its pause
+        (they are held while it runs). `pause` is called every few decode steps (see `sample_batch` in sampling.py).
         """
         outcomes: list[SamplingResult | SamplingInputError] = []
         for batch in _sampling_batches(calls):
-            # Each call's weights are resolved on their own: weights deleted while their request waited fail that
-            # request alone, never the other tenants' requests of the batch.
-            batch_outcomes: list[SamplingResult | SamplingInputError | None] = [None] * len(batch)
-            jobs, runnable = [], []
-            for index, call in enumerate(batch):
-                try:
-                    adapter = None if call.weights_folder is None else self.sampler_adapters.use(call.weights_folder)
-                except SamplingInputError as error:
-                    batch_outcomes[index] = error
-                    continue
-                eos = self.loaded.eos_token_ids if call.stop_at_eos else ()
-                jobs.append(SamplingJob(request=call.request, adapter=adapter, eos_token_ids=eos))
-                runnable.append(index)
-            if jobs:
-                model = self.adapters.peft_model or self.adapters.base_model
-                results = sample_batch(model, jobs, self._decode, self.loaded.max_context_length, pause)
-                for index, result in zip(runnable, results, strict=True):
-                    batch_outcomes[index] = result
-            outcomes += [outcome for outcome in batch_outcomes if outcome is not None]
+            with self.sampler_adapters.batch() as use:
+                outcomes += self._sample_one_batch(batch, use, pause)
         return outcomes
+
+    def _sample_one_batch(
+        self, batch: Sequence[SamplerCall], use: Callable[[Path], str], pause: Callable[[], None]
+    ) -> list[SamplingResult | SamplingInputError]:
+        # Each call's weights are resolved on their own: weights deleted while their request waited fail that
+        # request alone, never the other tenants' requests of the batch.
+        outcomes: list[SamplingResult | SamplingInputError | None] = [None] * len(batch)
+        jobs, runnable = [], []
+        for index, call in enumerate(batch):
+            try:
+                adapter = None if call.weights_folder is None else use(call.weights_folder)
+            except SamplingInputError as error:
+                outcomes[index] = error
+                continue
+            eos = self.loaded.eos_token_ids if call.stop_at_eos else ()
+            jobs.append(SamplingJob(request=call.request, adapter=adapter, eos_token_ids=eos))
+            runnable.append(index)
+        if jobs:
+            model = self.adapters.peft_model or self.adapters.base_model
+            results = sample_batch(model, jobs, self._decode, self.loaded.max_context_length, pause)
+            for index, result in zip(runnable, results, strict=True):
+                outcomes[index] = result
+        return [outcome for outcome in outcomes if outcome is not None]
 
     def _decode(self, tokens: Sequence[int]) -> str:
         return self.loaded.tokenizer.decode(list(tokens), skip_special_tokens=False)

@@ -12,8 +12,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import shutil
-from collections import OrderedDict
-from collections.abc import Collection
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from safetensors import SafetensorError
@@ -94,15 +95,38 @@ class AdapterResidency:
 
 class SamplerAdapters:
     """Sampler weights loaded in `adapters` from their checkpoint folders, at most `limit` (least recently used out
-    first), each under a name that changes when its folder's weights are saved again."""
+    first), each under a name that changes when its folder's weights are saved again.
+
+    Weights a running generation batch uses are held: none is unloaded until its batch ends, even past the limit. A
+    batch may run inside another's pause (another tenant's generation), and the paused batch still needs its own.
+    """
 
     def __init__(self, adapters: AdapterPool, limit: int) -> None:
         self.adapters = adapters
         self.limit = limit
         self._loaded: OrderedDict[str, None] = OrderedDict()
+        self._held: Counter[str] = Counter()
+
+    @contextmanager
+    def batch(self) -> Iterator[Callable[[Path], str]]:
+        """`use` for one generation batch: every adapter it returns stays loaded until the block ends."""
+        held: list[str] = []
+
+        def use(folder: Path) -> str:
+            name = self.use(folder)
+            self._held[name] += 1
+            held.append(name)
+            return name
+
+        try:
+            yield use
+        finally:
+            self._held.subtract(held)
+            self._held = +self._held
 
     def use(self, folder: Path) -> str:
-        """The loaded adapter of the sampler weights in `folder`, loading them on first use.
+        """The loaded adapter of the sampler weights in `folder`, loading them on first use; the least recently used
+        weights that no running batch holds are unloaded past the limit.
 
         Raises:
             SamplingInputError: the weights are gone or unreadable (deleted after the request was queued); the
@@ -126,7 +150,9 @@ class SamplerAdapters:
                 raise SamplingInputError(str(error)) from None
             raise SamplingInputError("the sampler weights were deleted or damaged before this request ran") from None
         self._loaded[name] = None
-        while len(self._loaded) > self.limit:
-            evicted, _ = self._loaded.popitem(last=False)
+        for evicted in [loaded for loaded in self._loaded if loaded != name and loaded not in self._held]:
+            if len(self._loaded) <= self.limit:
+                break
+            del self._loaded[evicted]
             self.adapters.delete(evicted)
         return name

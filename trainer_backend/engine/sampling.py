@@ -63,9 +63,11 @@ _PROMPT_LOGITS_BYTES = 256 * 2**20
 # character away from the match.
 _STOP_WINDOW_TOKENS_PER_CHAR = 4
 _STOP_WINDOW_MARGIN = 8
-# A generation calls its pause callback every this many decode steps, so that other tenants' short operations
-# (an optimizer step) wait for a few tokens, not for the whole generation.
-PAUSE_EVERY_STEPS = 8
+# A generation calls its pause callback every this many decode steps, so that other tenants' operations (an optimizer
+# step, a generation of their own) wait for a token, not for the whole generation. Every step: with 8, another
+# tenant's RL step waited about 3 s per operation for a 30-row evaluation batch of Gemma 3 270M (benchmarks.fairness),
+# and a pause with nothing to run only takes the scheduler's lock and looks at each lane's next operation.
+PAUSE_EVERY_STEPS = 1
 
 
 # PEFT's adapter name for rows of a mixed batch that go through no adapter (the base model).

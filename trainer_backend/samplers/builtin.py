@@ -24,7 +24,7 @@ SAMPLING_BATCH_WINDOW_S = 0.05
 
 class BuiltinSampler:
     """Samples on the device, in the scheduler's generation batches; the generation pauses every few tokens for other
-    tenants' training steps."""
+    tenants' training steps and generation batches."""
 
     name = "builtin"
 
@@ -36,7 +36,10 @@ class BuiltinSampler:
         self.scheduler = scheduler
         self.answers = answers
         self.max_batch_tokens = max_batch_tokens
-        scheduler.add_batch_kind(SAMPLING, self._run_batch, SAMPLING_BATCH_WINDOW_S, BatchBudget(self._share))
+        # Nested: a tenant's requests run in a pause of another tenant's generation rather than after its end.
+        scheduler.add_batch_kind(
+            SAMPLING, self._run_batch, SAMPLING_BATCH_WINDOW_S, BatchBudget(self._share), nests=True
+        )
 
     def serves(self, call: SamplerCall) -> str | None:
         return None
