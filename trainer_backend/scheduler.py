@@ -49,8 +49,9 @@ SchedulingPolicy = Literal["least_recently_served", "fifo"]
 MAX_BATCH_OPERATIONS = 64
 # A running batch lets other tenants' work run in its pauses while that work has taken at most this many times the
 # batch's own device time, so a long generation keeps a third of the device however busy the others are. Measured
-# with Gemma 3 270M (benchmarks.fairness --engine): with no bound, a tenant's RL steps beside another tenant's
-# 332-prompt evaluation ran about as fast as alone, and the evaluation's batches took 8 to 9 times as long.
+# with Gemma 3 270M (benchmarks.fairness --engine, docs/performance.md): with no bound, a tenant's RL steps beside
+# another tenant's 332-prompt evaluation ran about as fast as alone and the evaluation's batches took 9 times as long;
+# at 2, the RL steps took 1.20 times as long as alone and the evaluation no longer than before nested batches.
 PAUSE_SHARE_LIMIT = 2.0
 
 

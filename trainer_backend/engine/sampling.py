@@ -65,8 +65,9 @@ _STOP_WINDOW_TOKENS_PER_CHAR = 4
 _STOP_WINDOW_MARGIN = 8
 # A generation calls its pause callback every this many decode steps, so that other tenants' operations (an optimizer
 # step, a generation of their own) wait for a token, not for the whole generation. Every step: with 8, another
-# tenant's RL step waited about 3 s per operation for a 30-row evaluation batch of Gemma 3 270M (benchmarks.fairness),
-# and a pause with nothing to run only takes the scheduler's lock and looks at each lane's next operation.
+# tenant's operations waited about 3 s each for a pause of a 30-row evaluation batch of Gemma 3 270M
+# (benchmarks.fairness), and a pause with nothing to run only takes the scheduler's lock and looks at each lane's next
+# operation.
 PAUSE_EVERY_STEPS = 1
 
 
