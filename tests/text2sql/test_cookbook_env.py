@@ -51,20 +51,21 @@ SPEC = RewardSpec(components=(ExecutionMatch(weight=1.0), ResultOverlap(weight=0
 GOLD_REWARD = 1.3
 
 
+def registered(name: str, tokenizer: Tokenizer) -> Iterator[Tokenizer]:
+    """`tokenizer`, known to the cookbook as `name` until the fixture ends."""
+    register_tokenizer(name, lambda: tokenizer)
+    yield tokenizer
+    unregister_tokenizer(name)
+
+
 @pytest.fixture(scope="module")
 def tokenizer() -> Iterator[Tokenizer]:
-    tiny = train_tiny_tokenizer()
-    register_tokenizer(TOKENIZER, lambda: tiny)
-    yield tiny
-    unregister_tokenizer(TOKENIZER)
+    yield from registered(TOKENIZER, train_tiny_tokenizer())
 
 
 @pytest.fixture(scope="module")
 def chat_tokenizer() -> Iterator[Tokenizer]:
-    chatml = train_tiny_chatml_tokenizer()
-    register_tokenizer(CHAT_TOKENIZER, lambda: chatml)
-    yield chatml
-    unregister_tokenizer(CHAT_TOKENIZER)
+    yield from registered(CHAT_TOKENIZER, train_tiny_chatml_tokenizer())
 
 
 def build(**overrides: object) -> tuple[Text2SqlRLDataset, Text2SqlRLDataset | None]:
