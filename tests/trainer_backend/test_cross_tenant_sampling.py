@@ -73,11 +73,16 @@ def test_weights_deleted_while_their_request_waits_fail_that_request_alone(serve
 
     alone = answer(api_a, sample(api_a, greedy, base_model=TINY))
     batches_before = server.service.scheduler.stats().batched_operations
-    # A long request keeps the device busy while the others queue behind it, and the weights go meanwhile.
-    long_one = sample(api_a, types.SamplingParams(max_tokens=400, stop=[]), base_model=TINY)
-    deadline = time.monotonic() + 10
-    while long_one not in server.service.scheduler.stats().running and time.monotonic() < deadline:
-        time.sleep(0.005)
+    # Two other tenants keep the device busy while A's and B's requests queue, and the weights go meanwhile: C's long
+    # generation, and D's, which runs in one of its pauses and does not pause itself. Behind a generation that pauses,
+    # B's request would run at once in a pause, alone.
+    blockers = [RawApi(server.url, "tml-tenant-c-blocks"), RawApi(server.url, "tml-tenant-d-blocks")]
+    long_ones = []
+    for blocker in blockers:
+        long_ones.append(sample(blocker, types.SamplingParams(max_tokens=400, stop=[]), base_model=TINY))
+        deadline = time.monotonic() + 10
+        while long_ones[-1] not in server.service.scheduler.stats().running and time.monotonic() < deadline:
+            time.sleep(0.005)
     queued_a = [sample(api_a, greedy, base_model=TINY) for _ in range(3)]
     queued_b = sample(api_b, greedy, model_path=path_b)
     rest_b = tinker.RestClient(base_url=server.url, api_key=key_b)
@@ -89,7 +94,7 @@ def test_weights_deleted_while_their_request_waits_fail_that_request_alone(serve
     storage = str(server.service.checkpoints.root.parent)
     assert "deleted" in message and storage not in message and "tenant-a" not in message
     assert [answer(api_a, request_id) for request_id in queued_a] == [alone] * 3
-    assert len(answer(api_a, long_one)) == 2
+    assert [len(answer(blocker, request_id)) for blocker, request_id in zip(blockers, long_ones, strict=True)] == [2, 2]
     # The requests did queue together: B's was resolved inside a batch with A's. (The scheduler counts a batch once
     # it has recorded its outcomes, a moment after their futures finish.)
     deadline = time.monotonic() + 10
