@@ -3,7 +3,7 @@
 Transformers' `DynamicCache` appends each decode step's keys and values with `torch.cat`, copying the whole cache
 of every layer at every step: on a CPU that was a fifth of a decode step at 32 rows. A generation knows its final
 length (prompt plus `max_tokens`), so each layer here writes into a buffer of that length and hands attention a
-view of the filled part. Rows that stop are dropped from the buffer as from a dynamic cache.
+view of the filled part. Rows that stop are dropped as from a dynamic cache, the rest moved up in place.
 
 Sliding-window layers keep their whole history only while it stays inside the window, which is when they equal a
 full layer; a generation that would outgrow the window keeps transformers' own sliding layer for them.
@@ -50,10 +50,18 @@ class _PreallocatedLayer(DynamicLayer):
         return self.keys, self.values
 
     def batch_select_indices(self, indices: Tensor) -> None:
+        # Rows that stop leave: the kept ones move to the front of the same buffers. A new pair of buffers each time
+        # rows stop leaves the allocator holes the next, smaller pair does not fit (gigabytes over a generation batch
+        # of 64 rows). Selecting more rows than there are (a prompt's cache repeated for its samples) makes new ones.
         if self.is_initialized:
             length = self.keys.shape[-2]
-            self._key_buffer = self._key_buffer[indices]
-            self._value_buffer = self._value_buffer[indices]
+            for name in ("_key_buffer", "_value_buffer"):
+                buffer = getattr(self, name)
+                selected = buffer[indices]
+                if len(selected) <= len(buffer):
+                    buffer[: len(selected)] = selected
+                    selected = buffer[: len(selected)]
+                setattr(self, name, selected)
             self._views(length)
 
     def batch_repeat_interleave(self, repeats: int) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from trainer_backend.engine.adapters import AdapterPool
+from trainer_backend.engine.host_memory import release_freed_memory
 from trainer_backend.engine.logprobs import full_logits_target_logprobs, target_logprobs
 from trainer_backend.engine.microbatches import (
     ACTIVATION_BUDGET_BYTES,
@@ -131,6 +132,7 @@ class ModelEngine:
             self.residency.use([calls[i].model_id for i in group])
             for index, outcome in zip(group, self.training.run([calls[i] for i in group]), strict=True):
                 outcomes[index] = outcome
+        release_freed_memory()
         return outcomes
 
     def optim_step(self, model_id: str, adam: AdamSettings) -> dict[str, float]:
@@ -171,6 +173,7 @@ class ModelEngine:
         for batch in _sampling_batches(calls):
             with self.sampler_adapters.batch() as use:
                 outcomes += self._sample_one_batch(batch, use, pause)
+        release_freed_memory()
         return outcomes
 
     def _sample_one_batch(
