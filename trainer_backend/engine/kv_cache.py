@@ -51,8 +51,9 @@ class _PreallocatedLayer(DynamicLayer):
 
     def batch_select_indices(self, indices: Tensor) -> None:
         # Rows that stop leave: the kept ones move to the front of the same buffers. A new pair of buffers each time
-        # rows stop leaves the allocator holes the next, smaller pair does not fit (gigabytes over a generation batch
-        # of 64 rows). Selecting more rows than there are (a prompt's cache repeated for its samples) makes new ones.
+        # rows stop left the allocator holes the next, smaller pair did not fit, and the backend grew through a
+        # generation batch (docs/reliability.md, "Memory of the Gemma trial"). Selecting more rows than there are (a
+        # prompt's cache repeated for its samples) makes new ones.
         if self.is_initialized:
             length = self.keys.shape[-2]
             for name in ("_key_buffer", "_value_buffer"):
