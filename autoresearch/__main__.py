@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 import warnings
 from collections.abc import Iterator
@@ -25,12 +24,14 @@ from autoresearch.executors import LocalExecutor, TrialExecutor
 from autoresearch.proposer import LlmProposer
 from autoresearch.sdk_logging import quiet_sdk_logs
 from autoresearch.spec import StudySpec, load_study_spec
+from autoresearch.stop_signal import SIGTERM_EXIT, StopSignal
 from autoresearch.study import open_study
 from autoresearch.trials.backend import api_key as trial_api_key
 from autoresearch.trials.backend import backend_for
 from autoresearch.view import StudyView, write_summary
 
 app = typer.Typer(add_completion=False, help=__doc__)
+STOP = StopSignal()
 
 
 @app.command()
@@ -43,7 +44,7 @@ def autoresearch(
     """Run (or resume) the study a spec describes, then print its summary and save its plots."""
     # A scheduler's stop (SIGTERM) unwinds like Ctrl-C, so the local backend is shut down; the trials, in their own
     # sessions, are left to be found again by the next run.
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    STOP.install()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     quiet_sdk_logs()
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -75,7 +76,12 @@ def autoresearch(
                     "sampler for whatever it does not propose"
                 )
             executor = _executor(spec, folder, run_root)
-            controller = Controller(spec, study, executor, proposer, backend_urls, on_tick=view.update, poll_s=poll_s)
+
+            def on_tick(study: optuna.Study) -> None:
+                STOP.raise_if_received()
+                view.update(study)
+
+            controller = Controller(spec, study, executor, proposer, backend_urls, on_tick=on_tick, poll_s=poll_s)
             controller.run(checkpointer)
     except AutoresearchError as error:
         console.print(f"[red]{error}[/red]")
@@ -105,13 +111,6 @@ def _executor(spec: StudySpec, folder: Path, run_root: Path) -> TrialExecutor:
     )
 
 
-SIGTERM_EXIT = 128 + signal.SIGTERM
-
-
-def _exit_on_sigterm(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main() -> None:
     """The command; after a SIGTERM, leave without waiting for threads that libraries started.
 
@@ -123,7 +122,8 @@ def main() -> None:
     try:
         app()
     except SystemExit as stop:
-        if stop.code != SIGTERM_EXIT:
+        # Click ends every run with SystemExit; a stop a library swallowed still ends it as stopped.
+        if stop.code != SIGTERM_EXIT and not STOP.received:
             raise
         logging.shutdown()
         sys.stdout.flush()
