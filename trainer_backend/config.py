@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, FilePath, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from trainer_backend.engine.microbatches import ACTIVATION_BUDGET_BYTES
 from trainer_backend.models.gemma import GEMMA_3_270M
 
 # The Tinker SDK sends only keys that start with `tml-`; a short key is one an attacker could guess.
@@ -42,6 +43,12 @@ class ServerConfig(BaseSettings):
         ge=1,
         description="prompt plus planned completion tokens of one generation batch (it also holds at most 64 rows): "
         "bounds its KV cache and how long other tenants' requests wait behind it",
+    )
+    max_training_activation_bytes: int = Field(
+        ACTIVATION_BUDGET_BYTES,
+        ge=1,
+        description="memory the activations of one training micro-batch may take (weights and adapters come on "
+        "top): a forward_backward is run as micro-batches within it, with the same gradients",
     )
     # What one API key may hold, so no tenant can stall or fill the server for the others.
     max_queued_per_key: int | None = Field(

@@ -154,7 +154,10 @@ class TrainingService:
         if expired:
             log.info("deleted %d expired checkpoints", expired)
         self.engine = ModelEngine(
-            loaded, spill_root=config.storage_root / "spill", max_loaded_adapters=config.max_loaded_adapters
+            loaded,
+            activation_budget=config.max_training_activation_bytes,
+            spill_root=config.storage_root / "spill",
+            max_loaded_adapters=config.max_loaded_adapters,
         )
         self.scheduler = Scheduler(
             self.ledger,

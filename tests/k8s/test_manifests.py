@@ -21,6 +21,7 @@ from kubernetes.client import ApiClient, BatchV1Api
 
 from autoresearch.executors.kubernetes import KubernetesExecutor, job_name
 from autoresearch.spec import StudySpec, load_study_spec
+from trainer_backend.engine.microbatches import ACTIVATION_BUDGET_BYTES
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
@@ -288,6 +289,8 @@ def test_gke_backend_samples_with_vllm_beside_it_on_its_gpu(rendered: dict) -> N
     assert env["TRAINER_BACKEND_SAMPLER"] == "vllm"
     assert env["TRAINER_BACKEND_VLLM_PYTHON"] == "/opt/vllm/bin/python"
     assert 0 < float(env["TRAINER_BACKEND_VLLM_GPU_MEMORY_SHARE"]) < 1
+    # Training on the GPU runs larger micro-batches than the laptop default.
+    assert int(env["TRAINER_BACKEND_MAX_TRAINING_ACTIVATION_BYTES"]) > ACTIVATION_BUDGET_BYTES
     # The base settings stay: the key from the Secret, the model cache on the volume.
     assert {"TINKER_API_KEY", "TRAINER_BACKEND_DEVICE", "TRAINER_BACKEND_CACHE"} <= set(env)
     for target in ("base", "local"):

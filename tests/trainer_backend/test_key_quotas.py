@@ -191,7 +191,15 @@ def test_a_run_asking_to_keep_fewer_than_one_checkpoint_is_refused(retaining_ser
         client.create_lora_training_client(base_model=TINY, rank=4, user_metadata={"keep_checkpoints": value}).result()
 
 
-@pytest.mark.parametrize("flag", ["--max-queued-per-key", "--max-storage-bytes-per-key", "--keep-checkpoints-per-run"])
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--max-queued-per-key",
+        "--max-storage-bytes-per-key",
+        "--keep-checkpoints-per-run",
+        "--max-training-activation-bytes",
+    ],
+)
 def test_a_limit_below_one_is_refused_at_start_up(flag: str, tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "trainer_backend", "serve", "--base-model", TINY, "--storage-root", str(tmp_path),
