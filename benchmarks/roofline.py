@@ -10,6 +10,8 @@ model to put their fractions of the bound side by side.
    for a few row counts, through both matmul libraries PyTorch has on a CPU (MKL, which `F.linear` calls, and
    oneDNN, which the engine calls on x86); the best is the machine's compute peak. The unembedding is timed both as
    `F.linear` and as the engine's `unembedding_logits`.
+   The same decoder products in bf16 are timed too, apart: what computing in bf16 would allow (the engine computes
+   in fp32 on a CPU).
 2. Memory bandwidth: a large copy (read + write) and a large sum (read).
 3. Sampling tokens/s at 1, 16 and 32 rows (one ~275-token prompt of the Gemma trial, `num_samples` rows, no stop),
    decode only (the prefill is timed apart and taken out), against the bound of a decode step: the larger of its
@@ -85,6 +87,24 @@ def gemm_rates(hidden: int, vocab: int, intermediate: int, attention: int) -> di
     return rates
 
 
+def bf16_gemm_rates(hidden: int, intermediate: int, attention: int) -> dict[str, dict[int, float]]:
+    """GFLOP/s of the same decoder products in bf16 through `F.linear`: the engine computes in fp32 on a CPU, and
+    these say what computing in bf16 would allow on this one (not part of the bound below)."""
+    shapes = {
+        f"mlp up / gate ({hidden} → {intermediate})": (hidden, intermediate),
+        f"mlp down ({intermediate} → {hidden})": (intermediate, hidden),
+        f"attention q ({hidden} → {attention})": (hidden, attention),
+    }
+    rates: dict[str, dict[int, float]] = {}
+    for name, (k, n) in shapes.items():
+        weight = torch.randn(n, k, dtype=torch.bfloat16)
+        rates[name] = by_rows = {}
+        for rows in (32, 256, 1024):
+            x = torch.randn(rows, k, dtype=torch.bfloat16)
+            by_rows[rows] = 2 * rows * k * n / best_seconds(lambda: F.linear(x, weight)) / 1e9  # noqa: B023
+    return rates
+
+
 def bandwidths() -> dict[str, float]:
     source = torch.ones(2**28 // 4)
     target = torch.empty_like(source)
@@ -138,6 +158,16 @@ def main() -> None:
         table.add_row(name, *(f"{by_rows[r]:.0f}" if r in by_rows else "" for r in row_counts))
     console.print(table)
     console.print(f"peak: {peak:.0f} GFLOP/s; " + "; ".join(f"{k} {v:.1f} GB/s" for k, v in bandwidth.items()))
+    if loaded.device.type == "cpu":
+        with console.status("bf16 GEMM rates"):
+            bf16 = bf16_gemm_rates(config.hidden_size, config.intermediate_size, attention)
+        table = Table(title="bf16 GEMM GFLOP/s through F.linear, not in the bound")
+        table.add_column("product")
+        for rows in (32, 256, 1024):
+            table.add_column(f"{rows} rows", justify="right")
+        for name, by_rows in bf16.items():
+            table.add_row(name, *(f"{rate:.0f}" for rate in by_rows.values()))
+        console.print(table)
 
     engine = ModelEngine(loaded)
     engine.create_adapter("bench", LoraSettings(rank=LORA_RANK, train_mlp=True, train_attn=True, train_unembed=False))
