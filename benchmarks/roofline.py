@@ -30,6 +30,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from rich.console import Console
+from rich.table import Table
 
 from autoresearch.trials.data import PromptRenderer, TrainingOrder, split_of
 from tasks.text2sql.task import Text2SqlTask
@@ -60,24 +62,36 @@ def best_seconds(work: Callable[[], object], repeats: int = 3) -> float:
     return min(times)
 
 
+def decoder_shapes(hidden: int, intermediate: int, attention: int) -> dict[str, tuple[int, int]]:
+    """The decoder's linear products at the model's widths, by name, as (in, out)."""
+    return {
+        f"mlp up / gate ({hidden} → {intermediate})": (hidden, intermediate),
+        f"mlp down ({intermediate} → {hidden})": (intermediate, hidden),
+        f"attention q ({hidden} → {attention})": (hidden, attention),
+    }
+
+
+def linear_rates(
+    k: int, n: int, project: Callable[[torch.Tensor, torch.Tensor], object], dtype: torch.dtype = torch.float32
+) -> dict[int, float]:
+    """GFLOP/s of `project(x, weight)`, an `[m, k] @ [k, n]` product, by row count m."""
+    weight = torch.randn(n, k, dtype=dtype)
+    by_rows = {}
+    for rows in (32, 256, 1024):
+        x = torch.randn(rows, k, dtype=dtype)
+        by_rows[rows] = 2 * rows * k * n / best_seconds(lambda: project(x, weight)) / 1e9  # noqa: B023
+    return by_rows
+
+
 def gemm_rates(hidden: int, vocab: int, intermediate: int, attention: int) -> dict[str, dict[int, float]]:
     """GFLOP/s of `[m, k] @ [k, n]` products at the model's shapes, for several row counts m, through MKL (what
     `F.linear` calls) and through oneDNN (what the engine calls on an x86 CPU)."""
     rates: dict[str, dict[int, float]] = {}
     unembedding = torch.randn(vocab, hidden)
-    shapes = {
-        f"mlp up / gate ({hidden} → {intermediate})": (hidden, intermediate),
-        f"mlp down ({intermediate} → {hidden})": (intermediate, hidden),
-        f"attention q ({hidden} → {attention})": (hidden, attention),
-    }
     libraries = {"MKL": F.linear, "oneDNN": onednn_linear} if applies(unembedding) else {"MKL": F.linear}
-    for name, (k, n) in shapes.items():
-        weight = torch.randn(n, k)
+    for name, (k, n) in decoder_shapes(hidden, intermediate, attention).items():
         for library, project in libraries.items():
-            rates[f"{name}, {library}"] = by_rows = {}
-            for rows in (32, 256, 1024):
-                x = torch.randn(rows, k)
-                by_rows[rows] = 2 * rows * k * n / best_seconds(lambda: project(x, weight)) / 1e9  # noqa: B023
+            rates[f"{name}, {library}"] = linear_rates(k, n, project)
     for name, project in (("unembedding, MKL", F.linear), ("unembedding, engine", unembedding_logits)):
         rates[name] = {}
         for rows in (1, 16, 32, 128):
@@ -90,19 +104,20 @@ def gemm_rates(hidden: int, vocab: int, intermediate: int, attention: int) -> di
 def bf16_gemm_rates(hidden: int, intermediate: int, attention: int) -> dict[str, dict[int, float]]:
     """GFLOP/s of the same decoder products in bf16 through `F.linear`: the engine computes in fp32 on a CPU, and
     these say what computing in bf16 would allow on this one (not part of the bound below)."""
-    shapes = {
-        f"mlp up / gate ({hidden} → {intermediate})": (hidden, intermediate),
-        f"mlp down ({intermediate} → {hidden})": (intermediate, hidden),
-        f"attention q ({hidden} → {attention})": (hidden, attention),
-    }
-    rates: dict[str, dict[int, float]] = {}
-    for name, (k, n) in shapes.items():
-        weight = torch.randn(n, k, dtype=torch.bfloat16)
-        rates[name] = by_rows = {}
-        for rows in (32, 256, 1024):
-            x = torch.randn(rows, k, dtype=torch.bfloat16)
-            by_rows[rows] = 2 * rows * k * n / best_seconds(lambda: F.linear(x, weight)) / 1e9  # noqa: B023
-    return rates
+    shapes = decoder_shapes(hidden, intermediate, attention)
+    return {name: linear_rates(k, n, F.linear, torch.bfloat16) for name, (k, n) in shapes.items()}
+
+
+def rates_table(title: str, rates: dict[str, dict[int, float]]) -> Table:
+    """A table of GFLOP/s, a row per product and a column per row count."""
+    table = Table(title=title)
+    table.add_column("product")
+    row_counts = sorted({rows for by_rows in rates.values() for rows in by_rows})
+    for rows in row_counts:
+        table.add_column(f"{rows} rows", justify="right")
+    for name, by_rows in rates.items():
+        table.add_row(name, *(f"{by_rows[r]:.0f}" if r in by_rows else "" for r in row_counts))
+    return table
 
 
 def bandwidths() -> dict[str, float]:
@@ -137,9 +152,6 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=32)
     args = parser.parse_args()
 
-    from rich.console import Console
-    from rich.table import Table
-
     console = Console(width=120)
     torch.manual_seed(0)
     loaded = load_base_model(resolve_base_model(args.model, default_cache_root()), select_device(args.device))
@@ -149,25 +161,12 @@ def main() -> None:
         rates = gemm_rates(config.hidden_size, config.vocab_size, config.intermediate_size, attention)
         bandwidth = bandwidths()
     peak = max(max(by_rows.values()) for by_rows in rates.values())
-    table = Table(title=f"fp32 GEMM GFLOP/s at {args.model}'s shapes ({torch.get_num_threads()} threads)")
-    table.add_column("product")
-    row_counts = sorted({rows for by_rows in rates.values() for rows in by_rows})
-    for rows in row_counts:
-        table.add_column(f"{rows} rows", justify="right")
-    for name, by_rows in rates.items():
-        table.add_row(name, *(f"{by_rows[r]:.0f}" if r in by_rows else "" for r in row_counts))
-    console.print(table)
+    console.print(rates_table(f"fp32 GEMM GFLOP/s at {args.model}'s shapes ({torch.get_num_threads()} threads)", rates))
     console.print(f"peak: {peak:.0f} GFLOP/s; " + "; ".join(f"{k} {v:.1f} GB/s" for k, v in bandwidth.items()))
     if loaded.device.type == "cpu":
         with console.status("bf16 GEMM rates"):
             bf16 = bf16_gemm_rates(config.hidden_size, config.intermediate_size, attention)
-        table = Table(title="bf16 GEMM GFLOP/s through F.linear, not in the bound")
-        table.add_column("product")
-        for rows in (32, 256, 1024):
-            table.add_column(f"{rows} rows", justify="right")
-        for name, by_rows in bf16.items():
-            table.add_row(name, *(f"{rate:.0f}" for rate in by_rows.values()))
-        console.print(table)
+        console.print(rates_table("bf16 GEMM GFLOP/s through F.linear, not in the bound", bf16))
 
     engine = ModelEngine(loaded)
     engine.create_adapter("bench", LoraSettings(rank=LORA_RANK, train_mlp=True, train_attn=True, train_unembed=False))
