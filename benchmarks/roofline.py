@@ -1,17 +1,17 @@
 """This machine's limits the way the engine uses it, and how close sampling and forward_backward come to them.
 
-Run: python -m benchmarks.roofline [--model google/gemma-3-270m] [--device cpu] [--new-tokens 32]
+Run: python -m benchmarks.roofline [--model google/gemma-3-270m] [--device cpu] [--dtype auto] [--new-tokens 32]
+     [--profile]
 
 Any base model the server knows (`--model Qwen/Qwen2.5-Coder-0.5B-Instruct`: its chat prompts). Run it once per
 model to put their fractions of the bound side by side.
 
-1. fp32 GEMM GFLOP/s at the model's shapes (Gemma 3 270M: the 262,144 × 640 unembedding, the MLP and attention
-   projections),
-   for a few row counts, through both matmul libraries PyTorch has on a CPU (MKL, which `F.linear` calls, and
-   oneDNN, which the engine calls on x86); the best is the machine's compute peak. The unembedding is timed both as
-   `F.linear` and as the engine's `unembedding_logits`.
-   The same decoder products in bf16 are timed too, apart: what computing in bf16 would allow (the engine computes
-   in fp32 on a CPU).
+1. GEMM GFLOP/s at the model's shapes (Gemma 3 270M: the 262,144 × 640 unembedding, the MLP and attention
+   projections) in the dtype the engine computes in (`--dtype`, as `serve --dtype`: auto takes bf16 on CPUs with
+   bf16 instructions), for a few row counts; the best is the machine's compute peak. In fp32, through both matmul
+   libraries PyTorch has on a CPU (MKL, which `F.linear` calls, and oneDNN, which the engine calls on x86); in bf16,
+   `F.linear` is oneDNN's. The unembedding is timed both as `F.linear` and as the engine's `unembedding_logits`.
+   The decoder products in the other dtype are timed too, apart, for comparison (not in the bound).
 2. Memory bandwidth: a large copy (read + write) and a large sum (read).
 3. Sampling tokens/s at 1, 16 and 32 rows (one ~275-token prompt of the Gemma trial, `num_samples` rows, no stop),
    decode only (the prefill is timed apart and taken out), against the bound of a decode step: the larger of its
@@ -19,7 +19,8 @@ model to put their fractions of the bound side by side.
 4. forward_backward tokens/s of an RL step's batch (8 prompts × 4 completions of 48 tokens, importance sampling,
    advantages on the completions) against the FLOPs of the work it does at the peak rate: the decoder forward and
    its input gradients over the tokens computed (each shared prompt once), the LoRA gradients, and the unembedding
-   (one matmul where no gradient flows, two where it does).
+   (one matmul where no gradient flows, two where it does). With `--profile`, one more forward_backward under
+   `torch.profiler`, its operators by their own time: where the time beyond the bound goes.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
+from torch.profiler import ProfilerActivity, profile
 
 from autoresearch.trials.data import PromptRenderer, TrainingOrder, split_of
 from tasks.text2sql.task import Text2SqlTask
@@ -46,7 +48,7 @@ from trainer_backend.engine.types import (
 )
 from trainer_backend.engine.unembedding import unembedding_logits
 from trainer_backend.models.gemma import GEMMA_3_270M
-from trainer_backend.models.loading import load_base_model, select_device
+from trainer_backend.models.loading import DTYPES, load_base_model, select_device, select_dtype
 from trainer_backend.models.registry import default_cache_root, resolve_base_model
 
 LORA_RANK = 16
@@ -83,29 +85,32 @@ def linear_rates(
     return by_rows
 
 
-def gemm_rates(hidden: int, vocab: int, intermediate: int, attention: int) -> dict[str, dict[int, float]]:
-    """GFLOP/s of `[m, k] @ [k, n]` products at the model's shapes, for several row counts m, through MKL (what
-    `F.linear` calls) and through oneDNN (what the engine calls on an x86 CPU)."""
+def gemm_rates(
+    hidden: int, vocab: int, intermediate: int, attention: int, dtype: torch.dtype
+) -> dict[str, dict[int, float]]:
+    """GFLOP/s of `[m, k] @ [k, n]` products at the model's shapes in `dtype`, for several row counts m, through
+    `F.linear` (MKL in fp32) and, where the engine routes it, oneDNN (fp32 on an x86 CPU)."""
     rates: dict[str, dict[int, float]] = {}
-    unembedding = torch.randn(vocab, hidden)
-    libraries = {"MKL": F.linear, "oneDNN": onednn_linear} if applies(unembedding) else {"MKL": F.linear}
+    unembedding = torch.randn(vocab, hidden, dtype=dtype)
+    plain = "MKL" if dtype == torch.float32 else "F.linear"
+    libraries = {plain: F.linear, "oneDNN": onednn_linear} if applies(unembedding) else {plain: F.linear}
     for name, (k, n) in decoder_shapes(hidden, intermediate, attention).items():
         for library, project in libraries.items():
-            rates[f"{name}, {library}"] = linear_rates(k, n, project)
-    for name, project in (("unembedding, MKL", F.linear), ("unembedding, engine", unembedding_logits)):
+            rates[f"{name}, {library}"] = linear_rates(k, n, project, dtype)
+    for name, project in ((f"unembedding, {plain}", F.linear), ("unembedding, engine", unembedding_logits)):
         rates[name] = {}
         for rows in (1, 16, 32, 128):
-            x = torch.randn(rows, hidden)
+            x = torch.randn(rows, hidden, dtype=dtype)
             seconds = best_seconds(lambda: project(x, unembedding))  # noqa: B023
             rates[name][rows] = 2 * rows * hidden * vocab / seconds / 1e9
     return rates
 
 
-def bf16_gemm_rates(hidden: int, intermediate: int, attention: int) -> dict[str, dict[int, float]]:
-    """GFLOP/s of the same decoder products in bf16 through `F.linear`: the engine computes in fp32 on a CPU, and
-    these say what computing in bf16 would allow on this one (not part of the bound below)."""
+def decoder_rates(hidden: int, intermediate: int, attention: int, dtype: torch.dtype) -> dict[str, dict[int, float]]:
+    """GFLOP/s of the decoder products in `dtype` through `F.linear`: the dtype the engine does not compute in, for
+    comparison (not part of the bound below)."""
     shapes = decoder_shapes(hidden, intermediate, attention)
-    return {name: linear_rates(k, n, F.linear, torch.bfloat16) for name, (k, n) in shapes.items()}
+    return {name: linear_rates(k, n, F.linear, dtype) for name, (k, n) in shapes.items()}
 
 
 def rates_table(title: str, rates: dict[str, dict[int, float]]) -> Table:
@@ -133,14 +138,17 @@ def head_dim(config) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
-def decode_bound(rows: int, context: int, linear_params: int, config, peak: float, read_gb_s: float) -> float:
-    """Tokens/s of a decode step at `rows` rows if it ran at the machine's limit."""
+def decode_bound(
+    rows: int, context: int, linear_params: int, config, peak: float, read_gb_s: float, element_bytes: int
+) -> float:
+    """Tokens/s of a decode step at `rows` rows if it ran at the machine's limit, weights and KV cache of
+    `element_bytes` each."""
     head = config.vocab_size * config.hidden_size
     kv_width = config.num_key_value_heads * head_dim(config)
     attention_flops = 2 * 2 * config.num_attention_heads * head_dim(config) * context * config.num_hidden_layers
     flops = rows * (2 * (linear_params + head) + attention_flops)
-    kv_bytes = rows * config.num_hidden_layers * context * 2 * kv_width * 4
-    weight_bytes = (linear_params + head) * 4
+    kv_bytes = rows * config.num_hidden_layers * context * 2 * kv_width * element_bytes
+    weight_bytes = (linear_params + head) * element_bytes
     seconds = max(flops / (peak * 1e9), (weight_bytes + kv_bytes) / (read_gb_s * 1e9))
     return rows / seconds
 
@@ -149,24 +157,35 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=GEMMA_3_270M, help="a base model name or folder")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help="as `serve --dtype`")
     parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument(
+        "--profile", action="store_true", help="also print the operators that took forward_backward's time"
+    )
     args = parser.parse_args()
 
     console = Console(width=120)
     torch.manual_seed(0)
-    loaded = load_base_model(resolve_base_model(args.model, default_cache_root()), select_device(args.device))
+    device = select_device(args.device)
+    dtype = select_dtype(args.dtype, device)
+    loaded = load_base_model(resolve_base_model(args.model, default_cache_root()), device, dtype)
     config = loaded.model.config
     attention = config.num_attention_heads * head_dim(config)
+    dtype_name = str(dtype).removeprefix("torch.")
     with console.status("GEMM rates and memory bandwidth"):
-        rates = gemm_rates(config.hidden_size, config.vocab_size, config.intermediate_size, attention)
+        rates = gemm_rates(config.hidden_size, config.vocab_size, config.intermediate_size, attention, dtype)
         bandwidth = bandwidths()
     peak = max(max(by_rows.values()) for by_rows in rates.values())
-    console.print(rates_table(f"fp32 GEMM GFLOP/s at {args.model}'s shapes ({torch.get_num_threads()} threads)", rates))
+    console.print(
+        rates_table(f"{dtype_name} GEMM GFLOP/s at {args.model}'s shapes ({torch.get_num_threads()} threads)", rates)
+    )
     console.print(f"peak: {peak:.0f} GFLOP/s; " + "; ".join(f"{k} {v:.1f} GB/s" for k, v in bandwidth.items()))
     if loaded.device.type == "cpu":
-        with console.status("bf16 GEMM rates"):
-            bf16 = bf16_gemm_rates(config.hidden_size, config.intermediate_size, attention)
-        console.print(rates_table("bf16 GEMM GFLOP/s through F.linear, not in the bound", bf16))
+        other = torch.float32 if dtype == torch.bfloat16 else torch.bfloat16
+        other_name = str(other).removeprefix("torch.")
+        with console.status(f"{other_name} GEMM rates"):
+            other_rates = decoder_rates(config.hidden_size, config.intermediate_size, attention, other)
+        console.print(rates_table(f"{other_name} GEMM GFLOP/s through F.linear, not in the bound", other_rates))
 
     engine = ModelEngine(loaded)
     engine.create_adapter("bench", LoraSettings(rank=LORA_RANK, train_mlp=True, train_attn=True, train_unembed=False))
@@ -188,7 +207,7 @@ def main() -> None:
             total_s = best_seconds(lambda: engine.sample(None, request, stop_at_eos=False), repeats=2)  # noqa: B023
             rate = rows * (args.new_tokens - 1) / (total_s - prefill_s)
             context = len(prompts[0]) + args.new_tokens // 2
-            bound = decode_bound(rows, context, linear_params, config, peak, bandwidth["read"])
+            bound = decode_bound(rows, context, linear_params, config, peak, bandwidth["read"], dtype.itemsize)
             sampling.add_row(str(rows), f"{rate:.1f}", f"{bound:.1f}", f"{rate / bound:.0%}")
     console.print(sampling)
 
@@ -227,9 +246,13 @@ def main() -> None:
         f"{bound_s / elapsed:.0%}",
     )  # fmt: skip
     console.print(training)
+    if args.profile:
+        with console.status("profiling one more forward_backward"), profile(activities=[ProfilerActivity.CPU]) as run:
+            engine.forward_backward("bench", datums, "importance_sampling", None, False)
+        console.print(run.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
     console.print(
-        f"command: python -m benchmarks.roofline --model {args.model} --device {args.device} "
-        f"--new-tokens {args.new_tokens}"
+        f"command: python -m benchmarks.roofline --model {args.model} --device {args.device} --dtype {args.dtype} "
+        f"--new-tokens {args.new_tokens}" + (" --profile" if args.profile else "")
     )
 
 

@@ -13,6 +13,11 @@ from tasks.text2sql.dataset import Text2SqlDataset
 from tasks.text2sql.scoring import Scorer
 from tasks.text2sql.task import Text2SqlTask
 
+# Servers the suite starts, in-process or as `serve` processes, compute in float32 whatever this CPU offers: their
+# tests compare the engine's paths with the plain computation to fp32's precision. The bf16 paths have tests of
+# their own (tests/trainer_backend/test_bf16.py), with bf16's tolerances.
+os.environ["TRAINER_BACKEND_DTYPE"] = "float32"
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # One torch thread per worker: workers each running a thread per core spin against each other.
     torch.set_num_threads(1)

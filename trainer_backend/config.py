@@ -27,6 +27,11 @@ class ServerConfig(BaseSettings):
 
     base_model: str = Field(GEMMA_3_270M, description="served base model: a known name or a local HF folder")
     device: str = Field("auto", description="auto, cpu, cuda, cuda:N or mps")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="what the base model computes in; auto: bfloat16 on CUDA and on CPUs with bf16 instructions "
+        "(AVX-512 BF16, AMX), float32 elsewhere. Adapters and log-probs are float32 either way",
+    )
     host: str = Field("127.0.0.1", description="address to bind")
     port: int = Field(8000, ge=0, le=65535, description="port to bind (0 picks a free one)")
     storage_root: Path = Field(default_factory=default_storage_root, description="checkpoints, ledger and runs")

@@ -15,7 +15,7 @@ from trainer_backend.api.app import create_app
 from trainer_backend.api.http_protocol import JsonErrorH11Protocol
 from trainer_backend.auth import KeyPolicy
 from trainer_backend.config import ServerConfig
-from trainer_backend.models.loading import load_base_model, select_device
+from trainer_backend.models.loading import load_base_model, select_device, select_dtype
 from trainer_backend.models.registry import default_cache_root, resolve_base_model
 from trainer_backend.service import TrainingService
 
@@ -26,8 +26,9 @@ def build_service(config: ServerConfig) -> TrainingService:
     """Resolve and load the base model (converting it on first use), then open the stores."""
     resolved = resolve_base_model(config.base_model, config.model_cache or default_cache_root())
     device = select_device(config.device)
-    loaded = load_base_model(resolved, device)
-    log.info("serving %s from %s on %s", loaded.name, loaded.folder, device)
+    dtype = select_dtype(config.dtype, device)
+    loaded = load_base_model(resolved, device, dtype)
+    log.info("serving %s from %s on %s in %s", loaded.name, loaded.folder, device, str(dtype).removeprefix("torch."))
     return TrainingService(config, loaded)
 
 

@@ -22,7 +22,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def fresh_model(models: Path) -> LoadedModel:
     """Its own copy of the base model: an engine wraps the model it is given with its adapters."""
-    return load_base_model(resolve_base_model("tiny-gemma3", models), torch.device("cpu"))
+    return load_base_model(resolve_base_model("tiny-gemma3", models), torch.device("cpu"), torch.float32)
 
 
 def datum(seed: int) -> DecodedDatum:

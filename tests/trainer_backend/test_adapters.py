@@ -17,7 +17,7 @@ from trainer_backend.models.registry import resolve_base_model
 
 @pytest.fixture
 def loaded(tmp_path: Path) -> LoadedModel:
-    return load_base_model(resolve_base_model("tiny-gemma3", tmp_path), torch.device("cpu"))
+    return load_base_model(resolve_base_model("tiny-gemma3", tmp_path), torch.device("cpu"), torch.float32)
 
 
 def fill_gradients(pool: AdapterPool, name: str, seed: int) -> list[torch.Tensor]:

@@ -18,7 +18,7 @@ from trainer_backend.models import qwen
 from trainer_backend.models.cache import MARKER, ensure_folder
 from trainer_backend.models.gemma import GEMMA_3_270M
 from trainer_backend.models.gguf import GgufModel, ModelWeightsError, ensure_converted
-from trainer_backend.models.loading import LoadedModel, load_base_model, select_device
+from trainer_backend.models.loading import LoadedModel, load_base_model, select_device, select_dtype
 from trainer_backend.models.qwen import QWEN_2_5_CODER_0_5B_INSTRUCT
 from trainer_backend.models.registry import (
     KNOWN_BASE_MODELS,
@@ -75,10 +75,10 @@ def test_tiny_model_gives_logits_over_the_tokenizers_vocabulary(tiny: LoadedMode
     assert torch.isfinite(logits_B_T_V).all()
 
 
-def test_loaded_model_is_frozen_fp32_on_cpu_with_its_limits(tiny: LoadedModel) -> None:
+def test_loaded_model_is_frozen_in_the_devices_dtype_with_its_limits(tiny: LoadedModel) -> None:
     assert not tiny.model.training
     assert not any(p.requires_grad for p in tiny.model.parameters())
-    assert tiny.model.dtype == torch.float32
+    assert tiny.model.dtype == select_dtype("auto", CPU)
     assert tiny.device == CPU
     assert tiny.max_context_length == 2048
     assert tiny.vocab_size == len(tiny.tokenizer)

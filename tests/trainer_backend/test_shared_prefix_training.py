@@ -25,7 +25,7 @@ PROMPT_TOKENS = 90
 @pytest.fixture(scope="module", params=["tiny-gemma3", "tiny-qwen2"])
 def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> ModelEngine:
     models = tmp_path_factory.mktemp("models")
-    loaded = load_base_model(resolve_base_model(request.param, models), torch.device("cpu"))
+    loaded = load_base_model(resolve_base_model(request.param, models), torch.device("cpu"), torch.float32)
     engine = ModelEngine(loaded)
     for name, seed in (("alice", 1), ("bob", 2)):
         engine.create_adapter(name, LoraSettings(rank=4, seed=seed))

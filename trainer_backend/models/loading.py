@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,9 +61,29 @@ def select_device(flag: str = "auto") -> torch.device:
     raise DeviceUnavailableError(f"device {flag!r} is not supported; use {_DEVICE_FORMS}")
 
 
-def default_dtype(device: torch.device) -> torch.dtype:
-    """bf16 on CUDA, where it is fast; fp32 elsewhere (bf16 matmuls are several times slower on CPUs without it)."""
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def computes_bf16_natively(capabilities: Mapping[str, object]) -> bool:
+    """Whether a CPU with these `torch.cpu.get_capabilities()` has bf16 dot-product instructions (AVX-512 BF16 or
+    AMX): without them a bf16 matmul is emulated, several times slower than fp32."""
+    return bool(capabilities.get("avx512_bf16") or capabilities.get("amx_bf16"))
+
+
+def select_dtype(flag: str, device: torch.device) -> torch.dtype:
+    """The dtype the base model computes in for `flag` ("auto", "float32" or "bfloat16") on `device`.
+
+    "auto" takes bf16 where the device computes it natively: CUDA, and CPUs with bf16 instructions, where
+    `python -m benchmarks.rl_step` measured Qwen's RL step 1.5x faster than in fp32 (docs/performance.md). Elsewhere
+    (MPS, other CPUs) fp32. Adapters and log-probs stay fp32 whatever the base dtype.
+    """
+    if flag != "auto":
+        if flag not in DTYPES:
+            raise ValueError(f"dtype {flag!r} is not one of auto, {', '.join(DTYPES)}")
+        return DTYPES[flag]
+    if device.type == "cuda" or (device.type == "cpu" and computes_bf16_natively(torch.cpu.get_capabilities())):
+        return torch.bfloat16
+    return torch.float32
 
 
 def _eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> tuple[int, ...]:
@@ -84,10 +105,10 @@ def _eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -
 def load_base_model(resolved: ResolvedModel, device: torch.device, dtype: torch.dtype | None = None) -> LoadedModel:
     """Load the model and tokenizer in `resolved.folder` onto `device`, in eval mode with frozen weights.
 
-    `dtype` defaults to `default_dtype(device)`. Never reaches the Hugging Face Hub.
+    `dtype` defaults to `select_dtype("auto", device)`. Never reaches the Hugging Face Hub.
     """
     model = AutoModelForCausalLM.from_pretrained(
-        resolved.folder, dtype=dtype or default_dtype(device), local_files_only=True
+        resolved.folder, dtype=dtype or select_dtype("auto", device), local_files_only=True
     )
     model.to(device).eval().requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(resolved.folder, local_files_only=True)

@@ -74,6 +74,7 @@ def build_sampler(
         max_lora_rank=config.max_lora_rank,
         log_path=config.storage_root / "vllm.log",
         device=loaded.device.type,
+        dtype=str(loaded.model.dtype).removeprefix("torch."),
         gpu_memory_share=config.vllm_gpu_memory_share,
     )
     client = VllmClient(settings, lambda ids: loaded.tokenizer.decode(ids, skip_special_tokens=False))

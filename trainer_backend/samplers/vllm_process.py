@@ -40,6 +40,7 @@ class VllmSettings:
     log_path: Path = Path("vllm.log")
     startup_timeout_s: float = 600.0
     device: str = "cpu"
+    dtype: str = "float32"  # the trainer's, so that both compute the same log-probs
     gpu_memory_share: float = 0.4  # on a GPU: vLLM's share of its memory, the trainer keeps the rest
 
 
@@ -63,11 +64,10 @@ class VllmProcess:
 
     def command(self) -> list[str]:
         s = self.settings
-        # fp32 on a CPU (as the trainer computes), bf16 on a GPU; eager mode: no graph capture on the CPU build.
-        dtype = "float32" if s.device == "cpu" else "bfloat16"
+        # Eager mode: no graph capture on the CPU build.
         command = [
             str(s.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(s.model_folder),
-            "--served-model-name", s.served_name, "--host", "127.0.0.1", "--port", str(self.port), "--dtype", dtype,
+            "--served-model-name", s.served_name, "--host", "127.0.0.1", "--port", str(self.port), "--dtype", s.dtype,
             "--enforce-eager", "--enable-lora", "--max-loras", str(s.max_loras),
             "--max-lora-rank", str(s.max_lora_rank), "--logprobs-mode", "processed_logprobs",
             # Structured output through llguidance, compact as the built-in engine's: vLLM's default (xgrammar) can

@@ -1,0 +1,121 @@
+"""`serve --dtype`: the base model in bf16, as `auto` picks on CUDA and on CPUs with bf16 instructions, samples and
+trains through the SDK like the fp32 one, to bf16's precision; adapters and log-probs stay fp32."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import tinker
+import torch
+from tinker import types
+
+from tests.support.backends import TINY, tiny_server_config
+from tests.support.trainer import SQL, datum_for
+from trainer_backend.models.loading import computes_bf16_natively, select_dtype
+from trainer_backend.server import RunningServer, running_server
+
+# bf16 keeps 8 bits of mantissa: a logit of the tiny model (|z| of a few units) is off by up to ~1e-2 after the
+# decoder's sums, and a log-prob by twice that. A row through the wrong weights or position moves by far more.
+BF16_LOGPROB_ROUNDING = 5e-2
+
+
+@pytest.fixture(scope="module")
+def bf16_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    with running_server(tiny_server_config(tmp_path_factory.mktemp("bf16"), dtype="bfloat16")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def fp32_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    with running_server(tiny_server_config(tmp_path_factory.mktemp("fp32"), dtype="float32")) as running:
+        yield running
+
+
+def test_auto_takes_bf16_where_the_device_computes_it_natively() -> None:
+    assert computes_bf16_natively({"avx512_bf16": True, "amx_bf16": False})
+    assert computes_bf16_natively({"amx_bf16": True})
+    assert not computes_bf16_natively({"avx512_bf16": False, "avx2": True})
+    assert select_dtype("auto", torch.device("cuda")) == torch.bfloat16
+    assert select_dtype("auto", torch.device("mps")) == torch.float32
+    native = computes_bf16_natively(torch.cpu.get_capabilities())
+    assert select_dtype("auto", torch.device("cpu")) == (torch.bfloat16 if native else torch.float32)
+    assert select_dtype("float32", torch.device("cuda")) == torch.float32
+    assert select_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
+    with pytest.raises(ValueError, match="'float16' is not one of auto, float32, bfloat16"):
+        select_dtype("float16", torch.device("cpu"))
+
+
+def test_an_unknown_dtype_is_refused_at_start_up_by_its_flag(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "trainer_backend", "serve", "--base-model", TINY, "--storage-root", str(tmp_path),
+         "--dtype", "float16"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "--dtype" in result.stderr and "float16" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_the_base_is_bf16_and_the_adapters_train_in_fp32(bf16_server: RunningServer) -> None:
+    with tinker.ServiceClient(base_url=bf16_server.url, api_key="tml-bf16-test") as client:
+        training = client.create_lora_training_client(base_model=TINY, rank=4, seed=0).result()
+        adapter = bf16_server.service.engine.adapters.parameters(training.model_id)
+    assert bf16_server.service.loaded.model.dtype == torch.bfloat16
+    assert adapter and all(p.dtype == torch.float32 for p in adapter)
+
+
+def test_bf16_computes_the_fp32_models_logprobs_to_its_precision(
+    bf16_server: RunningServer, fp32_server: RunningServer
+) -> None:
+    by_dtype = []
+    for server in (bf16_server, fp32_server):
+        with tinker.ServiceClient(base_url=server.url, api_key="tml-bf16-test") as client:
+            training = client.create_lora_training_client(base_model=TINY, rank=4, seed=0).result()
+            output = training.forward([datum_for(training.get_tokenizer(), SQL)], "cross_entropy").result(timeout=60)
+            by_dtype.append(torch.tensor(output.loss_fn_outputs[0]["logprobs"].tolist()))
+    bf16, fp32 = by_dtype
+    torch.testing.assert_close(bf16, fp32, atol=BF16_LOGPROB_ROUNDING, rtol=0)
+
+
+def training_losses(server: RunningServer, steps: int = 6) -> list[float]:
+    """The loss of each of `steps` cross-entropy steps on SQL, from a fresh adapter with the same seed."""
+    with tinker.ServiceClient(base_url=server.url, api_key="tml-bf16-test") as client:
+        training = client.create_lora_training_client(base_model=TINY, rank=8, seed=1).result()
+        datum = datum_for(training.get_tokenizer(), SQL)
+        losses = []
+        for _ in range(steps):
+            output = training.forward_backward([datum], "cross_entropy").result(timeout=60)
+            training.optim_step(types.AdamParams(learning_rate=5e-3)).result(timeout=60)
+            losses.append(output.metrics["loss:sum"])
+    return losses
+
+
+def test_bf16_training_follows_fp32s_loss_curve(bf16_server: RunningServer, fp32_server: RunningServer) -> None:
+    bf16, fp32 = training_losses(bf16_server), training_losses(fp32_server)
+    # fp32 adapters take Adam's small updates that bf16 weights would round away: the curves stay together.
+    assert bf16[-1] < 0.8 * bf16[0]
+    torch.testing.assert_close(torch.tensor(bf16), torch.tensor(fp32), rtol=0.01, atol=0)
+
+
+def test_bf16_samples_with_the_trainers_logprobs(bf16_server: RunningServer) -> None:
+    with tinker.ServiceClient(base_url=bf16_server.url, api_key="tml-bf16-test") as client:
+        training = client.create_lora_training_client(base_model=TINY, rank=8, seed=1).result()
+        tokenizer = training.get_tokenizer()
+        training.forward_backward([datum_for(tokenizer, SQL)], "cross_entropy").result(timeout=60)
+        training.optim_step(types.AdamParams(learning_rate=2e-2)).result(timeout=60)
+        sampler = training.save_weights_and_get_sampling_client("bf16")
+        prompt = types.ModelInput.from_ints(tokenizer.encode("SELECT"))
+        params = types.SamplingParams(max_tokens=12, temperature=1.0, seed=5)
+        sample = sampler.sample(prompt=prompt, num_samples=4, sampling_params=params).result()
+        for sequence in sample.sequences:
+            tokens = [*prompt.to_ints(), *sequence.tokens]
+            rescored = sampler.compute_logprobs(types.ModelInput.from_ints(tokens)).result()[len(prompt.to_ints()) :]
+            torch.testing.assert_close(
+                torch.tensor(sequence.logprobs), torch.tensor(rescored), atol=BF16_LOGPROB_ROUNDING, rtol=0
+            )
