@@ -249,7 +249,7 @@ def main() -> None:
     if args.profile:
         with console.status("profiling one more forward_backward"), profile(activities=[ProfilerActivity.CPU]) as run:
             engine.forward_backward("bench", datums, "importance_sampling", None, False)
-        console.print(run.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+        console.out(run.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
     console.print(
         f"command: python -m benchmarks.roofline --model {args.model} --device {args.device} --dtype {args.dtype} "
         f"--new-tokens {args.new_tokens}" + (" --profile" if args.profile else "")

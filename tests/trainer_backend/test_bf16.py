@@ -15,7 +15,10 @@ from tinker import types
 
 from tests.support.backends import TINY, tiny_server_config
 from tests.support.trainer import SQL, datum_for
-from trainer_backend.models.loading import computes_bf16_natively, select_dtype
+from trainer_backend.engine.attention import FP32_SDPA, attend_in_fp32
+from trainer_backend.models.loading import computes_bf16_natively, load_base_model, select_dtype
+from trainer_backend.models.registry import resolve_base_model
+from trainer_backend.models.tiny import TINY_QWEN2_NAME
 from trainer_backend.server import RunningServer, running_server
 
 # bf16 keeps 8 bits of mantissa: a logit of the tiny model (|z| of a few units) is off by up to ~1e-2 after the
@@ -119,3 +122,20 @@ def test_bf16_samples_with_the_trainers_logprobs(bf16_server: RunningServer) -> 
             torch.testing.assert_close(
                 torch.tensor(sequence.logprobs), torch.tensor(rescored), atol=BF16_LOGPROB_ROUNDING, rtol=0
             )
+
+
+def test_a_bf16_model_on_a_cpu_attends_in_fp32_with_sdpas_masks(tmp_path: Path) -> None:
+    resolved = resolve_base_model(TINY_QWEN2_NAME, tmp_path)
+    fp32 = load_base_model(resolved, torch.device("cpu"), torch.float32).model
+    bf16 = load_base_model(resolved, torch.device("cpu"), torch.bfloat16).model
+    assert not attend_in_fp32(fp32) and fp32.config._attn_implementation == "sdpa"
+    assert attend_in_fp32(bf16) and bf16.config._attn_implementation == FP32_SDPA
+    # A left-padded row next to a full one: the padding must stay masked under the new implementation's name.
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10], [0, 0, 7, 8, 9, 10]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]])
+    with torch.no_grad():
+        batch = bf16(ids, attention_mask=mask).logits.float()
+        alone = bf16(ids[1:, 2:]).logits.float()
+        reference = fp32(ids, attention_mask=mask).logits
+    torch.testing.assert_close(batch[1, 2:], alone[0], atol=BF16_LOGPROB_ROUNDING, rtol=0)
+    torch.testing.assert_close(batch, reference, atol=BF16_LOGPROB_ROUNDING, rtol=0)

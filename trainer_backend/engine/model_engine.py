@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from trainer_backend.engine.adapters import AdapterPool
+from trainer_backend.engine.attention import attend_in_fp32
 from trainer_backend.engine.host_memory import release_freed_memory
 from trainer_backend.engine.logprobs import full_logits_target_logprobs, target_logprobs
 from trainer_backend.engine.microbatches import (
@@ -59,6 +60,7 @@ class ModelEngine:
         """`max_loaded_adapters` training adapters stay loaded; the least recently used others go to `spill_root`."""
         self.loaded = loaded
         route_linears(loaded.model)
+        attend_in_fp32(loaded.model)
         # The full-logits path exists to measure what chunking saves (benchmarks/backend_gemma.py).
         logprobs = target_logprobs if chunked_logprobs else full_logits_target_logprobs
         self.adapters = AdapterPool(loaded.model)
