@@ -71,7 +71,10 @@ class ModelEngine:
                 f"base model {loaded.name!r}: its logits are not a linear head (without bias) over its decoder's "
                 "hidden states, which the engine's training pass computes on its own; no other causal LM is supported"
             )
-        dtype_bytes = next(loaded.model.parameters()).element_size()
+        # Activations count at fp32's 4 bytes whatever the base dtype: a bf16 model keeps fp32 copies for backward
+        # (LoRA's inputs, attention on a CPU, the norms). Counted at 2 bytes, Gemma's RL step peaked at 6.0 GiB against
+        # 4.5 in fp32 (`python -m benchmarks.rl_step`, 2026-12-04).
+        dtype_bytes = max(4, next(loaded.model.parameters()).element_size())
         self.training = TrainingPass(
             loaded,
             self.adapters,
