@@ -48,7 +48,7 @@ from trainer_backend.engine.types import (
 )
 from trainer_backend.engine.unembedding import unembedding_logits
 from trainer_backend.models.gemma import GEMMA_3_270M
-from trainer_backend.models.loading import DTYPES, load_base_model, select_device, select_dtype
+from trainer_backend.models.loading import DTYPES, dtype_name, load_base_model, select_device, select_dtype
 from trainer_backend.models.registry import default_cache_root, resolve_base_model
 
 LORA_RANK = 16
@@ -171,21 +171,21 @@ def main() -> None:
     loaded = load_base_model(resolve_base_model(args.model, default_cache_root()), device, dtype)
     config = loaded.model.config
     attention = config.num_attention_heads * head_dim(config)
-    dtype_name = str(dtype).removeprefix("torch.")
     with console.status("GEMM rates and memory bandwidth"):
         rates = gemm_rates(config.hidden_size, config.vocab_size, config.intermediate_size, attention, dtype)
         bandwidth = bandwidths()
     peak = max(max(by_rows.values()) for by_rows in rates.values())
     console.print(
-        rates_table(f"{dtype_name} GEMM GFLOP/s at {args.model}'s shapes ({torch.get_num_threads()} threads)", rates)
+        rates_table(
+            f"{dtype_name(dtype)} GEMM GFLOP/s at {args.model}'s shapes ({torch.get_num_threads()} threads)", rates
+        )
     )
     console.print(f"peak: {peak:.0f} GFLOP/s; " + "; ".join(f"{k} {v:.1f} GB/s" for k, v in bandwidth.items()))
     if loaded.device.type == "cpu":
         other = torch.float32 if dtype == torch.bfloat16 else torch.bfloat16
-        other_name = str(other).removeprefix("torch.")
-        with console.status(f"{other_name} GEMM rates"):
+        with console.status(f"{dtype_name(other)} GEMM rates"):
             other_rates = decoder_rates(config.hidden_size, config.intermediate_size, attention, other)
-        console.print(rates_table(f"{other_name} GEMM GFLOP/s through F.linear, not in the bound", other_rates))
+        console.print(rates_table(f"{dtype_name(other)} GEMM GFLOP/s through F.linear, not in the bound", other_rates))
 
     engine = ModelEngine(loaded)
     engine.create_adapter("bench", LoraSettings(rank=LORA_RANK, train_mlp=True, train_attn=True, train_unembed=False))

@@ -15,7 +15,7 @@ from trainer_backend.api.app import create_app
 from trainer_backend.api.http_protocol import JsonErrorH11Protocol
 from trainer_backend.auth import KeyPolicy
 from trainer_backend.config import ServerConfig
-from trainer_backend.models.loading import load_base_model, select_device, select_dtype
+from trainer_backend.models.loading import dtype_name, load_base_model, select_device, select_dtype
 from trainer_backend.models.registry import default_cache_root, resolve_base_model
 from trainer_backend.service import TrainingService
 
@@ -28,7 +28,7 @@ def build_service(config: ServerConfig) -> TrainingService:
     device = select_device(config.device)
     dtype = select_dtype(config.dtype, device)
     loaded = load_base_model(resolved, device, dtype)
-    log.info("serving %s from %s on %s in %s", loaded.name, loaded.folder, device, str(dtype).removeprefix("torch."))
+    log.info("serving %s from %s on %s in %s", loaded.name, loaded.folder, device, dtype_name(dtype))
     return TrainingService(config, loaded)
 
 

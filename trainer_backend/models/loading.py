@@ -64,6 +64,11 @@ def select_device(flag: str = "auto") -> torch.device:
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """The name `--dtype` (and vLLM's `--dtype`) gives `dtype`: "float32" for torch.float32."""
+    return str(dtype).removeprefix("torch.")
+
+
 def computes_bf16_natively(capabilities: Mapping[str, object]) -> bool:
     """Whether a CPU with these `torch.cpu.get_capabilities()` has bf16 dot-product instructions (AVX-512 BF16 or
     AMX): without them a bf16 matmul is emulated, several times slower than fp32."""
@@ -74,7 +79,7 @@ def select_dtype(flag: str, device: torch.device) -> torch.dtype:
     """The dtype the base model computes in for `flag` ("auto", "float32" or "bfloat16") on `device`.
 
     "auto" takes bf16 where the device computes it natively: CUDA, and CPUs with bf16 instructions, where
-    `python -m benchmarks.rl_step` measured Qwen's RL step 1.5x faster than in fp32 (docs/performance.md). Elsewhere
+    `python -m benchmarks.rl_step` measured Qwen's RL step at 0.65-0.84 of fp32's (docs/performance.md). Elsewhere
     (MPS, other CPUs) fp32. Adapters and log-probs stay fp32 whatever the base dtype.
     """
     if flag != "auto":

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from trainer_backend.config import ServerConfig
 from trainer_backend.engine.types import LoraSettings, SamplerCall
-from trainer_backend.models.loading import LoadedModel
+from trainer_backend.models.loading import LoadedModel, dtype_name
 from trainer_backend.samplers.answers import SampleAnswers
 from trainer_backend.samplers.builtin import BuiltinSampler
 from trainer_backend.samplers.interface import SampleJob, Sampler
@@ -74,7 +74,7 @@ def build_sampler(
         max_lora_rank=config.max_lora_rank,
         log_path=config.storage_root / "vllm.log",
         device=loaded.device.type,
-        dtype=str(loaded.model.dtype).removeprefix("torch."),
+        dtype=dtype_name(loaded.model.dtype),
         gpu_memory_share=config.vllm_gpu_memory_share,
     )
     client = VllmClient(settings, lambda ids: loaded.tokenizer.decode(ids, skip_special_tokens=False))
