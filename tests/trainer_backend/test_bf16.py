@@ -15,7 +15,9 @@ from tinker import types
 
 from tests.support.backends import TINY, tiny_server_config
 from tests.support.trainer import SQL, datum_for
+from trainer_backend.engine.adapters import AdapterPool
 from trainer_backend.engine.attention import FP32_SDPA, attend_in_fp32
+from trainer_backend.engine.types import LoraSettings
 from trainer_backend.models.loading import computes_bf16_natively, load_base_model, select_dtype
 from trainer_backend.models.registry import resolve_base_model
 from trainer_backend.models.tiny import TINY_QWEN2_NAME
@@ -139,3 +141,38 @@ def test_a_bf16_model_on_a_cpu_attends_in_fp32_with_sdpas_masks(tmp_path: Path) 
         reference = fp32(ids, attention_mask=mask).logits
     torch.testing.assert_close(batch[1, 2:], alone[0], atol=BF16_LOGPROB_ROUNDING, rtol=0)
     torch.testing.assert_close(batch, reference, atol=BF16_LOGPROB_ROUNDING, rtol=0)
+
+
+def lora_layer_run(dtype: torch.dtype, tmp_path: Path) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """One adapted layer (the first MLP up projection) of the tiny Qwen2 in `dtype`, run on a fixed input with a
+    non-zero adapter: its output, its adapter's gradients, and the tensors autograd saved for backward."""
+    model = load_base_model(resolve_base_model(TINY_QWEN2_NAME, tmp_path / str(dtype)), torch.device("cpu"), dtype)
+    pool = AdapterPool(model.model)
+    pool.create("a", LoraSettings(rank=4, seed=0))
+    layer = pool.peft_model.get_base_model().model.layers[0].mlp.up_proj
+    with torch.no_grad():
+        # A fresh adapter's B is zero, and a zero delta would hide the precision of its products.
+        layer.lora_B["a"].weight.copy_(
+            torch.randn(layer.lora_B["a"].weight.shape, generator=torch.Generator().manual_seed(1))
+        )
+    inputs = torch.randn((3, 5, layer.in_features), generator=torch.Generator().manual_seed(2))
+    inputs = inputs.to(torch.bfloat16).to(dtype)  # the same values in both runs
+    saved: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t), pool.active("a"):
+        output = layer(inputs)
+    output.float().square().sum().backward()
+    return output, [p.grad for p in (layer.lora_A["a"].weight, layer.lora_B["a"].weight)], saved
+
+
+def test_a_bf16_models_adapters_multiply_in_bf16_from_fp32_weights(tmp_path: Path) -> None:
+    output, grads, saved = lora_layer_run(torch.bfloat16, tmp_path)
+    reference, reference_grads, _ = lora_layer_run(torch.float32, tmp_path)
+    assert output.dtype == torch.bfloat16
+    # bf16's 8 bits of mantissa in the weights and in the products: about 1% of the output's norm, not more.
+    assert torch.linalg.vector_norm(output.float() - reference) < 0.01 * torch.linalg.vector_norm(reference)
+    for grad, expected in zip(grads, reference_grads, strict=True):
+        assert grad.dtype == torch.float32
+        assert torch.nn.functional.cosine_similarity(grad.flatten(), expected.flatten(), dim=0) > 0.999
+    # PEFT alone would keep an fp32 copy of the layer's input for the adapter's backward: twice its bytes.
+    activations = [t for t in saved if t.numel() >= 3 * 5 * 16]
+    assert activations and all(t.dtype == torch.bfloat16 for t in activations)

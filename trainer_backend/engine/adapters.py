@@ -20,7 +20,8 @@ from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dic
 from peft.tuners.lora import LoraLayer
 from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
-from torch import nn
+from torch import Tensor, nn
+from torch.nn import functional as F
 
 from trainer_backend.checkpoints import OPTIMIZER_FILE
 from trainer_backend.engine.types import AdamSettings, LoraSettings
@@ -63,6 +64,32 @@ def lora_config(settings: LoraSettings) -> LoraConfig:
     return LoraConfig(
         r=settings.rank, lora_alpha=LORA_ALPHA, lora_dropout=0.0, target_modules=list(targets), bias="none"
     )
+
+
+class MasterWeightLinear(nn.Linear):
+    """A LoRA matrix kept in fp32, the master copy that Adam updates, and multiplied in its input's dtype.
+
+    With a bf16 base model PEFT casts each LoRA layer's input to fp32, and the sum of the base output and the fp32
+    delta is fp32 again before it is cast back: on a CPU, copies of whole activations in and out of every adapted
+    layer, kept for backward too. Here the products run in bf16, as CUDA autocast runs them: the delta is rounded to
+    bf16 where it was anyway, when added to the bf16 base output, and the weights' gradients come back to fp32.
+    With an fp32 base model nothing changes.
+    """
+
+    def forward(self, input_XI: Tensor) -> Tensor:
+        bias = None if self.bias is None else self.bias.to(input_XI.dtype)
+        return F.linear(input_XI, self.weight.to(input_XI.dtype), bias)
+
+
+def _multiply_in_input_dtype(peft_model: PeftModel, name: str) -> None:
+    """Adapter `name`'s LoRA matrices multiply in the dtype of the base model's activations (`MasterWeightLinear`)."""
+    for layer in peft_model.modules():
+        if isinstance(layer, LoraLayer) and name in layer.lora_A:
+            # PEFT's own switch for the input cast (`peft.helpers.disable_input_dtype_casting`).
+            layer.cast_input_dtype_enabled = False
+            for matrices in (layer.lora_A, layer.lora_B):
+                # The same module with the same parameters: state dicts, hooks and optimizers see no difference.
+                matrices[name].__class__ = MasterWeightLinear
 
 
 @contextlib.contextmanager
@@ -122,6 +149,7 @@ class AdapterPool:
         for param in self.parameters(name):
             param.data = param.data.float()
             param.requires_grad_(True)
+        _multiply_in_input_dtype(self.peft_model, name)
 
     def _new_optimizer(self, name: str) -> torch.optim.AdamW:
         return torch.optim.AdamW(self.parameters(name), lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0)
