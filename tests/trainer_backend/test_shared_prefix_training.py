@@ -148,12 +148,21 @@ def test_micro_batches_within_a_small_budget_give_the_gradients_of_one_pass(engi
     (whole,) = run(engine, [call])
     whole_grads = adapter_gradients(engine, "bob")
     budget = engine.training.piece_tokens
-    # Less than one group: each group is split, and each part computes its prompt again.
+    # Less than one group: each group is split into parts of a few completions, in micro-batches of their own.
     engine.training.piece_tokens = PROMPT_TOKENS + 20
+    embedded: list[tuple[int, ...]] = []
+    hook = engine.loaded.model.get_input_embeddings().register_forward_hook(
+        lambda _module, args, _output: embedded.append(tuple(args[0].shape))
+    )
     try:
         (pieces,) = run(engine, [call])
     finally:
         engine.training.piece_tokens = budget
+        hook.remove()
+    # Each group's prompt went through the decoder once, whatever the number of its parts.
+    groups, _ = shared_prefix_groups([d.model_input_tokens for d in datums])
+    prompts = {(1, group.prefix_length) for group in groups}
+    assert len(groups) == 2 and len([shape for shape in embedded if shape in prompts]) == 2
     assert_same([o["logprobs"] for o in pieces.loss_fn_outputs], [o["logprobs"] for o in whole.loss_fn_outputs])
     assert pieces.metrics["loss:sum"] == pytest.approx(whole.metrics["loss:sum"], rel=1e-4, abs=1e-5)
     assert_same(adapter_gradients(engine, "bob"), whole_grads)

@@ -117,3 +117,22 @@ def repeated_cache(cache: Cache, repeats: int) -> Cache:
     copied.layers = [copy.copy(layer) for layer in cache.layers]
     copied.batch_repeat_interleave(repeats)
     return copied
+
+
+def cut_cache(cache: Cache) -> tuple[Cache, list[tuple[Tensor, Tensor]]]:
+    """A copy of `cache` whose keys and values are new leaves of the autograd graph, and (original, leaf) pairs.
+
+    Batches that continue the copy leave their gradients on the leaves, to be sent through the original graph in
+    one backward (`torch.autograd.backward(originals, leaf gradients)`) once they are all done.
+    """
+    copied = copy.copy(cache)
+    copied.layers = [copy.copy(layer) for layer in cache.layers]
+    cut = []
+    for layer in copied.layers:
+        if layer.is_initialized:
+            for name in ("keys", "values"):
+                original = getattr(layer, name)
+                leaf = original.detach().requires_grad_(original.requires_grad)
+                setattr(layer, name, leaf)
+                cut.append((original, leaf))
+    return copied, cut

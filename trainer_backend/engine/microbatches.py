@@ -5,8 +5,9 @@ tokens × 8 completions, that is about 6,000 tokens: 17 GB for Qwen2.5-Coder-0.5
 than a laptop has. Every Tinker loss is a sum over data, so the gradient of the whole batch is the sum of the
 gradients of its parts, and a pass run as several forward/backward pieces, each freed before the next, gives the
 same gradients at a fraction of the memory. Pieces are whole prefix groups (a prompt and its completions share the
-prompt's activations) or single data; a group too large for one piece is split into groups of fewer members, each
-computing the prefix again, so the budget should hold a whole group of the usual RL step.
+prompt's activations) or single data; a group too large for one piece is split into parts of fewer members in
+consecutive pieces, which share one computation of the prefix (`training_pass.py`): its activations stay for all of
+them, and each part counts them.
 """
 
 from __future__ import annotations
@@ -98,7 +99,8 @@ def _group_cost(c: int, group: PrefixGroup, lengths: dict[tuple[int, int], int])
 def _split_group(
     c: int, group: PrefixGroup, lengths: dict[tuple[int, int], int], token_budget: int
 ) -> list[PrefixGroup]:
-    """The group as parts of consecutive members within the budget, each still computing the prefix once."""
+    """The group as parts of consecutive members within the budget, each counting the prefix, whose activations
+    stay while its parts run."""
     parts: list[PrefixGroup] = []
     members: list[int] = []
     for member in group.members:
