@@ -50,6 +50,7 @@ def plot_run(
     eval_axes.set_xlabel("RL step")
     eval_axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     eval_axes.grid(alpha=0.3)
-    figure.suptitle(title)
+    # A long run id and model name wrap instead of running off both edges.
+    figure.suptitle(title, wrap=True)
     figure.tight_layout()
     figure.savefig(path, dpi=100)

@@ -70,7 +70,7 @@ class MasterWeightLinear(nn.Linear):
     """A LoRA matrix kept in fp32, the master copy that Adam updates, and multiplied in its input's dtype.
 
     With a bf16 base model PEFT casts each LoRA layer's input to fp32, and the sum of the base output and the fp32
-    delta is fp32 again before it is cast back: on a CPU, copies of whole activations in and out of every adapted
+    delta is fp32 again before it is cast back: copies of whole activations in and out of every adapted
     layer, kept for backward too. Here the products run in bf16, as CUDA autocast runs them: the delta is rounded to
     bf16 where it was anyway, when added to the bf16 base output, and the weights' gradients come back to fp32.
     With an fp32 base model nothing changes.
