@@ -203,26 +203,26 @@ class TrainingPass:
         """The `[T, K]` target log-probs of each member of `part`, on top of their group's computed prefix."""
         device = self.loaded.device
         members = [call.datums[i] for i in part.members]
-        length = part.prefix_length
+        prefix_length = part.prefix_length
         targets = [_targets_by_position(d) for d in members]
         live = [self._gradient_rows(call, i) for i in part.members]
-        suffixes = [d.model_input_tokens[length:] for d in members]
+        suffixes = [d.model_input_tokens[prefix_length:] for d in members]
         suffix_logprobs: dict[int, Tensor] = {}
         # Completions of similar length together, each batch continuing its own copy of the prefix's cache.
         for bucket in length_buckets([len(suffix) for suffix in suffixes]):
             longest = max(len(suffixes[g]) for g in bucket)
             suffix_B_S = torch.full((len(bucket), longest), self.pad_token_id, dtype=torch.long)
-            mask_B_A = torch.zeros((len(bucket), length + longest), dtype=torch.long)
-            mask_B_A[:, :length] = 1
+            mask_B_A = torch.zeros((len(bucket), prefix_length + longest), dtype=torch.long)
+            mask_B_A[:, :prefix_length] = 1
             targets_B_S_K = torch.full((len(bucket), longest, prefix.width), IGNORED_TARGET, dtype=torch.long)
             live_B_S = torch.zeros((len(bucket), longest), dtype=torch.bool)
             for b, g in enumerate(bucket):
                 size = len(suffixes[g])
                 suffix_B_S[b, :size] = torch.tensor(suffixes[g])
-                mask_B_A[b, length : length + size] = 1
-                targets_B_S_K[b, :size] = targets[g][length:]
-                live_B_S[b, :size] = live[g][length:]
-            positions_B_S = torch.arange(length, length + longest).expand(len(bucket), -1)
+                mask_B_A[b, prefix_length : prefix_length + size] = 1
+                targets_B_S_K[b, :size] = targets[g][prefix_length:]
+                live_B_S[b, :size] = live[g][prefix_length:]
+            positions_B_S = torch.arange(prefix_length, prefix_length + longest).expand(len(bucket), -1)
             with self._routed(one_adapter, [call.model_id] * len(bucket)):
                 hidden_B_S_H = decoder(
                     input_ids=suffix_B_S.to(device),
