@@ -113,8 +113,7 @@ def repeated_cache(cache: Cache, repeats: int) -> Cache:
     length), and a gradient through any of them flows back into the prefix's keys and values. The layers are copied
     shallowly: repeating assigns new tensors to the copy, and later updates concatenate, never writing in place.
     """
-    copied = copy.copy(cache)
-    copied.layers = [copy.copy(layer) for layer in cache.layers]
+    copied = _shallow_copy(cache)
     copied.batch_repeat_interleave(repeats)
     return copied
 
@@ -125,8 +124,7 @@ def cut_cache(cache: Cache) -> tuple[Cache, list[tuple[Tensor, Tensor]]]:
     Batches that continue the copy leave their gradients on the leaves, to be sent through the original graph in
     one backward (`torch.autograd.backward(originals, leaf gradients)`) once they are all done.
     """
-    copied = copy.copy(cache)
-    copied.layers = [copy.copy(layer) for layer in cache.layers]
+    copied = _shallow_copy(cache)
     cut = []
     for layer in copied.layers:
         if layer.is_initialized:
@@ -136,3 +134,10 @@ def cut_cache(cache: Cache) -> tuple[Cache, list[tuple[Tensor, Tensor]]]:
                 setattr(layer, name, leaf)
                 cut.append((original, leaf))
     return copied, cut
+
+
+def _shallow_copy(cache: Cache) -> Cache:
+    """A cache with layers of its own that still hold `cache`'s tensors: assigning new ones leaves `cache` as it is."""
+    copied = copy.copy(cache)
+    copied.layers = [copy.copy(layer) for layer in cache.layers]
+    return copied

@@ -72,8 +72,9 @@ class ModelEngine:
                 "hidden states, which the engine's training pass computes on its own; no other causal LM is supported"
             )
         # Activations count at fp32's 4 bytes whatever the base dtype: a bf16 model keeps fp32 copies for backward
-        # (LoRA's inputs, attention on a CPU, the norms). Counted at 2 bytes, Gemma's RL step peaked at 6.0 GiB against
-        # 4.5 in fp32 (`python -m benchmarks.rl_step`, 2026-12-04).
+        # (attention on a CPU, the norms). Counted at 2 bytes, Gemma's RL step peaked at 6.0 GiB against 4.5 in fp32
+        # (`python -m benchmarks.rl_step`, 2026-12-04), when LoRA's inputs were fp32 copies too; since the adapters
+        # multiply in bf16 (`MasterWeightLinear`), 2 bytes has not been measured again.
         dtype_bytes = max(4, next(loaded.model.parameters()).element_size())
         self.training = TrainingPass(
             loaded,
