@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer_backend.engine.logprobs import LowRankDelta, full_logits_target_logprobs, target_logprobs
+from trainer_backend.engine.unembedding import VOCABULARY_CHUNK
 from trainer_backend.errors import UserInputError
 
 B, T, H, V = 2, 7, 8, 50
@@ -118,6 +119,35 @@ def test_gradients_through_a_frozen_unembedding_with_several_targets_and_ignored
 
     torch.testing.assert_close(chunked, naive, atol=1e-5, rtol=0)
     torch.testing.assert_close(chunked_grad, naive_grad, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("cap", [None, 5.0])
+def test_a_vocabulary_of_several_chunks_is_reduced_exactly_across_them(cap: float | None) -> None:
+    """The frozen path reduces the vocabulary a chunk at a time; targets in every chunk, a short last one, and a
+    maximum that grows from chunk to chunk must give the whole softmax's values and gradients."""
+    generator = torch.Generator().manual_seed(5)
+    vocabulary = 2 * VOCABULARY_CHUNK + 37
+    hidden_BTH = torch.randn(B, T, H, generator=generator).requires_grad_()
+    # Later chunks hold larger logits, so the running maximum rises and earlier sums are rescaled.
+    weight_VH = torch.randn(vocabulary, H, generator=generator) * torch.linspace(0.1, 2.0, vocabulary)[:, None]
+    targets_BTK = torch.stack(
+        [
+            torch.randint(0, VOCABULARY_CHUNK, (B, T), generator=generator),
+            torch.randint(VOCABULARY_CHUNK, 2 * VOCABULARY_CHUNK, (B, T), generator=generator),
+            torch.randint(2 * VOCABULARY_CHUNK, vocabulary, (B, T), generator=generator),
+        ],
+        dim=-1,
+    )
+    targets_BTK[0, 2:, 1] = -100
+    upstream_BTK = torch.randn(B, T, 3, generator=generator)
+
+    chunked = target_logprobs(hidden_BTH, weight_VH, targets_BTK, chunk_tokens=4, final_logit_softcapping=cap)
+    (chunked_grad,) = torch.autograd.grad((chunked * upstream_BTK).sum(), hidden_BTH)
+    naive = full_logits_target_logprobs(hidden_BTH, weight_VH, targets_BTK, final_logit_softcapping=cap)
+    (naive_grad,) = torch.autograd.grad((naive * upstream_BTK).sum(), hidden_BTH)
+
+    torch.testing.assert_close(chunked, naive, atol=1e-5, rtol=0)
+    torch.testing.assert_close(chunked_grad, naive_grad, atol=1e-5, rtol=1e-5)
 
 
 def test_target_outside_vocabulary_is_a_user_error() -> None:

@@ -1,4 +1,5 @@
-"""oneDNN linear layers against `F.linear`: the same values and gradients up to float rounding."""
+"""oneDNN linear layers against `F.linear`: the same values and gradients up to float rounding (a packed bf16
+weight: the same bits)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import torch.nn.functional as F
 from peft import LoraConfig, get_peft_model
 from torch import nn
 
-from trainer_backend.engine.onednn_linear import RoutedLinear, applies, linear, route_linears
+from trainer_backend.engine import onednn_linear
+from trainer_backend.engine.onednn_linear import RoutedLinear, applies, linear, packed_weight, packs, route_linears
 
 pytestmark = pytest.mark.skipif(not applies(torch.zeros(1)), reason="oneDNN linear layers run on x86 CPUs only")
 
@@ -63,3 +65,77 @@ def test_a_routed_model_keeps_its_outputs_and_lora_still_wraps_its_layers() -> N
     assert not torch.allclose(output, expected, atol=1e-3)
     output.square().sum().backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for n, p in lora.named_parameters() if "lora_" in n)
+
+
+def frozen_bf16_layer(generator: torch.Generator) -> nn.Linear:
+    layer = nn.Linear(40, 48, dtype=torch.bfloat16).requires_grad_(False)
+    layer.weight.copy_(torch.randn(48, 40, generator=generator))
+    layer.bias.copy_(torch.randn(48, generator=generator))
+    return layer
+
+
+@pytest.fixture
+def packings(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
+    """The weights `packed_weight` reorders during a test, in order."""
+    packed: list[torch.Tensor] = []
+
+    def recording(weight_OI: torch.Tensor) -> torch.Tensor:
+        packed.append(weight_OI.detach().clone())
+        return packed_weight(weight_OI)
+
+    monkeypatch.setattr(onednn_linear, "packed_weight", recording)
+    return packed
+
+
+bf16_packing = pytest.mark.skipif(
+    not packs(torch.zeros(1, dtype=torch.bfloat16)), reason="oneDNN packs bf16 weights on CPUs with bf16 instructions"
+)
+
+
+@bf16_packing
+def test_a_frozen_bf16_weight_is_packed_once_and_computes_f_linears_values(packings: list[torch.Tensor]) -> None:
+    generator = torch.Generator().manual_seed(0)
+    layer = frozen_bf16_layer(generator)
+    expected_layer = frozen_bf16_layer(torch.Generator().manual_seed(0))
+    route_linears(layer)
+    input_BTI = torch.randn(3, 5, 40, generator=generator).bfloat16().requires_grad_()
+    upstream_BTO = torch.randn(3, 5, 48, generator=generator).bfloat16()
+
+    outputs = [layer(input_BTI) for _ in range(3)]
+    (input_grad,) = torch.autograd.grad(outputs[0], input_BTI, upstream_BTO)
+    expected = expected_layer(input_BTI)
+    (expected_input_grad,) = torch.autograd.grad(expected, input_BTI, upstream_BTO)
+
+    assert len(packings) == 1
+    assert all(torch.equal(output, expected) for output in outputs)
+    torch.testing.assert_close(input_grad, expected_input_grad)
+
+
+@bf16_packing
+def test_a_packed_weight_follows_its_layers_weight_when_it_changes(packings: list[torch.Tensor]) -> None:
+    generator = torch.Generator().manual_seed(0)
+    layer = frozen_bf16_layer(generator)
+    route_linears(layer)
+    input_NI = torch.randn(4, 40, generator=generator).bfloat16()
+    layer(input_NI)
+
+    with torch.no_grad():
+        layer.weight.mul_(-2)
+    assert torch.equal(layer(input_NI), F.linear(input_NI, layer.weight, layer.bias))
+    layer.weight = nn.Parameter(torch.randn(48, 40, generator=generator).bfloat16(), requires_grad=False)
+    assert torch.equal(layer(input_NI), F.linear(input_NI, layer.weight, layer.bias))
+    assert len(packings) == 3
+
+
+@bf16_packing
+def test_a_trained_weight_and_the_layer_left_unpacked_keep_pytorchs_layout(packings: list[torch.Tensor]) -> None:
+    generator = torch.Generator().manual_seed(0)
+    body, head = frozen_bf16_layer(generator), frozen_bf16_layer(generator)
+    trained = nn.Linear(40, 48, dtype=torch.bfloat16)
+    model = nn.ModuleList([body, head, trained])
+    assert route_linears(model, unpacked=head) == 3
+    input_NI = torch.randn(4, 40, generator=generator).bfloat16()
+
+    for layer in model:
+        assert torch.equal(layer(input_NI), F.linear(input_NI, layer.weight, layer.bias))
+    assert len(packings) == 1 and torch.equal(packings[0], body.weight)

@@ -168,6 +168,30 @@ def test_micro_batches_within_a_small_budget_give_the_gradients_of_one_pass(engi
     assert_same(adapter_gradients(engine, "bob"), whole_grads)
 
 
+def test_a_micro_batch_goes_through_the_output_head_once_besides_its_prompts(
+    engine: ModelEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    datums = rl_group(10, 5) + rl_group(11, 3) + [rl_group(12, 1)[0]]
+    call = ForwardBackwardCall("alice", datums, "importance_sampling", None, False)
+    positions: list[int] = []
+    head = engine.training._logprobs
+
+    def counted(hidden_states: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        positions.append(hidden_states.shape[0] * hidden_states.shape[1])
+        return head(hidden_states, *args, **kwargs)
+
+    monkeypatch.setattr(engine.training, "_logprobs", counted)
+    (result,) = run(engine, [call])
+    adapter_gradients(engine, "alice")
+
+    # The two prompts, then every bucket of completions and the lone datum in one call.
+    groups, singles = shared_prefix_groups([d.model_input_tokens for d in datums])
+    buckets = [length_buckets([len(datums[i].model_input_tokens) for i in g.members]) for g in groups]
+    assert len(groups) == 2 and len(singles) == 1 and sum(map(len, buckets)) + len(singles) > 1
+    assert len(positions) == len(groups) + 1
+    assert len(result.loss_fn_outputs) == len(datums)
+
+
 def test_a_bad_call_leaves_no_gradient_even_where_micro_batches_ran_before_it(engine: ModelEngine) -> None:
     good = ForwardBackwardCall("alice", rl_group(8, 3), "importance_sampling", None, False)
     broken = rl_group(9, 3)

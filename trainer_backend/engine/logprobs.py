@@ -7,8 +7,9 @@ vocabulary a chunk of tokens at a time, so forward and backward each hold at mos
 When the unembedding is frozen (no gradient, no adapter on it, the usual LoRA setup), each chunk's gradient
 with respect to the hidden states is computed in the forward pass, while its logits exist: the derivative of
 a log-prob with respect to its hidden state is one `[H]` vector per target, so backward needs no logits at all
-and costs two vocabulary matmuls per token in all, as the plain computation does. Otherwise each chunk runs
-under activation checkpointing and backward recomputes its logits (three matmuls).
+and costs two vocabulary matmuls per token in all, as the plain computation does. Each chunk of tokens goes through
+the vocabulary a slice at a time (`_vocabulary_pass`), so its logits never exist whole either. Otherwise each chunk
+runs under activation checkpointing and backward recomputes its logits (three matmuls).
 `full_logits_target_logprobs` is the plain computation, kept for tests and benchmarks.
 
 Most positions of an RL or supervised datum carry no gradient (a prompt's targets have zero advantage or zero
@@ -22,6 +23,7 @@ Targets are `[B, T]` (one token per position) or `[B, T, K]` (K tokens per posit
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -30,7 +32,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from trainer_backend.engine.onednn_linear import linear
-from trainer_backend.engine.unembedding import unembedding_logits
+from trainer_backend.engine.unembedding import VOCABULARY_CHUNK, unembedding_logits
 from trainer_backend.errors import UserInputError
 
 
@@ -171,13 +173,16 @@ class _FrozenUnembeddingLogprobs(torch.autograd.Function):
         needs_grad = ctx.needs_input_grad[0]
         logprobs_NK = hidden_NH.new_zeros(targets_NK.shape, dtype=torch.float32)
         live_L = live_N.nonzero()[:, 0] if needs_grad else live_N.new_zeros(0, dtype=torch.long)
-        dead_D = (~live_N).nonzero()[:, 0] if needs_grad else torch.arange(len(live_N), device=live_N.device)
+        # A position whose targets are all ignored (padding) keeps its 0.0 without a pass over the vocabulary.
+        scored_N = (targets_NK >= 0).any(dim=1)
+        without_gradient_N = ~live_N if needs_grad else torch.ones_like(live_N)
+        dead_D = (without_gradient_N & scored_N).nonzero()[:, 0]
         for rows_d in dead_D.split(chunk):
-            logprobs_NK[rows_d] = _logprobs(hidden_NH[rows_d], weight_VH, targets_NK[rows_d], softcap, None)
+            logprobs_NK[rows_d] = _vocabulary_pass(hidden_NH[rows_d], weight_VH, targets_NK[rows_d], softcap, False)[0]
         gradients = []
         for rows_n in live_L.split(chunk):
-            logprobs_nK, gradient_nKH = _chunk_logprobs_and_gradients(
-                hidden_NH[rows_n], weight_VH, targets_NK[rows_n], softcap
+            logprobs_nK, gradient_nKH = _vocabulary_pass(
+                hidden_NH[rows_n], weight_VH, targets_NK[rows_n], softcap, True
             )
             logprobs_NK[rows_n] = logprobs_nK
             gradients.append(gradient_nKH)
@@ -201,27 +206,52 @@ class _FrozenUnembeddingLogprobs(torch.autograd.Function):
         return hidden_grad_NH, None, None, None, None, None
 
 
-def _chunk_logprobs_and_gradients(
-    hidden_nH: Tensor, weight_VH: Tensor, targets_nK: Tensor, softcap: float | None
-) -> tuple[Tensor, Tensor]:
-    logits_nV = unembedding_logits(hidden_nH, weight_VH).float()
-    # d cap(u) / du = 1 - tanh(u / c)^2, kept per logit for the gradient.
-    slope_nV = None
-    if softcap is not None:
-        capped_nV = torch.tanh(logits_nV / softcap)
-        slope_nV = 1.0 - capped_nV.square()
-        logits_nV = capped_nV * softcap
+def _vocabulary_pass(
+    hidden_nH: Tensor, weight_VH: Tensor, targets_nK: Tensor, softcap: float | None, with_gradients: bool
+) -> tuple[Tensor, Tensor | None]:
+    """The target log-probs of n positions and, if asked, their `[n, K, H]` hidden-state gradients, in one pass over
+    the vocabulary.
+
+    Each `VOCABULARY_CHUNK` of logits is reduced while it is in cache: its part of the softmax's denominator and of
+    the softmax's expectation of the unembedding rows (the gradient's `W^T p`), both rescaled whenever a chunk raises
+    the running maximum (the online softmax). Whole `[n, V]` logits would be written and read back from memory
+    several times over: on Qwen's 151,936-token vocabulary that traffic cost as much as the vocabulary matmuls.
+    """
+    rows = hidden_nH.shape[0]
     ignored_nK = targets_nK < 0
     safe_nK = targets_nK.clamp(min=0)
-    log_normaliser_n1 = torch.logsumexp(logits_nV, dim=-1, keepdim=True)
-    logprobs_nK = (logits_nV.gather(1, safe_nK) - log_normaliser_n1).masked_fill(ignored_nK, 0.0)
-    # In place: the logits are not needed again, and a second [n, V] buffer is what chunking avoids.
-    weights_nV = logits_nV.sub_(log_normaliser_n1).exp_()
-    if slope_nV is not None:
-        weights_nV.mul_(slope_nV)
-    expected_nH = linear(weights_nV.to(weight_VH.dtype), weight_VH.T).float()
-    picked_nKH = weight_VH[safe_nK].float()
-    if slope_nV is not None:
-        picked_nKH = picked_nKH * slope_nV.gather(1, safe_nK).unsqueeze(-1)
-    gradient_nKH = (picked_nKH - expected_nH.unsqueeze(1)).masked_fill(ignored_nK.unsqueeze(-1), 0.0)
+    picked_nK = hidden_nH.new_zeros(targets_nK.shape, dtype=torch.float32)
+    picked_slope_nK = torch.ones_like(picked_nK)
+    maximum_n1 = hidden_nH.new_full((rows, 1), -math.inf, dtype=torch.float32)
+    total_n1 = hidden_nH.new_zeros((rows, 1), dtype=torch.float32)
+    expected_nH = hidden_nH.new_zeros(hidden_nH.shape, dtype=torch.float32) if with_gradients else None
+    for start in range(0, weight_VH.shape[0], VOCABULARY_CHUNK):
+        weight_CH = weight_VH[start : start + VOCABULARY_CHUNK]
+        logits_nC = unembedding_logits(hidden_nH, weight_CH).float()
+        # d cap(u) / du = 1 - tanh(u / c)^2, per logit, for the gradient.
+        slope_nC = None
+        if softcap is not None:
+            capped_nC = torch.tanh(logits_nC / softcap)
+            slope_nC = 1.0 - capped_nC.square()
+            logits_nC = capped_nC * softcap
+        inside_nK = (safe_nK >= start) & (safe_nK < start + len(weight_CH))
+        within_nK = (safe_nK - start).clamp(0, len(weight_CH) - 1)
+        picked_nK = torch.where(inside_nK, logits_nC.gather(1, within_nK), picked_nK)
+        if slope_nC is not None:
+            picked_slope_nK = torch.where(inside_nK, slope_nC.gather(1, within_nK), picked_slope_nK)
+        raised_n1 = torch.maximum(maximum_n1, logits_nC.amax(dim=1, keepdim=True))
+        rescale_n1 = torch.exp(maximum_n1 - raised_n1)
+        maximum_n1 = raised_n1
+        # In place: the chunk's logits are not needed again.
+        weights_nC = logits_nC.sub_(maximum_n1).exp_()
+        total_n1 = total_n1 * rescale_n1 + weights_nC.sum(dim=1, keepdim=True)
+        if expected_nH is not None:
+            if slope_nC is not None:
+                weights_nC.mul_(slope_nC)
+            expected_nH = expected_nH * rescale_n1 + linear(weights_nC.to(weight_CH.dtype), weight_CH.T).float()
+    logprobs_nK = (picked_nK - maximum_n1 - total_n1.log()).masked_fill(ignored_nK, 0.0)
+    if expected_nH is None:
+        return logprobs_nK, None
+    picked_nKH = weight_VH[safe_nK].float() * picked_slope_nK.unsqueeze(-1)
+    gradient_nKH = (picked_nKH - (expected_nH / total_n1).unsqueeze(1)).masked_fill(ignored_nK.unsqueeze(-1), 0.0)
     return logprobs_nK, gradient_nKH

@@ -59,7 +59,9 @@ class ModelEngine:
     ) -> None:
         """`max_loaded_adapters` training adapters stay loaded; the least recently used others go to `spill_root`."""
         self.loaded = loaded
-        route_linears(loaded.model)
+        # The engine's own paths read the output embedding's weight as it is (`unembedding.py`); a packed copy
+        # would only serve the model's own forward.
+        route_linears(loaded.model, unpacked=loaded.model.get_output_embeddings())
         attend_in_fp32(loaded.model)
         # The full-logits path exists to measure what chunking saves (benchmarks/backend_gemma.py).
         logprobs = target_logprobs if chunked_logprobs else full_logits_target_logprobs

@@ -145,8 +145,8 @@ class TrainingPass:
         one_adapter: bool,
     ) -> dict[tuple[int, int], Tensor]:
         """The `[T, K]` target log-probs of every datum of one micro-batch, keyed by (call, datum); `prefixes` are its
-        groups' computed prefixes, in order."""
-        logprobs: dict[tuple[int, int], Tensor] = {}
+        groups' computed prefixes, in order. Its decoder outputs all go through the head together."""
+        waiting: list[_HeadRows] = []
         if piece.alone:
             datums = [calls[c].datums[i] for c, i in piece.alone]
             with self._routed(one_adapter, [calls[c].model_id for c, _ in piece.alone]):
@@ -154,13 +154,19 @@ class TrainingPass:
                     datums, [self._gradient_rows(calls[c], i) for c, i in piece.alone]
                 )
                 hidden_B_T_H = decoder(input_ids=tokens_B_T, attention_mask=mask_B_T).last_hidden_state
-            logprobs_B_T_K = head(hidden_B_T_H, targets=targets_B_T_K, gradient_rows=live_B_T)
-            for row, key in enumerate(piece.alone):
-                logprobs[key] = logprobs_B_T_K[row, : len(datums[row].model_input_tokens)]
+            owners = [
+                _RowOwner(key, len(d.model_input_tokens), None) for key, d in zip(piece.alone, datums, strict=True)
+            ]
+            waiting.append(_HeadRows(owners, hidden_B_T_H, targets_B_T_K, live_B_T))
         for (c, part), prefix in zip(piece.groups, prefixes, strict=True):
-            members_logprobs = self._members_logprobs(decoder, head, calls[c], part, prefix, one_adapter)
-            for i, logprobs_T_K in zip(part.members, members_logprobs, strict=True):
-                logprobs[(c, i)] = logprobs_T_K
+            waiting += self._member_buckets(decoder, c, calls[c], part, prefix, one_adapter)
+        logprobs: dict[tuple[int, int], Tensor] = {}
+        for rows, logprobs_B_T_K in zip(waiting, _logprobs_together(head, waiting), strict=True):
+            for b, owner in enumerate(rows.owners):
+                own_T_K = logprobs_B_T_K[b, : owner.length]
+                if owner.prefix is not None:
+                    own_T_K = torch.cat([owner.prefix.member_logprobs(owner.key[1]), own_T_K])
+                logprobs[owner.key] = own_T_K
         return logprobs
 
     def _prefix(
@@ -191,24 +197,24 @@ class TrainingPass:
             group.members, targets[0].shape[1], cache, logprobs_leaf, [*cut, (logprobs_1P_GK, logprobs_leaf)]
         )
 
-    def _members_logprobs(
+    def _member_buckets(
         self,
         decoder: torch.nn.Module,
-        head: Callable[..., Tensor],
+        c: int,
         call: ForwardBackwardCall,
         part: PrefixGroup,
         prefix: _ComputedPrefix,
         one_adapter: bool,
-    ) -> list[Tensor]:
-        """The `[T, K]` target log-probs of each member of `part`, on top of their group's computed prefix."""
+    ) -> list[_HeadRows]:
+        """The members of `part` (of call `c`) through the decoder on top of their group's computed prefix, in
+        buckets of completions of similar length, each continuing its own copy of the prefix's cache."""
         device = self.loaded.device
         members = [call.datums[i] for i in part.members]
         prefix_length = part.prefix_length
         targets = [_targets_by_position(d) for d in members]
         live = [self._gradient_rows(call, i) for i in part.members]
         suffixes = [d.model_input_tokens[prefix_length:] for d in members]
-        suffix_logprobs: dict[int, Tensor] = {}
-        # Completions of similar length together, each batch continuing its own copy of the prefix's cache.
+        buckets = []
         for bucket in length_buckets([len(suffix) for suffix in suffixes]):
             longest = max(len(suffixes[g]) for g in bucket)
             suffix_B_S = torch.full((len(bucket), longest), self.pad_token_id, dtype=torch.long)
@@ -231,10 +237,9 @@ class TrainingPass:
                     cache=repeated_cache(prefix.cache, len(bucket)),
                     use_cache=True,
                 ).last_hidden_state
-            logprobs_B_S_K = head(hidden_B_S_H, targets=targets_B_S_K.to(device), gradient_rows=live_B_S.to(device))
-            for b, g in enumerate(bucket):
-                suffix_logprobs[g] = logprobs_B_S_K[b, : len(suffixes[g])]
-        return [torch.cat([prefix.member_logprobs(i), suffix_logprobs[g]]) for g, i in enumerate(part.members)]
+            owners = [_RowOwner((c, part.members[g]), len(suffixes[g]), prefix) for g in bucket]
+            buckets.append(_HeadRows(owners, hidden_B_S_H, targets_B_S_K.to(device), live_B_S.to(device)))
+        return buckets
 
     def _gradient_rows(self, call: ForwardBackwardCall, index: int) -> Tensor:
         """`[T]` bool: the positions of datum `index` whose log-probs the call's loss may send a gradient to."""
@@ -318,6 +323,49 @@ class TrainingPass:
             delta = LowRankDelta(head.lora_A[adapter].weight, head.lora_B[adapter].weight, head.scaling[adapter])
             return output.weight, delta
         return output.weight, None
+
+
+@dataclass(frozen=True)
+class _RowOwner:
+    """The datum a row of decoder output belongs to, how many of the row's positions are its own, and the computed
+    prefix its own positions continue (None for a datum computed whole)."""
+
+    key: tuple[int, int]  # (call, datum)
+    length: int
+    prefix: _ComputedPrefix | None
+
+
+@dataclass(frozen=True)
+class _HeadRows:
+    """Rows of decoder output waiting for the head: hidden states, `[B, T, K]` targets and gradient rows."""
+
+    owners: list[_RowOwner]
+    hidden_B_T_H: Tensor
+    targets_B_T_K: Tensor
+    live_B_T: Tensor
+
+
+def _logprobs_together(head: Callable[..., Tensor], waiting: Sequence[_HeadRows]) -> list[Tensor]:
+    """Each entry's `[B, T, K]` target log-probs, from one head call per target width for all of them.
+
+    A head call reads the whole unembedding, and for a bucket of a few short completions that read, not the
+    arithmetic, is what it costs: on Qwen's `[151936, 896]` unembedding a pass took 76 ms for 16 positions and
+    460 ms for 220 (in the head's chunks of at most `chunk_tokens` positions). One call per micro-batch reads it
+    once for each of those chunks instead of once per bucket.
+    """
+    outcomes: list[Tensor | None] = [None] * len(waiting)
+    by_width: dict[int, list[int]] = {}
+    for index, rows in enumerate(waiting):
+        by_width.setdefault(rows.targets_B_T_K.shape[2], []).append(index)
+    for width, indices in by_width.items():
+        hidden_1N_H = torch.cat([waiting[i].hidden_B_T_H.flatten(0, 1) for i in indices])[None]
+        targets_1N_K = torch.cat([waiting[i].targets_B_T_K.reshape(-1, width) for i in indices])[None]
+        live_1N = torch.cat([waiting[i].live_B_T.reshape(-1) for i in indices])[None]
+        logprobs_N_K = head(hidden_1N_H, targets=targets_1N_K, gradient_rows=live_1N)[0]
+        sizes = [waiting[i].live_B_T.numel() for i in indices]
+        for i, logprobs_n_K in zip(indices, logprobs_N_K.split(sizes), strict=True):
+            outcomes[i] = logprobs_n_K.reshape(waiting[i].targets_B_T_K.shape)
+    return [logprobs for logprobs in outcomes if logprobs is not None]
 
 
 @dataclass
