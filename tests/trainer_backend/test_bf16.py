@@ -12,11 +12,12 @@ import pytest
 import tinker
 import torch
 from tinker import types
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from tests.support.backends import TINY, tiny_server_config
 from tests.support.trainer import SQL, datum_for
 from trainer_backend.engine.adapters import AdapterPool
-from trainer_backend.engine.attention import FP32_SDPA, attend_in_fp32
+from trainer_backend.engine.attention import FP32_SDPA, attend_in_fp32, sdpa_in_fp32
 from trainer_backend.engine.types import LoraSettings
 from trainer_backend.models.loading import computes_bf16_natively, load_base_model, select_dtype
 from trainer_backend.models.registry import resolve_base_model
@@ -141,6 +142,32 @@ def test_a_bf16_model_on_a_cpu_attends_in_fp32_with_sdpas_masks(tmp_path: Path) 
         reference = fp32(ids, attention_mask=mask).logits
     torch.testing.assert_close(batch[1, 2:], alone[0], atol=BF16_LOGPROB_ROUNDING, rtol=0)
     torch.testing.assert_close(batch, reference, atol=BF16_LOGPROB_ROUNDING, rtol=0)
+
+
+def test_grouped_heads_under_a_mask_attend_without_copies_of_keys_and_values() -> None:
+    """Four query heads on two key-value heads, a padded row, several queries on top of cached keys: the path that
+    leaves keys and values in place gives the output of Transformers' own, which copies them per query head."""
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 2, True
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(2, 4, 5, 8, generator=generator).bfloat16().requires_grad_()
+    key = torch.randn(2, 2, 9, 8, generator=generator).bfloat16().requires_grad_()
+    value = torch.randn(2, 2, 9, 8, generator=generator).bfloat16().requires_grad_()
+    mask = torch.ones(2, 1, 5, 9, dtype=torch.bool).tril(diagonal=4)
+    mask[1, :, :, :2] = False
+    upstream = torch.randn(2, 5, 4, 8, generator=generator).bfloat16()
+
+    output, _ = sdpa_in_fp32(module, query, key, value, mask, dropout=0.0, scaling=0.3)
+    gradients = torch.autograd.grad(output, (query, key, value), upstream)
+    copied, _ = sdpa_attention_forward(
+        module, query.float(), key.float(), value.float(), mask, dropout=0.0, scaling=0.3
+    )
+    copied_gradients = torch.autograd.grad(copied.bfloat16(), (query, key, value), upstream)
+
+    assert output.dtype == torch.bfloat16 and output.shape == (2, 5, 4, 8)
+    assert torch.equal(output, copied.bfloat16())
+    for gradient, copied_gradient in zip(gradients, copied_gradients, strict=True):
+        torch.testing.assert_close(gradient, copied_gradient, atol=1e-2, rtol=1e-2)
 
 
 def lora_layer_run(dtype: torch.dtype, tmp_path: Path) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
