@@ -68,7 +68,7 @@ def _module_command(module: str, arguments: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", module, *arguments]
 
 
-def _environment_for(tree: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def environment_for(tree: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """This process's environment with `extra` added and the code of `tree` first on the import path (before a copy
     installed with `pip install -e .`, which may be another tree's)."""
     return {**os.environ, **(extra or {}), "PYTHONPATH": str(tree)}
@@ -83,7 +83,7 @@ def run_module(
     Raises subprocess.CalledProcessError when the module exits non-zero."""
     command = _module_command(module, arguments)
     done = subprocess.run(
-        command, cwd=tree, env=_environment_for(tree, environment), capture_output=True, text=True, check=True
+        command, cwd=tree, env=environment_for(tree, environment), capture_output=True, text=True, check=True
     )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -99,7 +99,7 @@ def server_from(tree: Path, storage: Path, model_folder: Path) -> Iterator[tuple
     command = _module_command("trainer_backend", ["serve", "--base-model", str(model_folder)])
     command += ["--host", "127.0.0.1", "--port", str(port), "--storage-root", str(storage)]
     with log_path.open("ab") as log:
-        server = subprocess.Popen(command, cwd=tree, env=_environment_for(tree), stdout=log, stderr=subprocess.STDOUT)
+        server = subprocess.Popen(command, cwd=tree, env=environment_for(tree), stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_until_healthy(server, url, log_path, 900.0)
         yield url, server

@@ -214,8 +214,8 @@ def _vocabulary_pass(
 
     Each `VOCABULARY_CHUNK` of logits is reduced while it is in cache: its part of the softmax's denominator and of
     the softmax's expectation of the unembedding rows (the gradient's `W^T p`), both rescaled whenever a chunk raises
-    the running maximum (the online softmax). Whole `[n, V]` logits would be written and read back from memory
-    several times over: on Qwen's 151,936-token vocabulary that traffic cost as much as the vocabulary matmuls.
+    the running maximum (the online softmax). Whole `[n, V]` logits (Qwen's V is 151,936) were written to memory and
+    read back by every step of the softmax and its gradient.
     """
     rows = hidden_nH.shape[0]
     ignored_nK = targets_nK < 0

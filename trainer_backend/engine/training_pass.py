@@ -348,10 +348,9 @@ class _HeadRows:
 def _logprobs_together(head: Callable[..., Tensor], waiting: Sequence[_HeadRows]) -> list[Tensor]:
     """Each entry's `[B, T, K]` target log-probs, from one head call per target width for all of them.
 
-    A head call reads the whole unembedding, and for a bucket of a few short completions that read, not the
-    arithmetic, is what it costs: on Qwen's `[151936, 896]` unembedding a pass took 76 ms for 16 positions and
-    460 ms for 220 (in the head's chunks of at most `chunk_tokens` positions). One call per micro-batch reads it
-    once for each of those chunks instead of once per bucket.
+    A head call reads the whole unembedding (Qwen's is `[151936, 896]`) for each chunk of at most `chunk_tokens`
+    positions, and for a bucket of a few short completions that read, not the arithmetic, is what it costs. One call
+    per micro-batch reads it once per full chunk instead of once per bucket.
     """
     outcomes: list[Tensor | None] = [None] * len(waiting)
     by_width: dict[int, list[int]] = {}
