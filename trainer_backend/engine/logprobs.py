@@ -228,11 +228,12 @@ def _vocabulary_pass(
     for start in range(0, weight_VH.shape[0], VOCABULARY_CHUNK):
         weight_CH = weight_VH[start : start + VOCABULARY_CHUNK]
         logits_nC = unembedding_logits(hidden_nH, weight_CH).float()
-        # d cap(u) / du = 1 - tanh(u / c)^2, per logit, for the gradient.
+        # d cap(u) / du = 1 - tanh(u / c)^2, per logit, for the gradient (none asked: no slope).
         slope_nC = None
         if softcap is not None:
             capped_nC = torch.tanh(logits_nC / softcap)
-            slope_nC = 1.0 - capped_nC.square()
+            if with_gradients:
+                slope_nC = 1.0 - capped_nC.square()
             logits_nC = capped_nC * softcap
         inside_nK = (safe_nK >= start) & (safe_nK < start + len(weight_CH))
         within_nK = (safe_nK - start).clamp(0, len(weight_CH) - 1)

@@ -25,6 +25,8 @@ from torch import Tensor, nn
 # Measured on x86 in float32, what the engine computes in on a CPU without bf16 instructions. A bf16 `F.linear`
 # on a CPU already is oneDNN's matmul; elsewhere PyTorch's own choice stands.
 _ONEDNN_HERE = torch.backends.mkldnn.is_available() and platform.machine().lower() in ("x86_64", "amd64")
+# Asked once: a routed layer checks whether to pack at every forward, 168 times a decode step for Qwen.
+_BF16_HERE = _ONEDNN_HERE and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def applies(weight: Tensor) -> bool:
@@ -33,12 +35,7 @@ def applies(weight: Tensor) -> bool:
 
 
 def _packable(weight: Tensor) -> bool:
-    return (
-        _ONEDNN_HERE
-        and weight.device.type == "cpu"
-        and weight.dtype == torch.bfloat16
-        and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    )
+    return _BF16_HERE and weight.device.type == "cpu" and weight.dtype == torch.bfloat16
 
 
 def packs(weight: Tensor) -> bool:
