@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TypeVar
 
 import uvicorn
 
@@ -21,9 +23,39 @@ from trainer_backend.service import TrainingService
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 
 def build_service(config: ServerConfig) -> TrainingService:
-    """Resolve and load the base model (converting it on first use), then open the stores."""
+    """Resolve and load the base model (converting it on first use), then open the stores; on a thread that ends."""
+    return on_a_passing_thread(lambda: _build_service(config))
+
+
+def on_a_passing_thread(build: Callable[[], T]) -> T:
+    """`build()`, run on a thread that ends when it returns.
+
+    A thread that runs PyTorch's parallel CPU kernels gets OpenMP (libgomp) worker threads that live as long as it
+    does. Loading the model runs such kernels, and the device worker runs all the rest. While OpenMP keeps more
+    threads than there are cores, libgomp's workers sleep as soon as a parallel region ends instead of spinning for
+    the next one, and each of the thousands of small kernels of a decode step then waits for them to wake. A thread
+    that ends takes its workers with it.
+    """
+    outcome: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            outcome.set_result(build())
+        except BaseException as error:  # raised again on the caller's thread
+            outcome.set_exception(error)
+
+    # A daemon, so that Ctrl-C during a long first conversion stops the process rather than waiting for it.
+    thread = threading.Thread(target=run, name="model-loading", daemon=True)
+    thread.start()
+    thread.join()
+    return outcome.result()
+
+
+def _build_service(config: ServerConfig) -> TrainingService:
     resolved = resolve_base_model(config.base_model, config.model_cache or default_cache_root())
     device = select_device(config.device)
     dtype = select_dtype(config.dtype, device)
