@@ -20,6 +20,10 @@ def default_storage_root() -> Path:
     return Path.home() / ".local" / "share" / "rl-posttrain" / "backend"
 
 
+# `--dtype`: "auto", or the name of the torch dtype the base model computes in (`torch.float32`, `torch.bfloat16`).
+DtypeFlag = Literal["auto", "float32", "bfloat16"]
+
+
 class ServerConfig(BaseSettings):
     """Everything `python -m trainer_backend serve` can be told."""
 
@@ -27,7 +31,7 @@ class ServerConfig(BaseSettings):
 
     base_model: str = Field(GEMMA_3_270M, description="served base model: a known name or a local HF folder")
     device: str = Field("auto", description="auto, cpu, cuda, cuda:N or mps")
-    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+    dtype: DtypeFlag = Field(
         "auto",
         description="what the base model computes in; auto: bfloat16 on CUDA and on CPUs with bf16 instructions "
         "(AVX-512 BF16, AMX), float32 elsewhere. Adapters and log-probs are float32 either way",

@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from trainer_backend.config import DtypeFlag
 from trainer_backend.errors import DeviceUnavailableError
 from trainer_backend.models.registry import ResolvedModel
 
@@ -61,7 +63,7 @@ def select_device(flag: str = "auto") -> torch.device:
     raise DeviceUnavailableError(f"device {flag!r} is not supported; use {_DEVICE_FORMS}")
 
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = {name: getattr(torch, name) for name in get_args(DtypeFlag) if name != "auto"}
 
 
 def dtype_name(dtype: torch.dtype) -> str:
