@@ -19,6 +19,7 @@ COPY pyproject.toml README.md ./
 COPY trainer_backend/ trainer_backend/
 COPY tasks/ tasks/
 COPY autoresearch/ autoresearch/
+COPY lifeline/ lifeline/
 RUN pip install .
 COPY experiments/ experiments/
 

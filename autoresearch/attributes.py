@@ -58,6 +58,8 @@ class TrialAttributes(BaseModel):
     relaunches: int = 0
     held_out_at_rl_start: float | None = None
     rl_gain: float | None = None
+    # The latest evaluation's accuracy on questions of forms training shows ("seen") and never shows ("unseen").
+    held_out_by_form: dict[str, float | None] | None = None
     sampler_path: str | None = None
     failure: str | None = None
 

@@ -117,7 +117,10 @@ class Controller:
         except (TrialError, TaskError, tinker.TinkerError) as error:
             log.warning("no baseline for this study: %s", error)
             return {}
-        record_baseline(self.study, report.accuracy)
+        try:
+            record_baseline(self.study, report.score(self.spec.objective.metric))
+        except TaskError as error:
+            log.warning("no baseline for this study: %s", error)
         return {}
 
     def propose(self, state: ControllerState) -> dict:
@@ -260,17 +263,28 @@ class Controller:
             self._fail(frozen, f"lost track of the trial: {error}")
             return
         trial = optuna.trial.Trial(self.study, frozen._trial_id)
-        for step, accuracy in sorted(status.evaluations.items()):
+        metric = self.spec.objective.metric
+        try:
+            scores = {step: report.score(metric) for step, report in status.evaluations.items()}
+            final = status.result.score(metric) if status.phase is TrialPhase.FINISHED else None
+        except TaskError as error:
+            stop_or_warn(self.executor, run_id)
+            self._fail(frozen, str(error))
+            return
+        for step, score in sorted(scores.items()):
             if step not in frozen.intermediate_values:
-                trial.report(accuracy, step)
-        reports = {**frozen.intermediate_values, **status.evaluations}
+                trial.report(score, step)
+        if status.evaluations:
+            latest = status.evaluations[max(status.evaluations)]
+            TrialAttributes(held_out_by_form=latest.accuracy_by_form).write_to(trial)
+        reports = {**frozen.intermediate_values, **scores}
         if status.phase is TrialPhase.FINISHED:
             result = status.result
-            TrialAttributes(sampler_path=result.sampler_path).write_to(trial)
-            values = [result.held_out_accuracy]
+            TrialAttributes(sampler_path=result.sampler_path, held_out_by_form=result.held_out_by_form).write_to(trial)
+            values = [final]
             if self.spec.objective.also_minimize:
                 values.append(result.wall_time_s)
-            self._record_rl_gain(trial, rl_gain_from(reports, result.held_out_accuracy))
+            self._record_rl_gain(trial, rl_gain_from(reports, final))
             self.study.tell(frozen.number, values)
         elif status.phase is TrialPhase.NOT_STARTED:
             # Asked, then the controller stopped before the launch: record and launch it now.

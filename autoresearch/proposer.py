@@ -92,14 +92,22 @@ class TrialRecord:
     failure: str | None
 
 
+_JUDGED_ON = {
+    "held_out_accuracy": "held-out accuracy",
+    "unseen_form_accuracy": "held-out accuracy on the questions whose form (template and wording) training never "
+    "shows, so a trial must transfer to new kinds of questions",
+}
+
+
 def system_prompt(spec: StudySpec) -> str:
     """What the LLM is asked to be: a designer of the study's experiments, told what its task is."""
     return (
         "You design experiments for LoRA reinforcement-learning post-training of a small language model on a task. "
         f"{task_class(spec.task).description} Each trial trains with the hyperparameters and reward you choose and "
-        "is judged only on held-out accuracy, never on its training reward. Propose candidates inside the search "
-        "space; explain each in one or two sentences. Learn from the history: vary what scored well, avoid what "
-        "failed, and never repeat a trial's exact values (a repeat is rejected: the same values rerun the same trial)."
+        f"is judged only on {_JUDGED_ON[spec.objective.metric]}, never on its training reward. Propose candidates "
+        "inside the search space; explain each in one or two sentences. Learn from the history: vary what scored "
+        "well, avoid what failed, and never repeat a trial's exact values (a repeat is rejected: the same values "
+        "rerun the same trial)."
     )
 
 

@@ -13,17 +13,29 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
 
 from autoresearch.errors import ConfigurationError
 from autoresearch.trials.config import (
     InitialState,
     TrialConfig,
+    data_source_of,
     describe_validation_error,
     parse_trial_config,
     read_yaml,
 )
 from tasks.registry import registered_task, task_class
+from tasks.report import ScoreName
 
 # TrialConfig fields a study may search, and the kind of value each takes.
 SEARCHABLE: dict[str, type] = {
@@ -41,7 +53,7 @@ SEARCHABLE: dict[str, type] = {
     "max_turns": int,
 }
 # Fields the study itself sets on every trial; a spec's base trial config may not set them.
-STUDY_OWNED = ("run_id", "steps", "task", "base_model", "eval_split", "eval_size", "eval_seed", "init_from")
+STUDY_OWNED = ("run_id", "steps", "task", "data", "base_model", "eval_split", "eval_size", "eval_seed", "init_from")
 # What a shared warm-up fixes for every trial, so a study that shares one cannot search it.
 # (The mode too: a warm-up teaches the answer format of one mode.)
 FIXED_BY_SHARED_WARMUP = ("warmup_steps", "warmup_learning_rate", "lora_rank", "mode")
@@ -154,9 +166,13 @@ class Budget(_Strict):
 
 
 class Objective(_Strict):
-    """What a trial is judged on: held-out execution accuracy, maximised; optionally its wall time as well."""
+    """What a trial is judged on: held-out execution accuracy, maximised; optionally its wall time as well.
 
-    metric: Literal["held_out_accuracy"] = "held_out_accuracy"
+    `held_out_accuracy` scores every held-out question; `unseen_form_accuracy` only those whose form (template
+    family or phrasing) training never shows, so a trial wins by transferring, not by learning the data's templates.
+    """
+
+    metric: ScoreName = "held_out_accuracy"
     also_minimize: Literal["wall_time_s"] | None = None
 
 
@@ -242,6 +258,12 @@ _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 class StudySpec(_Strict):
     study: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$", description="Optuna study name")
     task: str = Field("text2sql", description="the task every trial trains on (a name in tasks.registry)")
+    data: SerializeAsAny[BaseModel] = Field(
+        None,
+        validate_default=True,
+        description="the task's data source every trial trains and is judged on (text2sql: {source: spider, path: …}); "
+        "None: the data the task ships with",
+    )
     base_model: str = "google/gemma-3-270m"
     backend: str | tuple[str, ...] = Field(
         "local", description="'local' starts one on this machine; else the backend's URL, or a list of them"
@@ -269,6 +291,15 @@ class StudySpec(_Strict):
     @classmethod
     def _registered_task(cls, value: str) -> str:
         return registered_task(value)
+
+    @field_validator("data", mode="wrap")
+    @classmethod
+    def _the_tasks_data_source(
+        cls, value: object, _handler: ValidatorFunctionWrapHandler, info: ValidationInfo
+    ) -> object:
+        if "task" not in info.data:  # the task did not validate, and says why; its data source cannot be checked
+            return value
+        return data_source_of(info.data["task"], value)
 
     @field_validator("backend")
     @classmethod
@@ -339,7 +370,8 @@ class StudySpec(_Strict):
         owned = sorted(set(self.trial) & set(STUDY_OWNED))
         if owned:
             raise ValueError(
-                f"trial: {', '.join(owned)} are set by the study (its budget, task, base_model, eval_* and init_from)"
+                f"trial: {', '.join(owned)} are set by the study (its budget, task, data, base_model, eval_* and "
+                "init_from)"
             )
         searched = sorted(set(self.trial) & set(self.search_space.params))
         if searched:
@@ -382,6 +414,7 @@ class StudySpec(_Strict):
             "base_model": self.base_model,
             "steps": self.budget.steps_per_trial,
             "task": self.task,
+            "data": self.data,
             "eval_split": self.eval_split,
             "eval_size": self.eval_size,
             "eval_seed": self.eval_seed,

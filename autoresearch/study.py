@@ -115,6 +115,7 @@ def _summary_row(trial: FrozenTrial) -> dict:
         "held_out_accuracy": trial.values[0],
         "held_out_at_rl_start": gain.at_start,
         "rl_gain": gain.gain,
+        "held_out_by_form": attributes.held_out_by_form,
         "params": {k: v for k, v in trial.params.items() if not k.startswith(REWARD_PREFIX)},
         "reward_spec": json.loads(attributes.reward_spec or "{}"),
         "run_id": attributes.run_id,

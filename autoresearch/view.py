@@ -29,7 +29,8 @@ def trials_table(study: optuna.Study, device: Mapping[str, DeviceUse] | None = N
     device = device or {}
     table = Table(title=f"study {study.study_name}{_references(study)}")
     columns = (
-        "#", "state", "device 1m", "source", "held-out at RL start", "latest held-out", "RL gain", "score", "parameters"
+        "#", "state", "device 1m", "source", "held-out at RL start", "latest held-out", "RL gain", "seen / unseen form",
+        "score", "parameters",
     )  # fmt: skip
     for column in (*columns, "rationale"):
         table.add_column(column, overflow="fold")
@@ -48,6 +49,7 @@ def trials_table(study: optuna.Study, device: Mapping[str, DeviceUse] | None = N
             _figure(gain.at_start),
             _figure(latest),
             _signed(gain.gain),
+            _by_form(attributes.held_out_by_form),
             "-" if not trial.values else f"{trial.values[0]:.3f}",
             params,
             _clipped(attributes.rationale or "-"),
@@ -72,6 +74,13 @@ def _references(study: optuna.Study) -> str:
         parts.append(f"base model: {attributes.baseline_accuracy:.3f}")
     parts += [f"shared warm-up: {w.held_out_accuracy:.3f}" for w in attributes.shared_warmups.values()]
     return f" ({'; '.join(parts)})" if parts else ""
+
+
+def _by_form(accuracies: dict[str, float | None] | None) -> str:
+    """The latest evaluation's seen-form and unseen-form accuracy, where the questions say their form."""
+    if not accuracies:
+        return "-"
+    return f"{_figure(accuracies.get('seen'))} / {_figure(accuracies.get('unseen'))}"
 
 
 def _figure(value: float | None) -> str:
@@ -128,7 +137,10 @@ def write_summary(study: optuna.Study, folder: Path, console: Console) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     rows = summary_rows(study)
     table = Table(title=f"best trials of {study.study_name}")
-    for column in ("#", "held-out accuracy", "at RL start", "RL gain", "source", "parameters", "reward components"):
+    columns = (
+        "#", "score", "at RL start", "RL gain", "seen / unseen form", "source", "parameters", "reward components"
+    )  # fmt: skip
+    for column in columns:
         table.add_column(column, overflow="fold")
     for row in rows:
         components = ", ".join(
@@ -140,6 +152,7 @@ def write_summary(study: optuna.Study, folder: Path, console: Console) -> Path:
             f"{row['held_out_accuracy']:.3f}",
             _figure(row["held_out_at_rl_start"]),
             _signed(row["rl_gain"]),
+            _by_form(row["held_out_by_form"]),
             str(row["source"]),
             params,
             components,

@@ -89,14 +89,18 @@ def run_module(
 
 
 @contextmanager
-def server_from(tree: Path, storage: Path, model_folder: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+def server_from(
+    tree: Path, storage: Path, model_folder: Path, launcher: Sequence[str] = ("trainer_backend",)
+) -> Iterator[tuple[str, subprocess.Popen]]:
     """`python -m trainer_backend serve` of the model folder with the code of `tree`, on a free loopback port: its URL
-    and process once it answers, stopped when the block ends (its log in `storage`/server.log)."""
+    and process once it answers, stopped when the block ends (its log in `storage`/server.log). `launcher`: the
+    module (and its arguments) that takes `serve` and its flags, if not trainer_backend's own."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     storage.mkdir(parents=True, exist_ok=True)
     log_path = storage / "server.log"
-    command = _module_command("trainer_backend", ["serve", "--base-model", str(model_folder)])
+    module, *arguments = launcher
+    command = _module_command(module, [*arguments, "serve", "--base-model", str(model_folder)])
     command += ["--host", "127.0.0.1", "--port", str(port), "--storage-root", str(storage)]
     with log_path.open("ab") as log:
         server = subprocess.Popen(command, cwd=tree, env=environment_for(tree), stdout=log, stderr=subprocess.STDOUT)

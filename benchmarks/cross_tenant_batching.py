@@ -37,7 +37,8 @@ from trainer_backend.engine.types import (
     SamplerCall,
     SamplingRequest,
 )
-from trainer_backend.models.loading import load_base_model, select_device
+from trainer_backend.engine.weights_proof import WeightChecks, probe_tokens
+from trainer_backend.models.loading import dtype_name, load_base_model, select_device
 from trainer_backend.models.registry import default_cache_root, resolve_base_model
 from trainer_backend.samplers.vllm_client import VllmClient
 from trainer_backend.samplers.vllm_process import VllmSettings
@@ -61,7 +62,7 @@ def random_datum(generator: torch.Generator, tokens: int, vocab: int) -> Decoded
     return DecodedDatum(ids[:-1].tolist(), {"target_tokens": ids[1:], "weights": torch.ones(tokens)})
 
 
-def vllm_rates(loaded, names: list[str], folders: list[Path], prompts: list, args, scratch: Path):
+def vllm_rates(loaded, folders: list[Path], prompts: list, args, scratch: Path):
     """Tokens/s of the sampling row through vLLM: one adapter, the adapters mixed, one request at a time."""
     settings = VllmSettings(
         model_folder=loaded.folder,
@@ -72,17 +73,22 @@ def vllm_rates(loaded, names: list[str], folders: list[Path], prompts: list, arg
         log_path=scratch / "vllm.log",
         device=loaded.device.type,
     )
-    sampler = VllmClient(settings, lambda ids: loaded.tokenizer.decode(ids, skip_special_tokens=False))
+    sampler = VllmClient(
+        settings,
+        lambda ids: loaded.tokenizer.decode(ids, skip_special_tokens=False),
+        WeightChecks(dtype_name(loaded.model.dtype)),
+        probe_tokens(loaded.tokenizer),
+    )
     try:
-        for name, folder in zip(names, folders, strict=True):
-            sampler.load_adapter(name, folder)
-        adapters = list(zip(names, folders, strict=True))
+        for folder in folders:
+            sampler.load_adapter(folder)
+        adapters = folders
 
-        def request(index: int, prompt: tuple[int, ...], adapter: tuple[str, Path]) -> int:
+        def request(index: int, prompt: tuple[int, ...], adapter: Path) -> int:
             sampling = SamplingRequest(prompt, num_samples=2, max_tokens=args.new_tokens, seed=index)
             return sum(len(s.tokens) for s in sampler.sample(sampling, adapter, False).sequences)
 
-        def at_once(chosen: list[tuple[str, Path]]) -> Callable[[], int]:
+        def at_once(chosen: list[Path]) -> Callable[[], int]:
             def run() -> int:
                 with ThreadPoolExecutor(len(prompts)) as pool:
                     return sum(pool.map(request, range(len(prompts)), prompts, chosen))
@@ -158,7 +164,7 @@ def main() -> None:
         sample_mixed = best_rate(sampling([folders[i % ADAPTERS] for i in range(len(prompts))]), args.repeats)
         sample_serial = best_rate(sampling_one_at_a_time, args.repeats)
         through_vllm = (
-            vllm_rates(loaded, names, folders, prompts, args, Path(scratch)) if args.vllm_python is not None else None
+            vllm_rates(loaded, folders, prompts, args, Path(scratch)) if args.vllm_python is not None else None
         )
 
         datums = [random_datum(generator, args.datum_tokens, loaded.vocab_size) for _ in range(2 * ADAPTERS)]

@@ -1,7 +1,8 @@
 """Which tenant goes next, and what one tenant's big evaluation costs another's RL steps.
 
 Run: python -m benchmarks.fairness [--heavy-queue 40] [--light-requests 20] [--work-ms 20]
-     python -m benchmarks.fairness --engine [--model google/gemma-3-270m] [--before COMMIT] [--steps 3]
+     python -m benchmarks.fairness --engine [--model google/gemma-3-270m] [--before COMMIT] [--steps 3] [--log-dir DIR]
+         [--variants no-joining no-nesting no-pause-share-limit no-gathering-window join-within-budget]
 
 Without `--engine`: the real scheduler and ledger, with device work replaced by a fixed sleep so that only the policy
 differs (least recently served, the server's, against first come, first served). A heavy tenant keeps a deep queue
@@ -11,23 +12,34 @@ scores and steps does. Reported: the light tenant's wait from submission to star
 both tenants' share of the device.
 
 With `--engine`: a real server (`python -m trainer_backend serve` of this tree, and of `--before` when given) and the
-real engine. Tenant B runs RL steps of the model's trial recipe (8 prompts x 4 completions) alone; tenant A runs the
-trial's held-out evaluation of the whole dev split (332 prompts, every one sent at once) alone; then both at once.
-Reported: B's median step alone and while A's evaluation runs, A's evaluation alone and beside B, and the backend's
-peak resident memory.
+real engine. Tenant B runs a trial of `--steps` RL steps of the model's trial recipe (8 prompts x 4 completions)
+alone; tenant A (another API key) runs the trial's held-out evaluation of the whole dev split (332 prompts, every one
+sent at once) alone; then both are started at once. Reported: B's median step alone and while A's evaluation runs
+(its steps wholly inside A's), A's evaluation alone and beside B, the makespan of both at once against the sum of the
+two alone, the device's busy seconds alone and together (the server's /metrics), the backend's peak resident memory,
+and whether the goals hold: B's step beside A at most B_STEP_GOAL times alone, the makespan at most MAKESPAN_GOAL of
+the sum alone (sharing the device costs nothing and gains batching's share). `--log-dir` keeps each server's log;
+`--variants` also measures this tree's server with a scheduling mechanism set otherwise
+(benchmarks/scheduler_variants.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import statistics
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import astuple, dataclass
 from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from autoresearch.sdk_logging import quiet_sdk_logs
 from autoresearch.trials.config import TrialConfig, load_trial_config
@@ -36,8 +48,10 @@ from autoresearch.trials.rl_loop import run_trial
 from benchmarks import ROOT
 from benchmarks.against_commit import MemoryWatch, compared_trees, server_from
 from benchmarks.rl_step import RECIPES, REWARD_WITH_SPREAD
+from benchmarks.scheduler_variants import VARIANTS
 from trainer_backend.ledger import Ledger, ResultFormat
 from trainer_backend.models.gemma import GEMMA_3_270M
+from trainer_backend.models.qwen import QWEN_2_5_CODER_0_5B_INSTRUCT
 from trainer_backend.models.registry import default_cache_root, resolve_base_model
 from trainer_backend.scheduler import Operation, Scheduler, SchedulingPolicy
 
@@ -93,14 +107,104 @@ def run(policy: SchedulingPolicy, heavy_queue: int, light_requests: int, work_s:
     }
 
 
+# Goals of the engine scenario (issue 42): B's RL step beside A's evaluation at most this many times its step alone,
+# and the two tenants together within this share of the time they take one after the other.
+B_STEP_GOAL = 1.5
+MAKESPAN_GOAL = 0.9
+# A's key; B's trial uses the default key of a trial. Two keys make two tenants on /metrics.
+A_API_KEY = "tml-fairness-tenant-a"
+
+
+@dataclass(frozen=True)
+class DeviceCounters:
+    """What the server's /metrics counts of the device's work, read at one moment (or the difference of two reads)."""
+
+    busy_s: float  # seconds the device ran operations
+    operations: int
+    batched_operations: int  # operations that ran in a device call with others
+    generated_tokens: int
+    trained_tokens: int  # through forward and forward_backward passes
+
+    @classmethod
+    def read(cls, url: str) -> DeviceCounters:
+        families = {family.name: family for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text)}
+
+        def total(name: str, **labels: str) -> float:
+            samples = families[name].samples if name in families else []
+            return sum(s.value for s in samples if all(s.labels.get(k) == v for k, v in labels.items()))
+
+        return cls(
+            busy_s=total("trainer_device_busy_seconds"),
+            operations=int(total("trainer_operations")),
+            batched_operations=int(total("trainer_batched_operations")),
+            generated_tokens=int(total("trainer_tokens", phase="sample_generated")),
+            trained_tokens=int(total("trainer_tokens", phase="forward_backward")),
+        )
+
+    def __sub__(self, earlier: DeviceCounters) -> DeviceCounters:
+        return DeviceCounters(*(mine - theirs for mine, theirs in zip(astuple(self), astuple(earlier), strict=True)))
+
+    def __add__(self, other: DeviceCounters) -> DeviceCounters:
+        return DeviceCounters(*(mine + theirs for mine, theirs in zip(astuple(self), astuple(other), strict=True)))
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user and system) that process `pid` and its living descendants have used (Linux's /proc): on a
+    CPU the clients' own work (prompts, scoring) takes the same cores as the device's."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        children = [
+            int(child)
+            for task in Path(f"/proc/{pid}/task").iterdir()
+            for child in (task / "children").read_text().split()
+        ]
+    except OSError:  # it ended meanwhile
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") + sum(map(tree_cpu_seconds, children))
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of the scenario: its wall time, the device's work in it, and the CPU seconds the server and the
+    clients (this process and its workers) used."""
+
+    wall_s: float
+    device: DeviceCounters
+    server_cpu_s: float
+    client_cpu_s: float
+
+
 @dataclass(frozen=True)
 class EngineFigures:
-    b_step_alone_s: float
-    b_step_beside_a_s: float
-    b_steps_beside_a: int
-    a_alone_s: float
+    b_alone: Phase  # B's whole trial alone
+    b_steps_alone: tuple[float, ...]
+    a_alone: Phase  # A's whole evaluation alone
+    together: Phase  # both at once, from their start to the later one's end (the makespan)
     a_beside_b_s: float
+    b_beside_a_s: float  # B's whole trial beside A
+    b_steps_beside_a: tuple[float, ...]  # B's steps that ran wholly while A's evaluation did
     peak_gib: float
+
+    @property
+    def b_step_ratio(self) -> float:
+        if not self.b_steps_beside_a:
+            return float("nan")
+        return statistics.median(self.b_steps_beside_a) / statistics.median(self.b_steps_alone)
+
+    @property
+    def sum_alone_s(self) -> float:
+        return self.a_alone.wall_s + self.b_alone.wall_s
+
+    @property
+    def makespan_ratio(self) -> float:
+        return self.together.wall_s / self.sum_alone_s
+
+    @property
+    def passed(self) -> dict[str, bool]:
+        return {
+            f"B's step beside A <= {B_STEP_GOAL}x alone": self.b_step_ratio <= B_STEP_GOAL,
+            f"makespan <= {MAKESPAN_GOAL} of the sum alone": self.makespan_ratio <= MAKESPAN_GOAL,
+        }
 
 
 def tenant_configs(model: str, steps: int) -> tuple[TrialConfig, TrialConfig]:
@@ -163,71 +267,136 @@ def run_b(config: TrialConfig, url: str, runs: Path, run_id: str) -> list[Step]:
     return [Step(end - seconds, end) for end, seconds in zip(ended_at, times, strict=True)]
 
 
-def run_engine(tree: Path, workdir: Path, model: str, steps: int) -> EngineFigures:
+def timed(work: Callable[[], object]) -> tuple[float, float]:
+    """Run `work`; when it began and ended on the wall clock."""
+    began = time.time()
+    work()
+    return began, time.time()
+
+
+def run_engine(
+    tree: Path, workdir: Path, model: str, steps: int, launcher: Sequence[str] = ("trainer_backend",)
+) -> EngineFigures:
+    """B's trial alone, A's evaluation alone, then both started at once; each phase's wall time and device work.
+    `launcher`: the module that serves (`benchmarks.scheduler_variants` and a variant's name, for a variant)."""
     b_config, a_config = tenant_configs(model, steps)
-    model_name = b_config.base_model
-    with server_from(tree, workdir / "backend", Path(model_name)) as (url, server), MemoryWatch(server) as watch:
-        alone = [step.seconds for step in run_b(b_config, url, workdir / "runs", "b-alone")]
-        started = time.time()
-        evaluate_checkpoint(a_config, url)
-        a_alone = time.time() - started
+    runs = workdir / "runs"
+    serving = server_from(tree, workdir / "backend", Path(b_config.base_model), launcher)
+    with serving as (url, server), MemoryWatch(server) as watch:
 
-        a_window: list[float] = []
+        def phase(work: Callable[[], object]) -> Phase:
+            before = DeviceCounters.read(url)
+            server_cpu, client_cpu = tree_cpu_seconds(server.pid), tree_cpu_seconds(os.getpid())
+            began, ended = timed(work)
+            return Phase(
+                ended - began,
+                DeviceCounters.read(url) - before,
+                tree_cpu_seconds(server.pid) - server_cpu,
+                tree_cpu_seconds(os.getpid()) - client_cpu,
+            )
 
-        def evaluate() -> None:
-            began = time.time()
-            evaluate_checkpoint(a_config, url)
-            a_window.extend([began, time.time()])
+        b_steps_alone: list[Step] = []
+        b_alone = phase(lambda: b_steps_alone.extend(run_b(b_config, url, runs, "b-alone")))
+        a_alone = phase(lambda: evaluate_checkpoint(a_config, url, api_key=A_API_KEY))
 
-        a_thread = threading.Thread(target=evaluate)
-        a_thread.start()
-        beside: list[Step] = []
-        trials = 0
-        while a_thread.is_alive():
-            beside += run_b(b_config, url, workdir / "runs", f"b-beside-{trials}")
-            trials += 1
-        a_thread.join()
-    begin, end = a_window
-    # Only B's steps that ran wholly while A's evaluation did.
-    during = [step.seconds for step in beside if step.started >= begin and step.ended <= end]
+        windows: dict[str, tuple[float, float]] = {}
+        b_steps_beside: list[Step] = []
+
+        def both() -> None:
+            def a() -> None:
+                windows["a"] = timed(lambda: evaluate_checkpoint(a_config, url, api_key=A_API_KEY))
+
+            def b() -> None:
+                windows["b"] = timed(lambda: b_steps_beside.extend(run_b(b_config, url, runs, "b-beside-a")))
+
+            tenants = [threading.Thread(target=a), threading.Thread(target=b)]
+            for tenant in tenants:
+                tenant.start()
+            for tenant in tenants:
+                tenant.join()
+            if len(windows) < 2:
+                raise RuntimeError("a tenant failed beside the other; the server log has the reason")
+
+        together = phase(both)
+    a_began, a_ended = windows["a"]
     return EngineFigures(
-        b_step_alone_s=statistics.median(alone),
-        b_step_beside_a_s=statistics.median(during) if during else float("nan"),
-        b_steps_beside_a=len(during),
-        a_alone_s=a_alone,
-        a_beside_b_s=end - begin,
+        b_alone=b_alone,
+        b_steps_alone=tuple(step.seconds for step in b_steps_alone),
+        a_alone=a_alone,
+        together=together,
+        a_beside_b_s=a_ended - a_began,
+        b_beside_a_s=windows["b"][1] - windows["b"][0],
+        b_steps_beside_a=tuple(s.seconds for s in b_steps_beside if s.started >= a_began and s.ended <= a_ended),
         peak_gib=watch.peak_bytes / 2**30,
     )
 
 
-def engine_main(model: str, before: str | None, steps: int) -> None:
+def engine_main(model: str, before: str | None, steps: int, log_dir: Path | None, variants: Sequence[str]) -> None:
     from rich.console import Console
     from rich.table import Table
 
     quiet_sdk_logs()
-    console = Console(width=120)
-    table = Table(title=f"tenant B's RL steps (8 x 4) and tenant A's evaluation of {DEV_QUESTIONS} prompts, {model}")
-    columns = ("server", "B's step alone", "B's step beside A", "ratio", "A alone", "A beside B", "ratio", "peak")
+    console = Console(width=140)
+    table = Table(
+        title=f"tenant B's trial ({steps} RL steps of 8 x 4), tenant A's {DEV_QUESTIONS}-prompt evaluation, {model}"
+    )
+    columns = (
+        "server", "B's step alone", "beside A", "ratio", "A alone", "beside B", "B's trial alone", "beside A",
+        "both at once", "÷ sum alone", "device s alone / together", "peak",
+    )  # fmt: skip
     for column in columns:
         table.add_column(column, justify="right")
+    verdicts: list[str] = []
     with tempfile.TemporaryDirectory(prefix="fairness-") as scratch, compared_trees(before, "before") as trees:
         workdir = Path(scratch)
-        for tree in trees:
-            name = tree.commit or "this tree"
-            figures = run_engine(tree.folder, workdir / name.replace(" ", "-"), model, steps)
+        # Each server in turn: the commit's, this tree's, then this tree's with each variant.
+        servers = [(tree.commit or "this tree", tree.folder, ("trainer_backend",)) for tree in trees]
+        servers += [(variant, ROOT, ("benchmarks.scheduler_variants", variant)) for variant in variants]
+        for name, tree_folder, launcher in servers:
+            folder = workdir / name.replace(" ", "-")
+            try:
+                figures = run_engine(tree_folder, folder, model, steps, launcher)
+            finally:
+                if log_dir is not None:
+                    log_dir.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(folder / "backend" / "server.log", log_dir / f"{name.replace(' ', '-')}.log")
             # Each server's figures as soon as they exist: a run stopped midway keeps what it measured.
             console.print(f"{name}: {figures}")
+            device_alone = figures.a_alone.device + figures.b_alone.device
             table.add_row(
                 name,
-                f"{figures.b_step_alone_s:.1f} s",
-                f"{figures.b_step_beside_a_s:.1f} s ({figures.b_steps_beside_a} steps)",
-                f"{figures.b_step_beside_a_s / figures.b_step_alone_s:.2f}",
-                f"{figures.a_alone_s:.1f} s",
+                f"{statistics.median(figures.b_steps_alone):.1f} s",
+                f"{statistics.median(figures.b_steps_beside_a):.1f} s ({len(figures.b_steps_beside_a)})"
+                if figures.b_steps_beside_a
+                else "no step wholly beside A",
+                f"{figures.b_step_ratio:.2f}",
+                f"{figures.a_alone.wall_s:.1f} s",
                 f"{figures.a_beside_b_s:.1f} s",
-                f"{figures.a_beside_b_s / figures.a_alone_s:.2f}",
+                f"{figures.b_alone.wall_s:.1f} s",
+                f"{figures.b_beside_a_s:.1f} s",
+                f"{figures.together.wall_s:.1f} s",
+                f"{figures.makespan_ratio:.2f}",
+                f"{device_alone.busy_s:.0f} / {figures.together.device.busy_s:.0f}",
                 f"{figures.peak_gib:.1f} GiB",
             )
+            verdicts += [f"{name}: {goal}: {'pass' if ok else 'FAIL'}" for goal, ok in figures.passed.items()]
+            together = figures.together.device
+            verdicts.append(
+                f"{name}: alone, one after the other: {device_alone.operations} operations "
+                f"({device_alone.batched_operations} batched), {device_alone.generated_tokens:,} tokens generated, "
+                f"{device_alone.trained_tokens:,} trained; together: {together.operations} "
+                f"({together.batched_operations}), {together.generated_tokens:,}, {together.trained_tokens:,}; "
+                f"device busy {together.busy_s / figures.together.wall_s:.0%} of the makespan"
+            )
+            alone_phases = (figures.b_alone, figures.a_alone)
+            verdicts.append(
+                f"{name}: CPU seconds, server / clients: alone {sum(p.server_cpu_s for p in alone_phases):.0f} / "
+                f"{sum(p.client_cpu_s for p in alone_phases):.0f}, together {figures.together.server_cpu_s:.0f} / "
+                f"{figures.together.client_cpu_s:.0f}"
+            )
     console.print(table)
+    for line in verdicts:
+        console.print(line)
     console.print("command: python -m benchmarks.fairness " + " ".join(sys.argv[1:]))
 
 
@@ -237,12 +406,24 @@ def main() -> None:
     parser.add_argument("--light-requests", type=int, default=20)
     parser.add_argument("--work-ms", type=float, default=20.0)
     parser.add_argument("--engine", action="store_true", help="the real-engine scenario (tenants A and B)")
-    parser.add_argument("--model", default="tiny-gemma3", help=f"with --engine: tiny-gemma3 or {GEMMA_3_270M}")
+    parser.add_argument(
+        "--model",
+        default="tiny-gemma3",
+        help=f"with --engine: tiny-gemma3, {GEMMA_3_270M} or {QWEN_2_5_CODER_0_5B_INSTRUCT}",
+    )
     parser.add_argument("--before", default=None, help="with --engine: also measure the server of this commit")
-    parser.add_argument("--steps", type=int, default=3, help="with --engine: B's RL steps per run")
+    parser.add_argument("--steps", type=int, default=3, help="with --engine: B's RL steps per trial")
+    parser.add_argument("--log-dir", type=Path, default=None, help="with --engine: keep each server's log here")
+    parser.add_argument(
+        "--variants",
+        nargs="*",
+        default=[],
+        choices=sorted(VARIANTS),
+        help="with --engine: also measure this tree's server with each of these scheduling mechanisms set otherwise",
+    )
     args = parser.parse_args()
     if args.engine:
-        engine_main(args.model, args.before, args.steps)
+        engine_main(args.model, args.before, args.steps, args.log_dir, args.variants)
         return
 
     from rich.console import Console

@@ -1,7 +1,7 @@
 """One RL step of a shipped trial recipe on the backend as it shipped and on this tree, in the same run.
 
-Run: python -m benchmarks.rl_step [--model google/gemma-3-270m | Qwen/Qwen2.5-Coder-0.5B-Instruct] [--shipped REV]
-     [--steps 2] [--max-backend-gib 20]
+Run: python -m benchmarks.rl_step [--model google/gemma-3-270m | Qwen/Qwen2.5-Coder-0.5B-Instruct |
+     Qwen/Qwen2.5-Coder-1.5B-Instruct] [--shipped REV] [--steps 2] [--max-backend-gib 20]
 
 The step is the trial's own (`autoresearch.trials`, the client code of this tree), with the model's recipe:
 - Gemma 3 270M (`experiments/trials/text2sql_gemma.yaml`: zero-shot prompts of about 275 tokens): 8 prompts × 4
@@ -9,6 +9,9 @@ The step is the trial's own (`autoresearch.trials`, the client code of this tree
 - Qwen2.5-Coder-0.5B-Instruct (`experiments/trials/text2sql_qwen.yaml`: chat prompts of about 300 tokens): 8 prompts
   × 8 completions of at most 96 new tokens; shipped = c486ff1, main before issue 26 (the engine's fast paths for
   every model, micro-batched training).
+- Qwen2.5-Coder-1.5B-Instruct (`experiments/trials/text2sql_qwen15.yaml`: the same prompts and shape as the 0.5B's);
+  no shipped server to compare with by default (it arrived after the engine's fast paths): this tree alone, unless
+  `--shipped` names a commit.
 At temperature 1, scored, one forward_backward (importance sampling) and one optim_step on a LoRA rank-16 adapter,
 then the next sampler's weights saved. The only difference between the two runs is the server: `--shipped` is
 checked out into a temporary directory and its `python -m trainer_backend serve` runs from there, on the model's
@@ -37,14 +40,14 @@ from benchmarks import ROOT
 from benchmarks.against_commit import MemoryWatch, compared_trees, server_from
 from tasks.text2sql.rewards import RewardSpec
 from trainer_backend.models.gemma import GEMMA_3_270M
-from trainer_backend.models.qwen import QWEN_2_5_CODER_0_5B_INSTRUCT
+from trainer_backend.models.qwen import QWEN_2_5_CODER_0_5B_INSTRUCT, QWEN_2_5_CODER_1_5B_INSTRUCT
 from trainer_backend.models.registry import default_cache_root, resolve_base_model
 
 
 @dataclass(frozen=True)
 class Recipe:
     trial: Path
-    shipped: str  # the commit whose server is measured against this tree
+    shipped: str | None  # the commit whose server is measured against this tree; None: this tree alone
     group_size: int
     max_tokens: int
 
@@ -52,6 +55,7 @@ class Recipe:
 RECIPES = {
     GEMMA_3_270M: Recipe(ROOT / "experiments" / "trials" / "text2sql_gemma.yaml", "8945e16", 4, 64),
     QWEN_2_5_CODER_0_5B_INSTRUCT: Recipe(ROOT / "experiments" / "trials" / "text2sql_qwen.yaml", "c486ff1", 8, 96),
+    QWEN_2_5_CODER_1_5B_INSTRUCT: Recipe(ROOT / "experiments" / "trials" / "text2sql_qwen15.yaml", None, 8, 96),
 }
 REWARD_WITH_SPREAD = RewardSpec.parse(
     {
@@ -156,10 +160,11 @@ def main() -> None:
             f"{r['peak_gib']:.1f}",
         )
     console.print(table)
-    if not any(r.get("exceeded") for r in results.values()):
+    if "shipped" in results and not any(r.get("exceeded") for r in results.values()):
         console.print(f"step time, new ÷ shipped: {results['new']['step_s'] / results['shipped']['step_s']:.2f}")
+    shipped_flag = f" --shipped {shipped}" if shipped else ""
     console.print(
-        f"command: python -m benchmarks.rl_step --model {args.model} --shipped {shipped} --steps {args.steps} "
+        f"command: python -m benchmarks.rl_step --model {args.model}{shipped_flag} --steps {args.steps} "
         f"--max-backend-gib {args.max_backend_gib:g}"
     )
 

@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 import tinker
+from rich.table import Table
 from tinker import types
 
 from autoresearch.sdk_logging import quiet_sdk_logs
@@ -52,6 +53,45 @@ def sampler_for(service: tinker.ServiceClient, path: str, base_model: str) -> ti
         return service.create_sampling_client(model_path=path).result()
     training = service.create_training_client_from_state(path).result()
     return training.save_weights_and_get_sampling_client().result()
+
+
+def _form_table(
+    greedy: dict[str, dict[str, HeldOutReport]], first: str, question_sets: dict[str, list], title: str
+) -> tuple[Table, dict[str, dict]] | None:
+    """Seen-form and unseen-form accuracy apart, for the question sets whose questions say their form."""
+    first_reports = greedy[first]
+    forms = {
+        set_name: [form for form, accuracy in first_reports[set_name].accuracy_by_form.items() if accuracy is not None]
+        for set_name in question_sets
+    }
+    forms = {set_name: names for set_name, names in forms.items() if names}
+    if not forms:
+        return None
+    table = Table(title=title)
+    table.add_column("checkpoint")
+    for set_name, names in forms.items():
+        for form in names:
+            questions = first_reports[set_name].counts_by_form(form)[1]
+            table.add_column(f"{set_name} {form} form ({questions})", justify="right")
+            table.add_column(f"vs {first}: gained/lost, p", justify="right")
+    record = {}
+    for name, reports in greedy.items():
+        cells = [name]
+        for set_name, names in forms.items():
+            for form in names:
+                paired = compare(first_reports[set_name], reports[set_name], form)
+                cells += [
+                    f"{paired.accuracy_after:.1%}",
+                    "" if name == first else f"+{paired.gained}/−{paired.lost}, p={paired.p_value:.2g}",
+                ]
+                record[f"{name}/{set_name}/{form}"] = {
+                    "greedy": paired.accuracy_after,
+                    "gained": paired.gained,
+                    "lost": paired.lost,
+                    "p_value": paired.p_value,
+                }
+        table.add_row(*cells)
+    return table, record
 
 
 def sampled_accuracy(
@@ -93,13 +133,12 @@ def main() -> None:
     quiet_sdk_logs()
 
     from rich.console import Console
-    from rich.table import Table
 
     directory = RunDirectory(args.run_dir)
     config = load_trial_config(directory.config_path)
     state = directory.load_state()
     consumed = state.data_position if state is not None else 0
-    task = open_task(config.task)
+    task = open_task(config.task, config.data)
     order = TrainingOrder(split_of(task, config.train_split, "train_split"), config.seed)
     dev_size = config.eval_size if args.dev_size is None else args.dev_size
     question_sets = {
@@ -155,6 +194,11 @@ def main() -> None:
             }
         table.add_row(*cells)
     console.print(table)
+    by_form = _form_table(greedy, first, question_sets, title=f"{args.run_dir.name}: greedy accuracy by question form")
+    if by_form is not None:
+        table, form_record = by_form
+        console.print(table)
+        record |= form_record
     console.print(json.dumps(record))
     console.print(f"command: python -m benchmarks.rl_transfer {' '.join(sys.argv[1:])}")
 

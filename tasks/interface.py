@@ -20,13 +20,17 @@ from tasks.report import HeldOutAnswer, HeldOutReport
 
 
 class TaskExample(Protocol):
-    """What every task's example has: an id, and the difficulty level held-out accuracy is broken down by."""
+    """What every task's example has: an id, and the difficulty level and form held-out accuracy is broken down by."""
 
     @property
     def id(self) -> str: ...
 
     @property
     def difficulty(self) -> str: ...
+
+    @property
+    def form(self) -> str | None:
+        """Whether training data asks questions of this one's form ("seen", "unseen"); None where it is not known."""
 
 
 class CompletionScore(Protocol):
@@ -77,6 +81,9 @@ class Task(ABC, Generic[ExampleT, RewardSpecT]):
     name: str
     # A trial config's `reward_spec` is validated as one of these.
     reward_spec_type: type[RewardSpecT]
+    # A trial config's `data` (where the examples come from) is validated as one of these; its defaults name the data
+    # the task ships with. The registry opens the task on one.
+    data_source_type: type[BaseModel]
     # What a trial trains on when its config names no reward spec.
     default_reward_spec: RewardSpecT
     # The component every reward a study builds holds at weight 1: the one that says an answer is right, as the
@@ -158,7 +165,11 @@ class Task(ABC, Generic[ExampleT, RewardSpecT]):
         """The held-out report of finished episodes, each answer's completion its transcript."""
         answers = [
             HeldOutAnswer(
-                example_id=e.example.id, difficulty=e.example.difficulty, completion=e.transcript(), correct=correct
+                example_id=e.example.id,
+                difficulty=e.example.difficulty,
+                form=e.example.form,
+                completion=e.transcript(),
+                correct=correct,
             )
             for e, correct in zip(episodes_B, self.judge_episodes(episodes_B), strict=True)
         ]
@@ -197,7 +208,7 @@ class Task(ABC, Generic[ExampleT, RewardSpecT]):
         """The held-out report of one completion per example, judged by `judge_batch`."""
         items = list(zip(examples_B, completions_B, strict=True))
         answers = [
-            HeldOutAnswer(example_id=e.id, difficulty=e.difficulty, completion=c, correct=correct)
+            HeldOutAnswer(example_id=e.id, difficulty=e.difficulty, form=e.form, completion=c, correct=correct)
             for (e, c), correct in zip(items, self.judge_batch(items), strict=True)
         ]
         return HeldOutReport.of(answers, split, self.difficulty_levels, step)

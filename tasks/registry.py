@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
 
 from tasks.errors import UnknownTaskError
 from tasks.interface import AnyTask
@@ -13,13 +16,13 @@ from tasks.text2sql.task import Text2SqlTask
 @dataclass(frozen=True)
 class RegisteredTask:
     """A task as the registry holds it: its class, which configs are validated against without opening the task
-    (its reward), and how to open it on the data it ships with."""
+    (its reward, its data sources), and how to open it on a data source (one of the class's `data_source_type`)."""
 
     cls: type[AnyTask]
-    open: Callable[[], AnyTask]
+    open: Callable[[Any], AnyTask]
 
 
-TASKS: dict[str, RegisteredTask] = {Text2SqlTask.name: RegisteredTask(Text2SqlTask, Text2SqlTask.bundled)}
+TASKS: dict[str, RegisteredTask] = {Text2SqlTask.name: RegisteredTask(Text2SqlTask, Text2SqlTask.open)}
 
 
 def registered_task(name: str) -> str:
@@ -34,6 +37,13 @@ def task_class(name: str) -> type[AnyTask]:
     return TASKS[registered_task(name)].cls
 
 
-def open_task(name: str) -> AnyTask:
-    """The task registered as `name`, on its shipped data; raises UnknownTaskError for a name not registered."""
-    return TASKS[registered_task(name)].open()
+def open_task(name: str, data: BaseModel | None = None) -> AnyTask:
+    """The task registered as `name`, on the data source `data` (a validated one of its `data_source_type`; None:
+    the data it ships with).
+
+    Raises:
+        UnknownTaskError: no task is registered as `name`.
+        TaskError: the data does not load (the task's own error names the file and the fix).
+    """
+    registered = TASKS[registered_task(name)]
+    return registered.open(registered.cls.data_source_type() if data is None else data)

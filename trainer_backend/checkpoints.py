@@ -60,6 +60,13 @@ class CheckpointPath:
         return cls(model_id, CheckpointKind(kind), name)
 
 
+def checkpoint_label(folder: Path) -> str:
+    """The tinker:// path of a checkpoint folder (`CheckpointStore.folder` read backwards), for messages that must
+    not show the server's paths."""
+    run, kind, name = folder.parts[-3:]
+    return f"{SCHEME}{run.replace('__', ':')}/{kind}/{name}"
+
+
 def folder_bytes(folder: Path) -> int:
     """The bytes of the files in a checkpoint folder (what a checkpoint's `size_bytes` counts)."""
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())

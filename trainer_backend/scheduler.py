@@ -11,9 +11,12 @@ generation batch's rows and tokens), so a tenant with hundreds of queued request
 whole of it, and others' requests join the next call. A batch kind may have a gathering window: its oldest ready
 operation waits until it is that old before the batch is formed, so that requests a client sends together (an RL
 step's prompts, a few milliseconds apart) run as one batch instead of the first alone and the rest behind it. A long
-call may pause between its steps to let other tenants' short operations run, and a batch kind may nest: another
-tenant's gathered operations of that kind run then as a batch of their own (a light tenant's generation does not wait
-for a heavy tenant's to end). Busy time is measured around each device call.
+call may pause between its steps to let other tenants' short operations run. A call that runs step by step (a
+generation) takes in, between its steps, another tenant's gathered operations of its kind (`BatchCall.admit`): they
+share its steps, and each operation's result is recorded as soon as it is done (`BatchCall.finish`), so a light
+tenant's generation neither waits for a heavy tenant's to end nor runs beside it as a second batch. A batch kind may
+also nest: what the running call cannot take in runs in its pause as a batch of its own. Busy time is measured around
+each device call.
 """
 
 from __future__ import annotations
@@ -37,11 +40,13 @@ log = logging.getLogger(__name__)
 Work = Callable[[], tuple[bytes, ResultFormat]]
 # One operation's outcome in a batch: its result, or the error that failed it.
 Outcome = tuple[bytes, ResultFormat] | BackendError
-# Runs several operations of one batch kind in one device call; one outcome per operation, in order. A long call
-# may call the pause callback between its steps: the scheduler then runs other tenants' ready operations that may
-# interleave (their results do not depend on the long call) before the call goes on.
+# A long call may call its pause callback between its steps: the scheduler then runs other tenants' ready operations
+# that may interleave (their results do not depend on the long call) before the call goes on.
 PauseCallback = Callable[[], None]
-BatchRunner = Callable[[Sequence["Operation[Any]"], PauseCallback], Sequence[Outcome]]
+# Runs several operations of one batch kind in one device call, given the call (`BatchCall`, which is its pause
+# callback): one outcome per operation of the call (those it was given, then those it admitted), in order; the
+# outcomes of operations it finished early are not read.
+BatchRunner = Callable[[Sequence["Operation[Any]"], "BatchCall"], Sequence[Outcome]]
 # Which tenant's ready operation runs next: the least recently served tenant's (the server's policy), or the one that
 # arrived first (kept to measure what the policy buys: benchmarks/fairness.py).
 SchedulingPolicy = Literal["least_recently_served", "fifo"]
@@ -53,6 +58,11 @@ MAX_BATCH_OPERATIONS = 64
 # another tenant's 332-prompt evaluation ran about as fast as alone and the evaluation's batches took 9 times as long;
 # at 2, the RL steps took 1.20 times as long as alone and the evaluation no longer than before nested batches.
 PAUSE_SHARE_LIMIT = 2.0
+# A running call takes in other tenants' operations while it holds less than its kind's budget, and past it while the
+# joining tenant holds no more than its even share of one budget among the call's tenants (half when it is the
+# second), never more than twice the budget in all: what a batch and a batch nested in its pause held before calls
+# took operations in.
+JOIN_BUDGET_LIMIT = 2.0
 
 
 @dataclass(frozen=True)
@@ -196,14 +206,10 @@ class Scheduler:
         self._stopping = False
         self._busy_seconds = 0.0
         self._operations_by_kind: dict[str, int] = {}
-        self._running: tuple[str, ...] = ()
-        self._running_operations: list[Operation] = []
-        self._running_since: float | None = None
+        # The device calls running now: the worker's, and one running in its pause.
+        self._calls: list[BatchCall] = []
         self._busy_listeners: list[Callable[[float, float], None]] = []
         self._device_time_listeners: list[Callable[[Operation, float], None]] = []
-        # Device seconds that other tenants' operations ran while the running batch paused (the batch's own time is
-        # its busy interval less these).
-        self._paused_seconds = 0.0
         self._thread = threading.Thread(target=self._run, name="device-worker", daemon=True)
         self._thread.start()
 
@@ -227,8 +233,8 @@ class Scheduler:
         `batch_budgets` do at construction), for a component built after the scheduler that queues its own work.
 
         `nests`: while a batch pauses, operations of this kind from lanes that have none in it (gathered for the
-        kind's window) may run as a batch of their own, which does not pause; the runner must leave what the paused
-        batch uses alone."""
+        kind's window) that it does not take in (`BatchCall.admit`) may run as a batch of their own, which does not
+        pause; the runner must leave what the paused batch uses alone."""
         with self._condition:
             self._batch_runners[kind] = runner
             self._batch_windows_s[kind] = window_s
@@ -299,7 +305,8 @@ class Scheduler:
         """Checkpoint folders that queued or running operations read."""
         with self._condition:
             operations = [op for lane in self._lanes.values() for op in lane.operations()]
-            return {op.reads for op in [*operations, *self._running_operations] if op.reads is not None}
+            running = [op for call in self._calls for op in call.operations]
+            return {op.reads for op in [*operations, *running] if op.reads is not None}
 
     def stats(self) -> SchedulerStats:
         with self._condition:
@@ -311,8 +318,8 @@ class Scheduler:
                 operations_by_kind=dict(self._operations_by_kind),
                 batches=self._batches,
                 batched_operations=self._batched_operations,
-                running=self._running,
-                running_since=self._running_since,
+                running=tuple(op.request_id for call in self._calls for op in call.unfinished()),
+                running_since=self._calls[0].started if self._calls else None,
             )
 
     def stop(self) -> None:
@@ -332,20 +339,21 @@ class Scheduler:
     def _queued_by(self, owner: str) -> int:
         return self._queued_by_owner()[owner]
 
-    def _next(self, only_interleaving: bool = False) -> list[Operation]:
+    def _next(self, paused: BatchCall | None = None) -> list[Operation]:
         """The ready operation of the least recently served lane, with every ready operation it can batch with.
 
-        Also expires operations stuck behind a gap. Empty when nothing is ready. `only_interleaving` considers
-        only operations that may run while a long batch pauses.
+        Also expires operations stuck behind a gap. Empty when nothing is ready. With `paused`, only operations that
+        may run while that call pauses.
         """
         now = time.monotonic()
+        only_interleaving = paused is not None
         # Set again below while the chosen batch still gathers; never left over from an earlier look.
         self._gathering_until = None
-        paused_lanes = {op.lane for op in self._running_operations} if only_interleaving else set()
+        paused_lanes = paused.lanes() if paused is not None else set()
         candidates = []
         for name, lane in self._lanes.items():
             operation = lane.ready()
-            if operation is not None and only_interleaving and not self._runs_in_pause(operation, paused_lanes, now):
+            if operation is not None and paused is not None and not self._runs_in_pause(operation, paused, now):
                 continue
             if operation is not None:
                 lane.gap_since = None
@@ -374,44 +382,91 @@ class Scheduler:
         mate_lanes = [name for _, name, _ in candidates if name not in paused_lanes]
         return [first, *self._batch_mates(first, mate_lanes, now)]
 
-    def _runs_in_pause(self, operation: Operation, paused_lanes: set[str], now: float) -> bool:
-        """Whether `operation` may run while the batch of `paused_lanes` pauses: it interleaves, or it nests (its
-        kind nests, its lane has nothing in the paused batch, and its batch has gathered)."""
+    def _runs_in_pause(self, operation: Operation, paused: BatchCall, now: float) -> bool:
+        """Whether `operation` may run while `paused` pauses: it interleaves, or it nests (its kind nests, its lane has
+        nothing in the paused call, its batch has gathered, and the paused call, within its budget, did not take it
+        in when it could have)."""
         if operation.interleaves:
             return True
         kind = operation.batch_kind
         return (
             kind in self._nesting_kinds
-            and operation.lane not in paused_lanes
+            and operation.lane not in paused.lanes()
             and now >= operation.enqueued_at + self._batch_windows_s.get(kind, 0.0)
+            and (not paused.admits or (operation.request_id in paused.refused and paused.held() <= 1.0))
         )
+
+    def _share(self, operation: Operation) -> float:
+        """The share of its kind's budget `operation` takes (1 / MAX_BATCH_OPERATIONS for a kind without one)."""
+        budget = self._batch_budgets.get(operation.batch_kind)
+        return budget.share(operation.payload) / budget.capacity if budget is not None else 1 / MAX_BATCH_OPERATIONS
 
     def _batch_mates(self, first: Operation, lane_names: list[str], now: float) -> list[Operation]:
         """Ready operations of `first`'s batch kind to run with it: one lane at a time in turn (in `lane_names`'
         order, least recently served first), while the kind's budget has room."""
-        budget = self._batch_budgets.get(first.batch_kind)
-        used = budget.share(first.payload) if budget is not None else 0.0
+        used = self._share(first)
         # The other lanes take their turns before `first`'s lane takes a second one. A training client's next ordered
         # operation depends on the one taken before it: one per lane and batch.
         turns = [name for name in lane_names if name != first.lane] + ([first.lane] if first.seq_id is None else [])
         mates: list[Operation] = []
         while turns:
             for name in list(turns):
-                if 1 + len(mates) >= MAX_BATCH_OPERATIONS:
-                    return mates
                 lane = self._lanes[name]
                 operation = lane.next_of_kind(first.batch_kind)
-                share = budget.share(operation.payload) if budget is not None and operation is not None else 0.0
-                if operation is None or (budget is not None and used + share > budget.capacity):
+                if operation is None or used + self._share(operation) > 1.0 + 1e-9:
                     turns.remove(name)
                     continue
                 lane.pop(operation)
                 lane.last_served = now
-                used += share
+                used += self._share(operation)
                 mates.append(operation)
                 if operation.seq_id is not None:
                     turns.remove(name)
         return mates
+
+    def _admit(self, call: BatchCall, accepts: Callable[[Operation], bool]) -> list[Operation]:
+        """Ready operations of `call`'s kind that it takes in now: from lanes that have nothing in it, gathered for the
+        kind's window, one lane at a time in turn (least recently served first) within JOIN_BUDGET_LIMIT, each one
+        `accepts` (those it does not are marked refused: they may run nested in the call's pause)."""
+        kind = call.kind
+        window_s = self._batch_windows_s.get(kind, 0.0)
+        with self._condition:
+            if self._stopping:
+                return []
+            now = time.monotonic()
+            inside = call.lanes()
+            waiting = []
+            for name, lane in self._lanes.items():
+                oldest = lane.next_of_kind(kind)
+                if name not in inside and oldest is not None and now >= oldest.enqueued_at + window_s:
+                    waiting.append((oldest.enqueued_at if self.policy == "fifo" else lane.last_served, name))
+            turns = [name for _, name in sorted(waiting)]
+            held = call.held_by_lane()
+            taken: list[Operation] = []
+            while turns:
+                for name in list(turns):
+                    lane = self._lanes[name]
+                    operation = lane.next_of_kind(kind)
+                    share = self._share(operation) if operation is not None else 0.0
+                    tenants = len(held) + (name not in held)
+                    total = sum(held.values()) + share
+                    own = held.get(name, 0.0) + share
+                    fits = total <= 1.0 + 1e-9 or (own <= 1.0 / tenants + 1e-9 and total <= JOIN_BUDGET_LIMIT + 1e-9)
+                    if operation is None or not fits or operation.seq_id is not None:
+                        turns.remove(name)
+                        continue
+                    if not accepts(operation):
+                        call.refused.add(operation.request_id)
+                        turns.remove(name)
+                        continue
+                    lane.pop(operation)
+                    lane.last_served = now
+                    held[name] = own
+                    taken.append(operation)
+            call.join(taken, now)
+        for operation in taken:
+            self.ledger.mark_running(operation.request_id)
+        return taken
 
     def _expire_gap(self, name: str, lane: _Lane) -> None:
         missing = lane.next_seq
@@ -437,99 +492,209 @@ class Scheduler:
                     batch = [] if self._stopping else self._next()
                 if not batch:
                     return
-                self._running = tuple(op.request_id for op in batch)
-                self._running_operations = list(batch)
-                self._running_since = time.monotonic()
-            self._execute(batch)
+                call = BatchCall(self, batch, nested=False)
+                self._calls.append(call)
+            self._execute(call)
             with self._condition:
-                self._running = ()
-                self._running_operations = []
-                self._running_since = None
+                self._calls.remove(call)
 
-    def _pause(self) -> None:
-        """A long batch pauses: run one batch of other tenants' ready operations that interleave or nest, if any, unless
-        they have had their share of this batch's time (PAUSE_SHARE_LIMIT)."""
+    def _pause(self, call: BatchCall) -> None:
+        """A long call pauses: run one batch of other tenants' ready operations that interleave or nest, if any, unless
+        they have had their share of this call's time (PAUSE_SHARE_LIMIT)."""
         with self._condition:
-            running_s = time.monotonic() - (self._running_since or time.monotonic())
-            if self._stopping or self._paused_seconds > PAUSE_SHARE_LIMIT * (running_s - self._paused_seconds):
+            if self._stopping or call.paused_seconds > PAUSE_SHARE_LIMIT * call.own_seconds(time.monotonic()):
                 return
-            batch = self._next(only_interleaving=True)
+            batch = self._next(paused=call)
             if not batch:
                 return
-            paused, paused_operations = self._running, self._running_operations
-            self._running = paused + tuple(op.request_id for op in batch)
-            self._running_operations = paused_operations + batch
-        # Inside the paused batch's busy interval, which already counts this time.
+            call.accrue(time.monotonic())
+            nested = BatchCall(self, batch, nested=True)
+            self._calls.append(nested)
+        # Inside the paused call's busy interval, which already counts this time.
         started = time.monotonic()
-        self._execute(batch, nested=True)
-        self._paused_seconds += time.monotonic() - started
+        self._execute(nested)
         with self._condition:
-            self._running, self._running_operations = paused, paused_operations
+            call.paused_seconds += time.monotonic() - started
+            self._calls.remove(nested)
 
-    def _execute(self, batch: list[Operation], nested: bool = False) -> None:
-        for operation in batch:
+    def _finish(self, call: BatchCall, operation: Operation, outcome: Outcome) -> None:
+        """Record `operation`'s outcome before its call ends; its device seconds are those it accrued in the call."""
+        with self._condition:
+            if operation.request_id in call.finished:
+                return
+            seconds = call.settle(operation, time.monotonic())
+        self._record(call, operation, outcome, seconds)
+
+    def _record(self, call: BatchCall, operation: Operation, outcome: Outcome, seconds: float) -> None:
+        # Counted before the future resolves, so a client that reads its usage after a result finds it there.
+        for time_listener in self._device_time_listeners:
+            time_listener(operation, seconds)
+        if isinstance(outcome, BackendError):
+            result_text = f"failed ({outcome.category})"
+            self.ledger.fail(operation.request_id, str(outcome), outcome.category)
+        else:
+            result_text = "done"
+            self.ledger.complete(operation.request_id, *outcome)
+        started = call.started_at(operation)
+        log.info(
+            "operation %s",
+            result_text,
+            extra={
+                "request_id": operation.request_id,
+                "kind": operation.kind,
+                "lane": operation.lane,
+                "seq_id": operation.seq_id,
+                "queued_s": round(started - operation.enqueued_at, 4),
+                "run_s": round(time.monotonic() - started, 4),
+                "batch": len(call.operations),
+                "nested": call.nested,
+                "joined": started > call.started,
+            },
+        )
+        with self._condition:
+            self._operations_by_kind[operation.kind] = self._operations_by_kind.get(operation.kind, 0) + 1
+
+    def _execute(self, call: BatchCall) -> None:
+        for operation in call.operations:
             self.ledger.mark_running(operation.request_id)
-        if not nested:
-            self._paused_seconds = 0.0
-        start = time.monotonic()
-        outcomes = self._outcomes(batch, pause=(lambda: None) if nested else self._pause)
+        outcomes = self._outcomes(call)
         end = time.monotonic()
-        # Counted before the futures resolve, so a client that reads its usage after a result finds it there.
-        own_seconds = end - start - (0.0 if nested else self._paused_seconds)
-        for operation, seconds in zip(batch, _shares(batch, own_seconds), strict=True):
-            for time_listener in self._device_time_listeners:
-                time_listener(operation, seconds)
-        for operation, outcome in zip(batch, outcomes, strict=True):
-            if isinstance(outcome, BackendError):
-                result_text = f"failed ({outcome.category})"
-                self.ledger.fail(operation.request_id, str(outcome), outcome.category)
-            else:
-                result_text = "done"
-                self.ledger.complete(operation.request_id, *outcome)
-            log.info(
-                "operation %s",
-                result_text,
-                extra={
-                    "request_id": operation.request_id,
-                    "kind": operation.kind,
-                    "lane": operation.lane,
-                    "seq_id": operation.seq_id,
-                    "queued_s": round(start - operation.enqueued_at, 4),
-                    "run_s": round(end - start, 4),
-                    "batch": len(batch),
-                },
-            )
         with self._condition:
-            if not nested:
-                self._busy_seconds += end - start
-            for operation in batch:
-                self._operations_by_kind[operation.kind] = self._operations_by_kind.get(operation.kind, 0) + 1
-            if len(batch) > 1:
+            call.accrue(end)
+            left = [
+                (op, outcome)
+                for op, outcome in zip(call.operations, outcomes, strict=True)
+                if op.request_id not in call.finished
+            ]
+            own_left = max(0.0, call.own_seconds(end) - call.reported_seconds)
+            seconds = _shares([op for op, _ in left], own_left) if left else []
+        for (operation, outcome), share in zip(left, seconds, strict=True):
+            self._record(call, operation, outcome, share)
+        with self._condition:
+            if not call.nested:
+                self._busy_seconds += end - call.started
+            if len(call.operations) > 1:
                 self._batches += 1
-                self._batched_operations += len(batch)
-        if not nested:
+                self._batched_operations += len(call.operations)
+        if not call.nested:
             for listener in self._busy_listeners:
-                listener(start, end)
+                listener(call.started, end)
 
-    def _outcomes(self, batch: list[Operation], pause: PauseCallback) -> list[Outcome]:
+    def _outcomes(self, call: BatchCall) -> list[Outcome]:
         """Run one operation or one batch; whatever it raises fails its operations, never the worker."""
-        first = batch[0]
+        first = call.operations[0]
         try:
             if first.batch_kind is None:
                 return [first.work()]
-            outcomes = list(self._batch_runners[first.batch_kind](batch, pause))
-            if len(outcomes) != len(batch):
-                raise RuntimeError(f"the {first.batch_kind} runner returned {len(outcomes)} outcomes for {len(batch)}")
+            outcomes = list(self._batch_runners[first.batch_kind](list(call.operations), call))
+            if len(outcomes) != len(call.operations):
+                raise RuntimeError(
+                    f"the {first.batch_kind} runner returned {len(outcomes)} outcomes for {len(call.operations)}"
+                )
             return outcomes
         except BackendError as error:
-            return [error] * len(batch)
+            return [error] * len(call.operations)
         except Exception:  # the worker must survive anything one request provokes
-            log.exception("operation(s) %s (%s) failed", ", ".join(op.request_id for op in batch), first.kind)
+            ids = ", ".join(op.request_id for op in call.operations)
+            log.exception("operation(s) %s (%s) failed", ids, first.kind)
             # The exception's text stays in the log: it may name server paths or, in a batch, other tenants' ids.
             return [
                 ServerError(f"internal error in {op.kind}; the server's log has the details of request {op.request_id}")
-                for op in batch
+                for op in call.operations
             ]
+
+
+class BatchCall:
+    """One device call in progress: the operations it runs, when each joined it, and the device time each accrued.
+
+    Handed to a batch kind's runner, it is the call's pause callback (calling it lets other tenants' work run), and a
+    call that runs step by step may take in more operations of its kind between steps (`admit`) and record an
+    operation's outcome before the call ends (`finish`). A call nested in another's pause neither pauses nor admits.
+    Its own device time is its wall time less the time that work run in its pauses took; that time is split among
+    its operations at every pause, admission and finish, in proportion to their shares of the kind's budget, and what
+    is left at its end among the operations still running, in proportion to the tokens each processed.
+    """
+
+    def __init__(self, scheduler: Scheduler, operations: list[Operation], nested: bool) -> None:
+        self.operations = list(operations)
+        self.kind = operations[0].batch_kind
+        self.nested = nested
+        self.started = time.monotonic()
+        # Device seconds that other tenants' operations ran while this call paused.
+        self.paused_seconds = 0.0
+        # Whether the runner asks to take operations in (a nesting kind's operations then nest only once refused).
+        self.admits = False
+        self.refused: set[str] = set()
+        self.finished: set[str] = set()
+        self.reported_seconds = 0.0
+        self._scheduler = scheduler
+        self._joined_at: dict[str, float] = {}
+        self._accrued: dict[str, float] = {}
+        self._accrued_until = 0.0
+
+    def __call__(self) -> None:
+        """Pause: other tenants' ready work that may run meanwhile runs now."""
+        if not self.nested:
+            self._scheduler._pause(self)
+
+    def admit(self, accepts: Callable[[Operation], bool]) -> list[Operation]:
+        """Other tenants' ready operations of this call's kind that it takes in now, each one `accepts` (see
+        `Scheduler._admit`); the runner must return their outcomes after those of the operations it was given."""
+        if self.nested:
+            return []
+        self.admits = True
+        return self._scheduler._admit(self, accepts)
+
+    def finish(self, operation: Operation, outcome: Outcome) -> None:
+        """Record `operation`'s outcome now (its future resolves) rather than when the call ends."""
+        self._scheduler._finish(self, operation, outcome)
+
+    def unfinished(self) -> list[Operation]:
+        return [op for op in self.operations if op.request_id not in self.finished]
+
+    def lanes(self) -> set[str]:
+        """Lanes with an operation still running in this call."""
+        return {op.lane for op in self.unfinished()}
+
+    def held_by_lane(self) -> dict[str, float]:
+        """Each lane's share of the kind's budget in the operations still running."""
+        held: dict[str, float] = {}
+        for op in self.unfinished():
+            held[op.lane] = held.get(op.lane, 0.0) + self._scheduler._share(op)
+        return held
+
+    def held(self) -> float:
+        return sum(self.held_by_lane().values())
+
+    def started_at(self, operation: Operation) -> float:
+        return self._joined_at.get(operation.request_id, self.started)
+
+    def own_seconds(self, now: float) -> float:
+        return now - self.started - self.paused_seconds
+
+    def accrue(self, now: float) -> None:
+        """Split the call's own time since the last split among the operations running, by their budget shares."""
+        own = self.own_seconds(now)
+        running = self.unfinished()
+        weights = [self._scheduler._share(op) for op in running]
+        for op, weight in zip(running, weights, strict=True) if sum(weights) > 0 else ():
+            key = op.request_id
+            self._accrued[key] = self._accrued.get(key, 0.0) + (own - self._accrued_until) * weight / sum(weights)
+        self._accrued_until = own
+
+    def join(self, operations: list[Operation], now: float) -> None:
+        if operations:
+            self.accrue(now)
+            self.operations += operations
+            self._joined_at.update((op.request_id, now) for op in operations)
+
+    def settle(self, operation: Operation, now: float) -> float:
+        """Count `operation` finished: the device seconds it accrued."""
+        self.accrue(now)
+        self.finished.add(operation.request_id)
+        seconds = self._accrued.pop(operation.request_id, 0.0)
+        self.reported_seconds += seconds
+        return seconds
 
 
 def _shares(batch: Sequence[Operation], seconds: float) -> list[float]:

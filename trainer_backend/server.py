@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import signal
 import socket
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import FrameType
 from typing import TypeVar
 
 import uvicorn
@@ -65,15 +67,24 @@ def _build_service(config: ServerConfig) -> TrainingService:
 
 
 def serve(config: ServerConfig) -> None:
-    """Run until interrupted."""
+    """Run until interrupted (Ctrl-C, SIGTERM), then shut down: requests in flight answered, vLLM stopped, stores
+    closed."""
     policy = KeyPolicy(frozenset(config.api_keys))
     policy.check_bind(config.host)
+    # uvicorn answers SIGTERM by shutting down, then raises it again under the handler it found: the default one would
+    # end the process there, before `service.close()` stops vLLM (found running on as an orphan). Raised as
+    # SystemExit, it unwinds through the `finally`; during the model's loading too.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     service = build_service(config)
     try:
         app = create_app(service, policy, config.long_poll_s)
         uvicorn.run(app, host=config.host, port=config.port, log_level="info", http=JsonErrorH11Protocol)
     finally:
         service.close()
+
+
+def _exit_on_sigterm(_signum: int, _frame: FrameType | None) -> None:
+    raise SystemExit(128 + signal.SIGTERM)
 
 
 @dataclass(frozen=True)

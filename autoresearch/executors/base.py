@@ -17,6 +17,7 @@ import yaml
 from autoresearch.errors import ExecutorError
 from autoresearch.trials.config import TrialConfig
 from autoresearch.trials.run_dir import RunDirectory, TrialResult
+from tasks.report import HeldOutReport
 
 LAUNCH_CONFIG = "launch.yaml"
 
@@ -36,8 +37,8 @@ class TrialPhase(StrEnum):
 @dataclass(frozen=True)
 class TrialStatus:
     phase: TrialPhase
-    # Held-out accuracy by RL step, as the trial evaluated so far.
-    evaluations: dict[int, float]
+    # The held-out evaluations by RL step, as the trial made them so far.
+    evaluations: dict[int, HeldOutReport]
     # The trial's result (its result.json): there exactly when the phase is FINISHED.
     result: TrialResult | None = None
     # Why a trial died or failed.
@@ -68,13 +69,13 @@ def stop_or_warn(executor: TrialExecutor, run_id: str) -> None:
 class Progress:
     """What a trial's run directory says so far."""
 
-    evaluations: dict[int, float]
+    evaluations: dict[int, HeldOutReport]
     result: TrialResult | None
 
 
 def read_progress(root: Path) -> Progress:
     directory = RunDirectory(root)
-    evaluations = {int(e["step"]): float(e["accuracy"]) for e in directory.evals.read()}
+    evaluations = {int(e["step"]): HeldOutReport.model_validate(e) for e in directory.evals.read()}
     return Progress(evaluations, directory.read_result())
 
 

@@ -1,8 +1,8 @@
 """Trials as subprocesses of this machine (`python -m autoresearch.trials`), each in `<run_root>/<run_id>/`.
 
-The state of a trial is read from its run directory and a pid file beside it, so a controller that was killed and
-started again finds its trials as they are; a trial whose process died is started again with the same run id, which
-resumes it from its last checkpoint.
+A trial ends with the controller that started it, however the controller ends (`lifeline`). The state of a trial is
+read from its run directory and a pid file beside it, so a controller started again finds its trials finished or
+dead; a trial whose process died is started again with the same run id, which resumes it from its last checkpoint.
 """
 
 from __future__ import annotations
@@ -15,11 +15,14 @@ import sys
 import time
 from pathlib import Path
 
+import lifeline
 from autoresearch.executors.base import TrialPhase, TrialStatus, read_progress, trial_command, write_launch_config
 from autoresearch.trials.config import TrialConfig
 
 PID_FILE = "trial.pid"
 LOG_FILE = "trial.log"
+# How long a trial gets to end on SIGTERM before SIGKILL.
+STOP_GRACE_S = 30.0
 
 
 class LocalExecutor:
@@ -39,10 +42,15 @@ class LocalExecutor:
         config_path = write_launch_config(root, config)
         command = trial_command(self.python, config_path, backend_url, self.run_root, run_id)
         with (root / LOG_FILE).open("a") as log:
-            # Its own session: a controller killed by a signal to its process group leaves the trial running, to be
-            # found again by the next controller.
-            process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            # Its own session, so that stopping it ends what it started too; on a lifeline, so that it ends with this
+            # process, also one killed outright.
+            process = lifeline.popen(
+                command,
+                grace_s=STOP_GRACE_S,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
         self._children[run_id] = process
         launched = {"pid": process.pid, "started_at": time.time(), "start_ticks": _start_ticks(process.pid)}
@@ -76,14 +84,11 @@ class LocalExecutor:
         launched = _read_pid(self.run_root / run_id)
         if launched is None or not self._alive(run_id, launched[0], launched[2]):
             return
-        os.killpg(launched[0], signal.SIGTERM)
         child = self._children.get(run_id)
-        if child is not None:
-            try:
-                child.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(launched[0], signal.SIGKILL)
-                child.wait()
+        if child is not None and child.pid == launched[0]:
+            lifeline.stop(child, grace_s=STOP_GRACE_S)
+        else:
+            os.killpg(launched[0], signal.SIGTERM)
 
     def _alive(self, run_id: str, pid: int, start_ticks: int | None) -> bool:
         child = self._children.get(run_id)

@@ -44,29 +44,31 @@ def trial(
             report = evaluate_checkpoint(trial_config, url)
         typer.echo(
             f"baseline {trial_config.base_model} on {report.split} ({len(report.answers)} questions): "
-            f"held-out accuracy {report.accuracy:.3f} ({_by_difficulty(report.accuracy_by_difficulty)})"
+            f"held-out accuracy {report.accuracy:.3f} ({_breakdown(report.accuracy_by_difficulty)})"
+            + (f"; by form: {_breakdown(report.accuracy_by_form)}" if report.accuracy_by_form else "")
         )
         return
     result = run_trial(trial_config, backend_url=backend_url, run_dir=run_dir, progress=progress)
     typer.echo(
         f"run {result.run_id}: {result.steps_completed} steps, held-out accuracy {result.held_out_accuracy:.3f} "
-        f"({_by_difficulty(result.held_out_by_difficulty)}){' (stopped early)' if result.stopped_early else ''}"
+        f"({_breakdown(result.held_out_by_difficulty)}){' (stopped early)' if result.stopped_early else ''}"
+        + (f"; by form: {_breakdown(result.held_out_by_form)}" if result.held_out_by_form else "")
     )
     if result.backend_interruptions:
         typer.echo(
             f"the backend was interrupted {result.backend_interruptions} time(s); "
             "each time the run went on from its last checkpoint"
         )
-    rl = result.rl_comparison
-    if rl is not None:
+    comparisons = {"": result.rl_comparison} if result.rl_comparison is not None else {}
+    for form, rl in {**comparisons, **{f" {form}-form": c for form, c in result.rl_comparison_by_form.items()}}.items():
         typer.echo(
-            f"RL: held-out {rl.accuracy_before:.3f} -> {rl.accuracy_after:.3f} ({rl.gain:+.3f}) on {rl.questions} "
-            f"questions; {rl.gained} gained, {rl.lost} lost, McNemar exact p = {rl.p_value:.3g}"
+            f"RL: held-out{form} {rl.accuracy_before:.3f} -> {rl.accuracy_after:.3f} ({rl.gain:+.3f}) on "
+            f"{rl.questions} questions; {rl.gained} gained, {rl.lost} lost, McNemar exact p = {rl.p_value:.3g}"
         )
     typer.echo(f"results in {result.run_dir}; sampler weights {result.sampler_path}")
 
 
-def _by_difficulty(accuracies: dict[str, float | None]) -> str:
+def _breakdown(accuracies: dict[str, float | None]) -> str:
     return ", ".join(f"{d} {'-' if a is None else f'{a:.3f}'}" for d, a in accuracies.items())
 
 

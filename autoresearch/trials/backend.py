@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 
+import lifeline
 from autoresearch.errors import BackendStartError
 
 # Checkpoints belong to the key that saved them, so a resumed trial must come back with the same one.
@@ -24,6 +25,8 @@ DEFAULT_API_KEY = "tml-local"
 # The user_metadata key of a trial's training runs that holds its run id: the backend's status lists the caller's
 # runs with it, which is how the controller tells each trial's share of the device.
 TRIAL_METADATA_KEY = "trial"
+# How long a local backend gets to shut down on SIGTERM (its requests, a vLLM it started) before SIGKILL.
+STOP_GRACE_S = 30.0
 
 
 def api_key() -> str:
@@ -60,17 +63,16 @@ def local_backend(base_model: str, storage_root: Path, startup_timeout_s: float 
         "--base-model", base_model, "--host", "127.0.0.1", "--port", str(port), "--storage-root", str(storage_root),
     ]  # fmt: skip
     with log_path.open("ab") as log:
-        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        # On a lifeline: a caller killed outright (SIGKILL) takes its backend with it, after the backend's own
+        # shutdown (which stops a vLLM it started).
+        server = lifeline.popen(
+            command, grace_s=STOP_GRACE_S, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
     try:
         wait_until_healthy(server, url, log_path, startup_timeout_s)
         yield url
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        lifeline.stop(server, grace_s=STOP_GRACE_S)
 
 
 def wait_until_healthy(server: subprocess.Popen, url: str, log_path: Path, timeout_s: float) -> None:

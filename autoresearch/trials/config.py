@@ -107,6 +107,12 @@ class TrialConfig(BaseModel):
 
     # Task.
     task: str = Field("text2sql", description="the task its data, prompts and scoring come from (tasks.registry)")
+    data: SerializeAsAny[BaseModel] = Field(
+        None,
+        validate_default=True,
+        description="where the task's examples come from, a data source of the task's (text2sql: {source: spider, "
+        "path: …}); None: the data the task ships with",
+    )
     mode: Literal["single_turn", "agentic"] = Field(
         "single_turn", description="one completion per question, or episodes that explore before they answer"
     )
@@ -145,6 +151,15 @@ class TrialConfig(BaseModel):
     def _registered(cls, value: str) -> str:
         return registered_task(value)
 
+    @field_validator("data", mode="wrap")
+    @classmethod
+    def _the_tasks_data_source(
+        cls, value: object, _handler: ValidatorFunctionWrapHandler, info: ValidationInfo
+    ) -> object:
+        if "task" not in info.data:  # the task did not validate, and says why; its data source cannot be checked
+            return value
+        return data_source_of(info.data["task"], value)
+
     @field_validator("reward_spec", mode="wrap")
     @classmethod
     def _the_tasks_reward_spec(
@@ -175,6 +190,15 @@ class TrialConfig(BaseModel):
         if self.mode == "agentic" and self.kl_coef > 0:
             raise ValueError("mode: agentic episodes have no KL penalty yet; set kl_coef to 0")
         return self
+
+
+def data_source_of(task_name: str, value: object) -> BaseModel:
+    """`value` validated as a data source of the registered task `task_name`; None is the data the task ships with.
+
+    Raises:
+        ValidationError: naming the field of the data source that does not validate.
+    """
+    return task_class(task_name).data_source_type.model_validate({} if value is None else value)
 
 
 def describe_validation_error(error: ValidationError, model: type[BaseModel]) -> str:

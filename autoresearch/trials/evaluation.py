@@ -47,11 +47,11 @@ def evaluate_checkpoint(
 
     The same subset, prompts and judgement as a trial's own evaluations, so a controller can put a baseline next to
     its trials. Reported as step 0. `api_key` defaults as a trial's does; `task` (left open) to the config's task on
-    its shipped data, which trials train on.
+    the config's data source, as its trials open it.
     """
     with (
         tinker.ServiceClient(base_url=backend_url, api_key=api_key or default_api_key()) as service,
-        nullcontext(task) if task is not None else open_task(config.task) as opened,
+        nullcontext(task) if task is not None else open_task(config.task, config.data) as opened,
     ):
         # The SDK hands out the served tokenizer through a training client only (a sampling client guesses it
         # from the model name); a rank-1 adapter is the cheapest way to ask.

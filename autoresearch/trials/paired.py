@@ -40,23 +40,31 @@ def mcnemar_exact_p(gained: int, lost: int) -> float:
     return min(1.0, 2 * tail)
 
 
-def compare(before: HeldOutReport, after: HeldOutReport) -> PairedComparison:
-    """Compare two evaluations question by question.
+def compare(before: HeldOutReport, after: HeldOutReport, form: str | None = None) -> PairedComparison:
+    """Compare two evaluations question by question, all their questions or those of one `form` ("seen", "unseen").
 
     Raises:
-        ValueError: the reports are not of the same questions.
+        ValueError: the reports are not of the same questions, or have none of `form`.
     """
-    right_before = {a.example_id: a.correct for a in before.answers}
-    right_after = {a.example_id: a.correct for a in after.answers}
+    right_before = {a.example_id: a.correct for a in before.answers if form is None or a.form == form}
+    right_after = {a.example_id: a.correct for a in after.answers if form is None or a.form == form}
     if right_before.keys() != right_after.keys():
         raise ValueError("the two evaluations are not of the same held-out questions")
+    if not right_before:
+        raise ValueError(f"the evaluations have no held-out question of form {form!r}")
     gained = sum(right_after[q] and not right_before[q] for q in right_before)
     lost = sum(right_before[q] and not right_after[q] for q in right_before)
     return PairedComparison(
         questions=len(right_before),
-        accuracy_before=before.accuracy,
-        accuracy_after=after.accuracy,
+        accuracy_before=sum(right_before.values()) / len(right_before),
+        accuracy_after=sum(right_after.values()) / len(right_after),
         gained=gained,
         lost=lost,
         p_value=mcnemar_exact_p(gained, lost),
     )
+
+
+def compare_by_form(before: HeldOutReport, after: HeldOutReport) -> dict[str, PairedComparison]:
+    """`compare` on the questions of each form the evaluations have; empty when their questions say no form."""
+    forms = [form for form, accuracy in after.accuracy_by_form.items() if accuracy is not None]
+    return {form: compare(before, after, form) for form in forms}

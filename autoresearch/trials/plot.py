@@ -44,7 +44,16 @@ def plot_run(
     reward_axes.set_ylabel("training reward")
     reward_axes.legend(loc="best")
     reward_axes.grid(alpha=0.3)
-    eval_axes.plot([e["step"] for e in evals], [e["accuracy"] for e in evals], marker="o", color="tab:green")
+    eval_steps, eval_accuracies = [e["step"] for e in evals], [e["accuracy"] for e in evals]
+    eval_axes.plot(eval_steps, eval_accuracies, marker="o", color="tab:green", label="all")
+    # Where the questions say their form, the forms training shows and those it never shows, apart.
+    for form, style in (("seen", "--"), ("unseen", ":")):
+        points = [(e["step"], e["accuracy_by_form"][form]) for e in evals if e.get("accuracy_by_form", {}).get(form)]
+        if points:
+            steps_f, accuracies = zip(*points, strict=True)
+            eval_axes.plot(steps_f, accuracies, marker="o", linestyle=style, label=f"{form} form")
+    if any(e.get("accuracy_by_form") for e in evals):
+        eval_axes.legend(loc="best")
     eval_axes.set_ylabel(f"held-out accuracy ({evals[0]['split']})" if evals else "held-out accuracy")
     eval_axes.set_ylim(-0.02, 1.02)
     eval_axes.set_xlabel("RL step")

@@ -73,9 +73,11 @@ class TrialProgress:
 
     def held_out(self, report: HeldOutReport) -> None:
         self._held_out = f"  held-out {report.accuracy:.3f}"
+        by_form = ", ".join(f"{form} {'-' if a is None else f'{a:.3f}'}" for form, a in report.accuracy_by_form.items())
+        by_form = f" ({by_form})" if by_form else ""
         if self.enabled:
             self._progress.console.print(
-                f"{self.run_id}: step {report.step}: held-out accuracy on {report.split} {report.accuracy:.3f}"
+                f"{self.run_id}: step {report.step}: held-out accuracy on {report.split} {report.accuracy:.3f}{by_form}"
             )
         else:
-            log.info("%s: step %d: held-out accuracy %.3f", self.run_id, report.step, report.accuracy)
+            log.info("%s: step %d: held-out accuracy %.3f%s", self.run_id, report.step, report.accuracy, by_form)

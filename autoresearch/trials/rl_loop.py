@@ -29,7 +29,7 @@ from autoresearch.trials.datums import supervised_datum
 from autoresearch.trials.evaluation import evaluate_sampler
 from autoresearch.trials.metrics import StepMetrics, summarize_groups
 from autoresearch.trials.modes import mode_of
-from autoresearch.trials.paired import compare
+from autoresearch.trials.paired import compare, compare_by_form
 from autoresearch.trials.plot import plot_run
 from autoresearch.trials.progress import TrialProgress
 from autoresearch.trials.rollouts import derived_seed
@@ -90,7 +90,7 @@ def run_trial(
             with (
                 backend_for(config.base_model, backend_url, directory.backend_root) as url,
                 tinker.ServiceClient(base_url=url, api_key=api_key()) as service,
-                open_task(config.task) as task,
+                open_task(config.task, config.data) as task,
                 TrialProgress(str(config.run_id), progress) as view,
             ):
                 training, state = _start_or_resume(service, config, state)
@@ -384,7 +384,9 @@ class _Trial:
         metrics = directory.metrics.read()
         evals = directory.evals.read()
         rl_start = next((HeldOutReport.model_validate(e) for e in evals if e["step"] == 0), None)
-        rl_comparison = compare(rl_start, report) if rl_start is not None and report.step > 0 else None
+        rl_comparison, rl_comparison_by_form = None, {}
+        if rl_start is not None and report.step > 0:
+            rl_comparison, rl_comparison_by_form = compare(rl_start, report), compare_by_form(rl_start, report)
         title = f"{state.run_id}: {self.config.loss}, {self.config.base_model}"
         plot_run(metrics, evals, directory.plot_path, title, directory.warmup.read())
         result = TrialResult(
@@ -393,8 +395,10 @@ class _Trial:
             steps_completed=state.step,
             held_out_accuracy=report.accuracy,
             held_out_by_difficulty=report.accuracy_by_difficulty,
+            held_out_by_form=report.accuracy_by_form,
             held_out_history={e["step"]: e["accuracy"] for e in evals},
             rl_comparison=rl_comparison,
+            rl_comparison_by_form=rl_comparison_by_form,
             prompt_format=self.renderer.format,
             final_reward_mean=metrics[-1]["reward_mean"] if metrics else None,
             stopped_early=stopped_early,

@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from autoresearch.errors import ResumeError
 from autoresearch.trials.config import RESUMABLE_CHANGES, TrialConfig, parse_trial_config
 from autoresearch.trials.paired import PairedComparison
+from tasks.report import ScoreName, held_out_score
 
 
 class RunState(BaseModel):
@@ -55,11 +56,16 @@ class TrialResult(BaseModel):
     # The last held-out evaluation, the trial's objective.
     held_out_accuracy: float
     held_out_by_difficulty: dict[str, float | None]
+    # The last evaluation on questions of forms training shows ("seen") and of those it never shows ("unseen");
+    # empty when the held-out questions say no form.
+    held_out_by_form: dict[str, float | None] = Field(default_factory=dict)
     # Held-out accuracy after each evaluated step.
     held_out_history: dict[int, float]
     # What RL did: the evaluation where it started (after any warm-up) against the last one, question by question;
     # None when the trial did not evaluate where RL started (eval_interval 0) or ran no RL step.
     rl_comparison: PairedComparison | None = None
+    # The same comparison on the questions of each form, where they say one.
+    rl_comparison_by_form: dict[str, PairedComparison] = Field(default_factory=dict)
     # How prompts were rendered: "chat" (the model's chat template) or "plain".
     prompt_format: Literal["chat", "plain"] = "plain"
     # Reward mean of the last RL step; None when the trial ran no RL step.
@@ -72,6 +78,10 @@ class TrialResult(BaseModel):
     checkpoint_path: str
     sampler_path: str
     wall_time_s: float
+
+    def score(self, name: ScoreName) -> float:
+        """The last evaluation's accuracy a study is judged on; raises TaskError as `HeldOutReport.score` does."""
+        return held_out_score(name, self.held_out_accuracy, self.held_out_by_form)
 
 
 def _write_atomically(path: Path, text: str) -> None:

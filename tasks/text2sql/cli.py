@@ -8,28 +8,23 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
 from tasks.errors import SplitError, TaskError
 from tasks.report import HeldOutReport
 from tasks.text2sql.bundled import load_bundled
+from tasks.text2sql.data_source import DataSource, SourceKind
 from tasks.text2sql.dataset import Difficulty, Example, Text2SqlDataset
 from tasks.text2sql.evaluation import Model, OpenAICompatibleModel, evaluate, garbage_model, gold_model
 from tasks.text2sql.generation.build import QUESTIONS_DIR, write_question_files
 from tasks.text2sql.prompts import tables_used
 from tasks.text2sql.rewards import DEFAULT_REWARD_SPEC, RewardSpec
-from tasks.text2sql.spider import load_bird, load_spider
 from tasks.text2sql.task import Text2SqlTask
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 console = Console()
-
-
-class Source(StrEnum):
-    bundled = "bundled"
-    spider = "spider"
-    bird = "bird"
 
 
 class Reference(StrEnum):
@@ -38,28 +33,33 @@ class Reference(StrEnum):
     endpoint = "endpoint"
 
 
-def _load(source: Source, path: Path | None) -> Text2SqlDataset:
-    if source is Source.bundled:
-        return load_bundled()
-    if path is None:
+def _load(source: SourceKind, path: Path | None) -> Text2SqlDataset:
+    """The data set as a trial config's `data: {source: …, path: …}` names it; a bad folder is a usage error."""
+    if source is not SourceKind.bundled and path is None:
         raise typer.BadParameter(f"--path is required with --source {source.value}")
-    dataset, _ = (load_spider if source is Source.spider else load_bird)(path)
+    try:
+        data = DataSource(source=source, path=path)
+    except ValidationError as error:
+        raise typer.BadParameter("; ".join(e["msg"].removeprefix("Value error, ") for e in error.errors())) from None
+    dataset = data.load()
     for note in dataset.notes:
         console.print(f"[yellow]{note}[/yellow]")
     return dataset
 
 
 def _counts_table(dataset: Text2SqlDataset) -> Table:
-    table = Table(title=f"{dataset.name}: examples per split and difficulty")
+    table = Table(title=f"{dataset.name}: examples per split, difficulty and form")
     table.add_column("split")
     for difficulty in Difficulty:
         table.add_column(difficulty.value, justify="right")
     table.add_column("total", justify="right")
+    table.add_column("unseen form", justify="right")
     table.add_column("databases", justify="right")
     for name, examples in dataset.splits.items():
         counts = Counter(e.difficulty for e in examples)
         databases = len({e.db_id for e in examples})
-        table.add_row(name, *(str(counts[d]) for d in Difficulty), str(len(examples)), str(databases))
+        unseen = "-" if all(e.form is None for e in examples) else str(sum(e.form == "unseen" for e in examples))
+        table.add_row(name, *(str(counts[d]) for d in Difficulty), str(len(examples)), unseen, str(databases))
     return table
 
 
@@ -72,6 +72,10 @@ def _report_table(report: HeldOutReport, title: str) -> Table:
     for difficulty, accuracy in report.accuracy_by_difficulty.items():
         correct, total = report.counts(difficulty)
         table.add_row(difficulty, str(correct), str(total), "-" if accuracy is None else f"{accuracy:.1%}")
+    for form, accuracy in report.accuracy_by_form.items():
+        correct, total = report.counts_by_form(form)
+        row = (f"{form} form", str(correct), str(total), "-" if accuracy is None else f"{accuracy:.1%}")
+        table.add_row(*row, style="italic")
     correct = sum(answer.correct for answer in report.answers)
     table.add_row("all", str(correct), str(len(report.answers)), f"{report.accuracy:.1%}", style="bold")
     return table
@@ -86,9 +90,10 @@ def rebuild(out: Annotated[Path, typer.Option(help="where to write train/dev/tes
 
 @app.command()
 def stats(
-    source: Source = Source.bundled, path: Annotated[Path | None, typer.Option(help="Spider/BIRD folder")] = None
+    source: SourceKind = SourceKind.bundled,
+    path: Annotated[Path | None, typer.Option(help="Spider/BIRD folder")] = None,
 ) -> None:
-    """Count examples per split and difficulty."""
+    """Count examples per split, difficulty and question form."""
     console.print(_counts_table(_load(source, path)))
 
 
@@ -110,10 +115,10 @@ def evaluate_command(
     max_tokens: Annotated[int, typer.Option(help="longest answer, with --model endpoint")] = 256,
     stop: Annotated[list[str] | None, typer.Option(help="stop string (repeatable), with --model endpoint")] = None,
     report_path: Annotated[Path | None, typer.Option("--report", help="also write the report as JSON here")] = None,
-    source: Source = Source.bundled,
+    source: SourceKind = SourceKind.bundled,
     path: Annotated[Path | None, typer.Option(help="Spider/BIRD folder, with --source spider/bird")] = None,
 ) -> None:
-    """Execution accuracy of a model on a split, by difficulty."""
+    """Execution accuracy of a model on a split, by difficulty and by question form (seen in training or not)."""
     dataset = _load(source, path)
     chosen: Model
     if model is Reference.endpoint:

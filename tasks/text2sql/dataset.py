@@ -20,6 +20,13 @@ class Difficulty(StrEnum):
     EXTRA = "extra"
 
 
+class QuestionForm(StrEnum):
+    """Whether a held-out question's form (its template family and phrasing) also occurs in training data."""
+
+    SEEN = "seen"
+    UNSEEN = "unseen"
+
+
 class Example(BaseModel):
     """One question with its gold SQL (DuckDB dialect) over one database."""
 
@@ -32,6 +39,8 @@ class Example(BaseModel):
     difficulty: Difficulty
     # BIRD's external knowledge ("evidence"); None for sources without it.
     evidence: str | None = None
+    # Whether training data asks questions of this form; None for sources that do not say (Spider, BIRD).
+    form: QuestionForm | None = None
 
 
 @dataclass(frozen=True)

@@ -21,3 +21,7 @@ class SandboxError(Text2SqlError):
 
 class CookbookSetupError(Text2SqlError):
     """The cookbook environment cannot be built as configured (a renderer that does not fit the tokenizer...)."""
+
+
+class EndpointError(Text2SqlError):
+    """The model endpoint being evaluated cannot be reached or refuses a request."""

@@ -12,6 +12,7 @@ from rich.progress import Progress
 
 from tasks.report import HeldOutReport
 from tasks.text2sql.dataset import Example
+from tasks.text2sql.errors import EndpointError
 from tasks.text2sql.task import Text2SqlTask
 
 
@@ -79,11 +80,24 @@ class OpenAICompatibleModel:
     timeout_s: float = 120.0
 
     def __call__(self, batch: Sequence[PromptedExample]) -> list[str]:
+        """The endpoint's answers, in order.
+
+        Raises:
+            EndpointError: the endpoint is unreachable or refuses a request (its status and reply named).
+        """
         headers = {}
         if key := os.environ.get(self.api_key_env):
             headers["Authorization"] = f"Bearer {key}"
-        with httpx.Client(base_url=self.base_url.rstrip("/"), headers=headers, timeout=self.timeout_s) as client:
-            return [self._complete(client, item.prompt) for item in batch]
+        try:
+            with httpx.Client(base_url=self.base_url.rstrip("/"), headers=headers, timeout=self.timeout_s) as client:
+                return [self._complete(client, item.prompt) for item in batch]
+        except httpx.HTTPStatusError as error:
+            raise EndpointError(
+                f"{error.request.url} answered {error.response.status_code}: {error.response.text[:300]} (check "
+                f"--model-name {self.model!r} and the key in ${self.api_key_env})"
+            ) from None
+        except httpx.HTTPError as error:
+            raise EndpointError(f"cannot reach {self.base_url}: {error} (is the server up? check --base-url)") from None
 
     def _complete(self, client: httpx.Client, prompt: str) -> str:
         common = {"model": self.model, "max_tokens": self.max_tokens, "temperature": 0.0}

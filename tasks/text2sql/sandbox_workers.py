@@ -33,6 +33,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from types import TracebackType
 
+import lifeline
 from tasks.text2sql.errors import SandboxError
 from tasks.text2sql.sandbox import ExecutionResult, ExecutionStatus, SandboxLimits, SqlSandbox
 
@@ -56,8 +57,10 @@ class _Worker:
     """One worker process and its pipes; `run` sends a query and waits for its result or its deadline."""
 
     def __init__(self, limits: SandboxLimits) -> None:
-        self.process = subprocess.Popen(
+        # On a lifeline: a worker whose parent dies while it runs a query ends at once, not when the query does.
+        self.process = lifeline.popen(
             [sys.executable, "-m", "tasks.text2sql.sandbox_workers", pickle.dumps(limits).hex()],
+            grace_s=0,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             # A fresh interpreter that imports this checkout. glibc gives each new thread a malloc arena that reserves

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Mapping, Sequence
 
 from tasks.errors import SplitError
@@ -11,12 +12,14 @@ from tasks.text2sql.agentic.episode import Episode as Text2SqlEpisode
 from tasks.text2sql.agentic.episode import EpisodeLimits
 from tasks.text2sql.agentic.prompts import demonstration, render_agentic_prompt
 from tasks.text2sql.agentic.turns import ANSWER
-from tasks.text2sql.bundled import load_bundled
+from tasks.text2sql.data_source import DataSource
 from tasks.text2sql.dataset import Difficulty, Example, Text2SqlDataset
 from tasks.text2sql.errors import Text2SqlError
 from tasks.text2sql.prompts import FewShot, render_prompt
 from tasks.text2sql.rewards import COMPONENT_KINDS, DEFAULT_REWARD_SPEC, ExecutionMatch, RewardSpec
 from tasks.text2sql.scoring import Score, Scorer
+
+logger = logging.getLogger(__name__)
 
 
 class Text2SqlTask(Task[Example, RewardSpec]):
@@ -28,6 +31,7 @@ class Text2SqlTask(Task[Example, RewardSpec]):
 
     name = "text2sql"
     reward_spec_type = RewardSpec
+    data_source_type = DataSource
     default_reward_spec = DEFAULT_REWARD_SPEC
     base_reward_component = "execution_match"
     optional_reward_components = tuple(kind for kind in COMPONENT_KINDS if kind != "execution_match")
@@ -47,9 +51,21 @@ class Text2SqlTask(Task[Example, RewardSpec]):
         self._demonstrations: dict[tuple[str, int], str] = {}
 
     @classmethod
+    def open(cls, source: DataSource) -> Text2SqlTask:
+        """The task over the data `source` names; what loading a release left out or changed is logged.
+
+        Raises:
+            DatasetError: a file of the release does not load, named with the fix.
+        """
+        dataset = source.load()
+        for note in dataset.notes:
+            logger.warning("%s", note)
+        return cls(dataset)
+
+    @classmethod
     def bundled(cls) -> Text2SqlTask:
         """The task over the data set that ships with the project (its databases built on first use)."""
-        return cls(load_bundled())
+        return cls.open(DataSource())
 
     @classmethod
     def reward_spec_from_weights(cls, weights: Mapping[str, float]) -> RewardSpec:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from autoresearch.trials.paired import compare, mcnemar_exact_p
+from autoresearch.trials.paired import compare, compare_by_form, mcnemar_exact_p
+from tasks.errors import TaskError
 from tasks.report import HeldOutAnswer, HeldOutReport
 from tasks.text2sql.dataset import Difficulty
 
@@ -47,3 +48,40 @@ def test_comparison_counts_questions_that_changed_either_way() -> None:
 def test_evaluations_of_different_questions_are_not_compared() -> None:
     with pytest.raises(ValueError, match="same held-out questions"):
         compare(report(0, [True, False]), report(5, [True, False], ids=["q0", "q9"]))
+
+
+def by_form(step: int, right: list[bool], forms: list[str | None]) -> HeldOutReport:
+    answers = [
+        HeldOutAnswer(example_id=f"q{i}", difficulty=Difficulty.EASY, completion="", correct=r, form=f)
+        for i, (r, f) in enumerate(zip(right, forms, strict=True))
+    ]
+    return HeldOutReport.of(answers, "dev", list(Difficulty), step)
+
+
+FORMS = ["seen", "seen", "unseen", "unseen", "unseen"]
+
+
+def test_a_report_gives_seen_and_unseen_form_accuracy_apart_and_scores_either() -> None:
+    report = by_form(3, [True, False, True, False, False], FORMS)
+    assert report.accuracy_by_form == {"seen": 0.5, "unseen": pytest.approx(1 / 3)}
+    assert report.counts_by_form("unseen") == (1, 3)
+    assert report.score("held_out_accuracy") == pytest.approx(0.4)
+    assert report.score("unseen_form_accuracy") == pytest.approx(1 / 3)
+
+
+def test_questions_that_say_no_form_have_no_unseen_form_score() -> None:
+    report = by_form(0, [True, False], [None, None])
+    assert report.accuracy_by_form == {}
+    with pytest.raises(TaskError, match="none of an unseen form"):
+        report.score("unseen_form_accuracy")
+
+
+def test_rl_is_compared_on_each_form_apart() -> None:
+    before = by_form(0, [False, True, False, False, True], FORMS)
+    after = by_form(8, [True, True, True, True, False], FORMS)
+    comparisons = compare_by_form(before, after)
+    assert (comparisons["seen"].gained, comparisons["seen"].lost, comparisons["seen"].questions) == (1, 0, 2)
+    assert (comparisons["unseen"].gained, comparisons["unseen"].lost, comparisons["unseen"].questions) == (2, 1, 3)
+    assert comparisons["unseen"].accuracy_before == pytest.approx(1 / 3)
+    assert comparisons["unseen"].accuracy_after == pytest.approx(2 / 3)
+    assert compare_by_form(by_form(0, [True], [None]), by_form(1, [False], [None])) == {}

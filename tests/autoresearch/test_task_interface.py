@@ -27,6 +27,7 @@ class Word:
     id: str
     word: str
     difficulty: str
+    form: str | None = None
 
 
 @dataclass(frozen=True)
@@ -44,11 +45,18 @@ class EchoReward(BaseModel):
     exact: float = 1.0
 
 
+class EchoData(BaseModel):
+    """Echo has one data set, its own words."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
 class EchoTask(Task[Word, EchoReward]):
     """Repeat a word: a task as small as a task can be, standing in for any task that is not text-to-SQL."""
 
     name = "echo"
     reward_spec_type = EchoReward
+    data_source_type = EchoData
     default_reward_spec = EchoReward()
     base_reward_component = "exact"
     optional_reward_components = ()
@@ -108,7 +116,8 @@ def test_a_second_task_trains_and_is_evaluated_through_the_interface_alone(
 ) -> None:
     opened: list[EchoTask] = []
 
-    def open_echo() -> EchoTask:
+    def open_echo(source: EchoData) -> EchoTask:
+        assert source == EchoData()
         opened.append(EchoTask())
         return opened[-1]
 
@@ -150,7 +159,7 @@ def test_a_second_task_trains_and_is_evaluated_through_the_interface_alone(
 
 
 def test_a_trial_configs_reward_spec_is_its_tasks_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(registry.TASKS, "echo", registry.RegisteredTask(EchoTask, EchoTask))
+    monkeypatch.setitem(registry.TASKS, "echo", registry.RegisteredTask(EchoTask, lambda _: EchoTask()))
     assert TrialConfig(task="echo").reward_spec == EchoReward()
     config = parse_trial_config({"task": "echo", "reward_spec": {"exact": 2.0}})
     assert config.reward_spec == EchoReward(exact=2.0)

@@ -36,11 +36,15 @@ def tiny_server_config(storage_root: Path, **overrides: object) -> ServerConfig:
 
 
 def start_backend_process(
-    storage_root: Path, port: int, *options: str, before_start: Callable[[], None] | None = None
+    storage_root: Path,
+    port: int,
+    *options: str,
+    before_start: Callable[[], None] | None = None,
+    healthy_within_s: float | None = 120,
 ) -> subprocess.Popen:
     """`python -m trainer_backend serve` of the tiny model on `port`, with one torch thread (the backend, the client
-    and the test share two cores), once it answers /healthz; its log goes to `storage_root/server.log`.
-    `before_start` runs in the child before the server does (to set a resource limit)."""
+    and the test share two cores), once it answers /healthz (at once with `healthy_within_s=None`); its log goes to
+    `storage_root/server.log`. `before_start` runs in the child before the server does (to set a resource limit)."""
     command = [
         sys.executable, "-m", "trainer_backend", "serve", "--base-model", TINY, "--device", "cpu",
         "--host", "127.0.0.1", "--port", str(port), "--storage-root", str(storage_root), *options,
@@ -52,5 +56,6 @@ def start_backend_process(
         server = subprocess.Popen(
             command, cwd=REPOSITORY, env=environment, stdout=log, stderr=subprocess.STDOUT, preexec_fn=before_start
         )
-    wait_until_healthy(server, f"http://127.0.0.1:{port}", log_path, timeout_s=120)
+    if healthy_within_s is not None:
+        wait_until_healthy(server, f"http://127.0.0.1:{port}", log_path, timeout_s=healthy_within_s)
     return server

@@ -24,6 +24,9 @@ def test_the_gold_reference_scores_100_percent_on_dev(text2sql: Text2SqlTask) ->
     assert all(report.accuracy_by_difficulty[d] == 1.0 for d in Difficulty)
     easy = sum(e.difficulty is Difficulty.EASY for e in text2sql.split("dev"))
     assert report.counts(Difficulty.EASY) == (easy, easy)
+    assert report.accuracy_by_form == {"seen": 1.0, "unseen": 1.0}
+    unseen = sum(e.form == "unseen" for e in text2sql.split("dev"))
+    assert report.counts_by_form("unseen") == (unseen, unseen)
 
 
 def test_the_garbage_reference_scores_0_percent_on_dev(text2sql: Text2SqlTask) -> None:
@@ -93,7 +96,8 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 def test_the_cli_prints_counts_per_split_and_difficulty(bundled: Text2SqlDataset) -> None:
     done = run_cli("stats")
     assert done.returncode == 0, done.stderr
-    assert re.search(rf"dev\s.*\s{len(bundled.split('dev'))}\s", done.stdout)
+    unseen = sum(e.form == "unseen" for e in bundled.split("dev"))
+    assert re.search(rf"dev\s.*\s{len(bundled.split('dev'))}\s.*\s{unseen}\s", done.stdout)
     assert "extra" in done.stdout
 
 
@@ -101,6 +105,7 @@ def test_the_cli_evaluates_a_reference_model_by_difficulty() -> None:
     done = run_cli("evaluate", "--split", "test", "--model", "gold", "--limit", "40")
     assert done.returncode == 0, done.stderr
     assert re.search(r"all\s.*\s40\s.*100\.0%", done.stdout)
+    assert re.search(r"unseen form\s.*100\.0%", done.stdout)
 
 
 def test_the_cli_names_an_unknown_split() -> None:
@@ -116,3 +121,10 @@ def test_the_demo_runs_end_to_end() -> None:
     assert done.returncode == 0, done.stderr
     assert "reference 'gold' on bundled/dev" in done.stdout
     assert "blocked" in done.stdout
+
+
+def test_the_cli_names_an_endpoint_it_cannot_reach() -> None:
+    done = run_cli("evaluate", "--model", "endpoint", "--base-url", "http://127.0.0.1:9/v1", "--limit", "1")
+    assert done.returncode == 1
+    assert "cannot reach http://127.0.0.1:9/v1" in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr

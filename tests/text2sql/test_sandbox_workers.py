@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +20,7 @@ from pathlib import Path
 import duckdb
 import pytest
 from support.hostile_sql import HOSTILE_CASES, HostileCase
+from support.process_trees import NEEDS_PROC, alive, wait_until_gone
 
 from tasks.text2sql.errors import SandboxError
 from tasks.text2sql.sandbox import ExecutionStatus, SandboxLimits
@@ -157,3 +160,40 @@ def test_a_database_that_cannot_be_opened_raises_in_the_caller(sandbox: Isolated
     with pytest.raises(SandboxError, match="cannot open database"):
         sandbox.execute(tmp_path / "missing.duckdb", "SELECT 1")
     assert not (tmp_path / "missing.duckdb").exists()
+
+
+# A scorer whose two workers each run a query of hours (under a deadline of ten minutes), killed outright.
+SCORER_KILLED_MID_QUERY = """
+import sys, threading, time
+from pathlib import Path
+from tasks.text2sql.sandbox import SandboxLimits
+from tasks.text2sql.sandbox_workers import IsolatedSandbox
+
+sandbox = IsolatedSandbox(SandboxLimits(timeout_s=600.0), workers=2)
+endless = (Path(sys.argv[1]), "SELECT count(*) FROM orders a, orders b, orders c, orders d", None)
+threading.Thread(target=sandbox.execute_many, args=([endless, endless],), daemon=True).start()
+while len(sandbox.worker_pids) < 2:
+    time.sleep(0.05)
+print(*sandbox.worker_pids, flush=True)
+time.sleep(600)
+"""
+
+
+@NEEDS_PROC
+def test_workers_end_at_once_when_the_process_that_started_them_is_killed_mid_query(database: Path) -> None:
+    scorer = subprocess.Popen(
+        [sys.executable, "-c", SCORER_KILLED_MID_QUERY, str(database)],
+        cwd=Path(__file__).parents[2],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    workers = [int(pid) for pid in scorer.stdout.readline().split()]
+    assert len(workers) == 2 and all(alive(pid) for pid in workers)
+    time.sleep(0.5)  # both queries under way
+    scorer.kill()
+    scorer.wait()
+    try:
+        wait_until_gone(workers, within_s=2)
+    finally:
+        for pid in filter(alive, workers):
+            os.kill(pid, signal.SIGKILL)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 from collections.abc import Sequence
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from support.spider_release import write_json, write_sqlite
 
 from tasks.text2sql.dataset import Text2SqlDataset
 from tasks.text2sql.errors import DatasetError
@@ -80,19 +80,6 @@ DEV_GOLDS = [
 BROKEN_ID = "spider-dev-1"
 
 
-def _write_sqlite(path: Path, script: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with closing(sqlite3.connect(path)) as con:
-        con.executescript(script)
-        con.commit()
-    return path
-
-
-def _write_json(path: Path, data: object) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data), encoding="utf-8")
-
-
 def _spider_records(golds: list[tuple[str, str]]) -> list[dict[str, str]]:
     return [{"db_id": "concert_singer", "question": q, "query": sql} for q, sql in golds]
 
@@ -100,10 +87,10 @@ def _spider_records(golds: list[tuple[str, str]]) -> list[dict[str, str]]:
 @pytest.fixture
 def spider_root(tmp_path: Path) -> Path:
     root = tmp_path / "spider"
-    _write_sqlite(root / "database" / "concert_singer" / "concert_singer.sqlite", CONCERT_SINGER)
-    _write_json(root / "tables.json", [{"db_id": "concert_singer", "table_names_original": []}])
-    _write_json(root / "train_spider.json", _spider_records(TRAIN_GOLDS))
-    _write_json(root / "dev.json", _spider_records(DEV_GOLDS))
+    write_sqlite(root / "database" / "concert_singer" / "concert_singer.sqlite", CONCERT_SINGER)
+    write_json(root / "tables.json", [{"db_id": "concert_singer", "table_names_original": []}])
+    write_json(root / "train_spider.json", _spider_records(TRAIN_GOLDS))
+    write_json(root / "dev.json", _spider_records(DEV_GOLDS))
     return root
 
 
@@ -240,7 +227,7 @@ def test_changed_sqlite_file_is_converted_again(spider_root: Path, tmp_path: Pat
 
 def test_slow_gold_is_reported_as_timeout(spider_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     slow = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 1000000000) SELECT count(*) FROM c"
-    _write_json(spider_root / "dev.json", _spider_records([("Count forever", slow)]))
+    write_json(spider_root / "dev.json", _spider_records([("Count forever", slow)]))
     monkeypatch.setattr(gold_checks, "GOLD_TIMEOUT_S", 0.2)
     _, report = load_spider(spider_root, cache_dir=tmp_path / "cache")
     assert [(f.example_id, f.category) for f in report.failures] == [("spider-dev-0", "timeout")]
@@ -253,14 +240,14 @@ def test_missing_tables_json_is_named(spider_root: Path, tmp_path: Path) -> None
 
 
 def test_db_id_without_database_file_is_named(spider_root: Path, tmp_path: Path) -> None:
-    _write_json(spider_root / "tables.json", [{"db_id": "concert_singer"}, {"db_id": "pets_1"}])
-    _write_json(spider_root / "dev.json", [{"db_id": "pets_1", "question": "?", "query": "SELECT 1"}])
+    write_json(spider_root / "tables.json", [{"db_id": "concert_singer"}, {"db_id": "pets_1"}])
+    write_json(spider_root / "dev.json", [{"db_id": "pets_1", "question": "?", "query": "SELECT 1"}])
     with pytest.raises(DatasetError, match=r"dev\.json: db_id 'pets_1' has no database file .*pets_1\.sqlite"):
         load_spider(spider_root, cache_dir=tmp_path / "cache")
 
 
 def test_db_id_missing_from_tables_json_is_named(spider_root: Path, tmp_path: Path) -> None:
-    _write_json(spider_root / "dev.json", [{"db_id": "pets_1", "question": "?", "query": "SELECT 1"}])
+    write_json(spider_root / "dev.json", [{"db_id": "pets_1", "question": "?", "query": "SELECT 1"}])
     with pytest.raises(DatasetError, match=r"dev\.json: db_id 'pets_1' is not described"):
         load_spider(spider_root, cache_dir=tmp_path / "cache")
 
@@ -272,13 +259,13 @@ def test_bad_json_is_named(spider_root: Path, tmp_path: Path) -> None:
 
 
 def test_entry_without_query_is_named(spider_root: Path, tmp_path: Path) -> None:
-    _write_json(spider_root / "dev.json", [{"db_id": "concert_singer", "question": "?"}])
+    write_json(spider_root / "dev.json", [{"db_id": "concert_singer", "question": "?"}])
     with pytest.raises(DatasetError, match=r"dev\.json: entry 0 is malformed"):
         load_spider(spider_root, cache_dir=tmp_path / "cache")
 
 
 def test_folder_without_split_files_is_refused(tmp_path: Path) -> None:
-    _write_json(tmp_path / "empty" / "tables.json", [])
+    write_json(tmp_path / "empty" / "tables.json", [])
     with pytest.raises(DatasetError, match="no Spider split file"):
         load_spider(tmp_path / "empty", cache_dir=tmp_path / "cache")
 
@@ -307,9 +294,9 @@ BIRD_DEV = [
 
 
 def _write_bird_split(folder: Path, split: str, records: list[dict[str, object]]) -> None:
-    _write_sqlite(folder / f"{split}_databases" / "concert_singer" / "concert_singer.sqlite", CONCERT_SINGER)
-    _write_json(folder / f"{split}_tables.json", [{"db_id": "concert_singer"}])
-    _write_json(folder / f"{split}.json", records)
+    write_sqlite(folder / f"{split}_databases" / "concert_singer" / "concert_singer.sqlite", CONCERT_SINGER)
+    write_json(folder / f"{split}_tables.json", [{"db_id": "concert_singer"}])
+    write_json(folder / f"{split}.json", records)
 
 
 def test_bird_keeps_evidence_ids_and_its_own_difficulty(tmp_path: Path) -> None:

@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from trainer_backend.engine.adapters import AdapterPool
+from trainer_backend.engine.applied_weights import AppliedWeights
 from trainer_backend.engine.residency import SamplerAdapters
 from trainer_backend.engine.types import AdamSettings, LoraSettings
+from trainer_backend.engine.weights_proof import WeightChecks, probe_tokens
 from trainer_backend.errors import NotFoundError, UserInputError
 from trainer_backend.models.loading import LoadedModel, load_base_model
 from trainer_backend.models.registry import resolve_base_model
@@ -124,7 +126,8 @@ def test_sampler_weights_a_running_batch_holds_stay_loaded_past_the_limit(loaded
         pool.save("trained", folder, include_optimizer=False)
         pool.delete("trained")
         folders.append(folder)
-    sampler = SamplerAdapters(pool, limit=1)
+    applied = AppliedWeights(pool, probe_tokens(loaded.tokenizer), loaded.tokenizer.decode, 64, WeightChecks("float32"))
+    sampler = SamplerAdapters(pool, limit=1, applied=applied)
 
     with sampler.batch() as use:
         outer = use(folders[0])

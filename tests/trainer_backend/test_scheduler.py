@@ -375,6 +375,117 @@ def test_another_tenants_gathered_batch_nests_in_a_long_batchs_pause_but_the_sam
     assert nested_at[0] >= light.enqueued_at + window_s
 
 
+def _stepping_generation(steps: int, admitted: list, refuse: str | None = None):
+    """A batch runner that runs `steps` steps, taking other lanes' operations in before each (all but payload
+    `refuse`) and finishing each operation two steps after it joined; those it was given run to the end."""
+
+    def generation(operations, call):
+        running = list(operations)
+        joined_at: dict[str, int] = {}
+        for step in range(steps):
+            taken = call.admit(lambda op: op.payload != refuse)
+            admitted.append([op.payload for op in taken])
+            running += taken
+            joined_at.update((op.request_id, step) for op in taken)
+            for op in running:
+                if joined_at.get(op.request_id, steps) + 2 == step:
+                    call.finish(op, (op.payload.encode(), ResultFormat.JSON))
+            call()
+            time.sleep(0.02)
+        return [(op.payload.encode(), ResultFormat.JSON) for op in running]
+
+    return generation
+
+
+def test_a_running_batch_takes_in_another_tenants_gathered_operations_and_answers_them_early(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
+) -> None:
+    admitted: list[list[str]] = []
+    scheduler = start_scheduler()
+    scheduler.add_batch_kind("sample", _stepping_generation(40, admitted), window_s=0.05, nests=True)
+    heavy = _sample_operation(ledger, "heavy", "heavy")
+    scheduler.submit(heavy)
+    wait_for(lambda: heavy.request_id in scheduler.stats().running)
+    more_of_heavy, light, light_2 = (
+        _sample_operation(ledger, lane, payload)
+        for lane, payload in (("heavy", "heavy-2"), ("light", "light"), ("light", "light-2"))
+    )
+    for operation in (more_of_heavy, light, light_2):
+        scheduler.submit(operation)
+    wait_for(lambda: ledger.get(light.request_id).finished)
+
+    # The other tenant's two requests joined together once gathered, and were answered while the batch still ran; the
+    # batch's own tenant's next request waits for the batch to end.
+    assert ["light", "light-2"] in admitted and all("heavy-2" not in taken for taken in admitted)
+    assert ledger.get(heavy.request_id).state != FutureState.DONE
+    wait_for(lambda: ledger.get(more_of_heavy.request_id).finished)
+    assert ledger.get(light_2.request_id).updated_at < ledger.get(heavy.request_id).updated_at
+    stats = scheduler.stats()
+    assert stats.batches >= 1 and stats.batched_operations >= 3
+
+
+def test_what_a_running_batch_does_not_take_in_runs_nested_in_its_pause(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
+) -> None:
+    admitted: list[list[str]] = []
+    scheduler = start_scheduler()
+    scheduler.add_batch_kind("sample", _stepping_generation(40, admitted, refuse="scored"), window_s=0.05, nests=True)
+    heavy = _sample_operation(ledger, "heavy", "heavy")
+    scheduler.submit(heavy)
+    wait_for(lambda: heavy.request_id in scheduler.stats().running)
+    scored = _sample_operation(ledger, "light", "scored")
+    scheduler.submit(scored)
+    wait_for(lambda: ledger.get(scored.request_id).finished)
+
+    assert all("scored" not in taken for taken in admitted)
+    assert not ledger.get(heavy.request_id).finished, "it ran in the heavy batch's pause, not after it"
+
+
+def test_a_tenant_joins_past_the_budget_only_up_to_its_even_share(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
+) -> None:
+    admitted: list[list[str]] = []
+    scheduler = start_scheduler()
+    # Each request takes a quarter of a batch: the heavy tenant's four fill one.
+    budget = BatchBudget(lambda payload: 0.25)
+    scheduler.add_batch_kind("sample", _stepping_generation(40, admitted), window_s=0.05, budget=budget, nests=True)
+    gate = threading.Event()
+    scheduler.submit(_operation(ledger, "holder", 1, [], _held_until(gate)))
+    heavy = [_sample_operation(ledger, "heavy", f"heavy-{i}") for i in range(4)]
+    for operation in heavy:
+        scheduler.submit(operation)
+    gate.set()
+    wait_for(lambda: heavy[0].request_id in scheduler.stats().running)
+    light = [_sample_operation(ledger, "light", f"light-{i}") for i in range(4)]
+    for operation in light:
+        scheduler.submit(operation)
+    wait_for(lambda: any(admitted))
+
+    # The batch is full, so the light tenant takes in its even share of one batch among the two tenants, half:
+    # two requests now, the others once those are done (past that, twice the budget bounds the batch's memory).
+    assert next(taken for taken in admitted if taken) == ["light-0", "light-1"]
+
+
+def test_a_joined_operation_counts_the_device_time_from_when_it_joined(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
+) -> None:
+    admitted: list[list[str]] = []
+    seconds: dict[str, float] = {}
+    scheduler = start_scheduler()
+    scheduler.on_device_time(lambda operation, share: seconds.__setitem__(operation.payload, share))
+    scheduler.add_batch_kind("sample", _stepping_generation(40, admitted), window_s=0.05, nests=True)
+    heavy = _sample_operation(ledger, "heavy", "heavy")
+    scheduler.submit(heavy)
+    wait_for(lambda: heavy.request_id in scheduler.stats().running)
+    scheduler.submit(_sample_operation(ledger, "light", "light"))
+    wait_for(lambda: ledger.get(heavy.request_id).finished)
+
+    # The light request shared two of about forty steps of 20 ms, half each: a small part of the call's time, all of
+    # which the two requests share between them.
+    assert 0 < seconds["light"] < 0.2 * seconds["heavy"]
+    assert seconds["light"] + seconds["heavy"] == pytest.approx(scheduler.stats().busy_seconds, rel=0.05)
+
+
 def test_a_long_batch_yields_at_most_its_share_of_the_device_to_other_tenants(
     ledger: Ledger, start_scheduler: Callable[..., Scheduler], monkeypatch: pytest.MonkeyPatch
 ) -> None:

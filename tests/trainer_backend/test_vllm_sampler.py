@@ -7,6 +7,7 @@ environment: tests/support/vllm.py.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +20,7 @@ from support.backends import TINY, tiny_server_config
 from support.trained_adapters import trained_adapter
 from support.trainer import LOGPROB_ROUNDING, SQL, next_token_datum, status_of
 from support.vllm import NEEDS_VLLM, VLLM_PYTHON
+from support.weight_checks import checked, refused, train_steps
 from tinker import types
 
 from trainer_backend.checkpoints import CheckpointPath
@@ -26,6 +28,7 @@ from trainer_backend.config import ServerConfig
 from trainer_backend.engine.types import SamplingRequest
 from trainer_backend.models.gemma import GEMMA_3_270M
 from trainer_backend.models.qwen import QWEN_2_5_CODER_0_5B_INSTRUCT
+from trainer_backend.samplers import vllm_client
 from trainer_backend.server import RunningServer, running_server
 
 pytestmark = NEEDS_VLLM
@@ -200,6 +203,101 @@ def test_a_killed_vllm_is_started_again_and_nothing_but_the_request_it_cut_off_i
     assert live_processes_of_group(crashed.pid) == [], "the crashed server's engine processes were left running"
     sampler_status = status_of(vllm_server, KEY)["sampler"]
     assert sampler_status["engine"] == "vllm" and sampler_status["restarts"] == 1 and sampler_status["in_flight"] == 0
+
+
+def test_weights_saved_again_under_one_name_are_served_by_vllm_as_saved(
+    vllm_server: RunningServer, on_vllm: tinker.ServiceClient
+) -> None:
+    """vLLM keys its prefix cache by adapter name and path: weights saved again under one checkpoint name, loaded
+    under the same adapter name, answered a prompt longer than one KV block (128 tokens on the CPU build) with the
+    old weights' blocks. Named by their content, the new weights answer as the built-in engine answers them."""
+    training = trained_adapter(on_vllm, SQL, seed=11, steps=3, train_unembed=False)
+    tokenizer = training.get_tokenizer()
+    prompt = tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 20)[:200]
+    path = training.save_weights_for_sampler("again").result().path
+    sampler = on_vllm.create_sampling_client(model_path=path)
+    first = sampler.sample(types.ModelInput.from_ints(prompt), 1, GREEDY).result(timeout=120)
+    train_steps(training, "SELECT name FROM employees;", steps=3)
+    assert training.save_weights_for_sampler("again").result().path == path
+    again = sampler.sample(types.ModelInput.from_ints(prompt), 1, GREEDY).result(timeout=120)
+    folder = vllm_server.service.checkpoints.folder(CheckpointPath.parse(path))
+    reference = vllm_server.service.engine.sample(
+        folder, SamplingRequest(tuple(prompt), max_tokens=GREEDY.max_tokens, temperature=0.0), True
+    )
+    assert list(again.sequences[0].tokens) == list(reference.sequences[0].tokens) != list(first.sequences[0].tokens)
+
+
+def test_a_normal_load_into_vllm_passes_and_is_counted(
+    vllm_server: RunningServer, on_vllm: tinker.ServiceClient
+) -> None:
+    before = checked(vllm_server, "vllm")
+    training = trained_adapter(on_vllm, SQL, seed=12, steps=2, train_unembed=False)
+    sampler = training.save_weights_and_get_sampling_client().result(timeout=60)
+    assert checked(vllm_server, "vllm") == before + 1  # loaded and checked before the save's future resolved
+    assert sampler.sample(prompt_of(on_vllm), 1, GREEDY).result(timeout=120).sequences[0].tokens
+    assert checked(vllm_server, "vllm") == before + 1
+
+
+def test_weights_vllm_does_not_apply_are_refused(
+    vllm_server: RunningServer, on_vllm: tinker.ServiceClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fault, at the narrowest point: every request to vLLM names the base model, not the adapter loaded."""
+    original = vllm_client._completion_body
+    monkeypatch.setattr(
+        vllm_client, "_completion_body", lambda request, model, stop_at_eos: original(request, TINY, stop_at_eos)
+    )
+    before = refused(vllm_server, "vllm", "no_effect")
+    training = trained_adapter(on_vllm, SQL, seed=13, steps=2, train_unembed=False)
+    path = training.save_weights_for_sampler("not-applied").result().path  # the save stands; its load is refused
+    assert refused(vllm_server, "vllm", "no_effect") == before + 1
+    with pytest.raises(tinker.RequestFailedError, match="change nothing"):
+        on_vllm.create_sampling_client(model_path=path).sample(prompt_of(on_vllm), 1, GREEDY).result(timeout=120)
+    assert refused(vllm_server, "vllm", "no_effect") == before + 2
+
+
+def test_the_previous_version_loaded_into_vllm_is_refused(
+    vllm_server: RunningServer, on_vllm: tinker.ServiceClient, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The fault, at the narrowest point: vLLM is asked to load the folder's previous version. The file at the
+    folder hashes right; vLLM's answers on the probe give it away."""
+    training = trained_adapter(on_vllm, SQL, seed=14, steps=2, train_unembed=False)
+    path = training.save_weights_for_sampler("versions").result().path
+    previous = shutil.copytree(vllm_server.service.checkpoints.folder(CheckpointPath.parse(path)), tmp_path / "v1")
+    client = vllm_server.service.sampler.preferred.client
+    post = client._post
+
+    def load_previous(route: str, body: dict, what: str, missing_ok: bool = False) -> None:
+        if route == "/v1/load_lora_adapter":
+            body = {**body, "lora_path": str(previous)}
+        post(route, body, what, missing_ok)
+
+    monkeypatch.setattr(client, "_post", load_previous)
+    train_steps(training, "SELECT name FROM employees;", steps=2)
+    before = refused(vllm_server, "vllm", "probe_mismatch")
+    training.save_weights_for_sampler("versions").result()
+    assert refused(vllm_server, "vllm", "probe_mismatch") == before + 1
+    with pytest.raises(tinker.RequestFailedError, match="unlike the weights saved"):
+        on_vllm.create_sampling_client(model_path=path).sample(prompt_of(on_vllm), 1, GREEDY).result(timeout=120)
+
+
+def test_an_adapter_cache_on_vllm_that_returns_the_old_weights_is_refused(
+    vllm_server: RunningServer, on_vllm: tinker.ServiceClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Saved again under one name, weights are other weights that vLLM must load; the fault, at the narrowest point,
+    names adapters by their folder alone, so vLLM's adapter of the old weights answers for the new. A training
+    checkpoint sampled from is not loaded ahead at its save: the next request finds the stale adapter."""
+    monkeypatch.setattr(vllm_client, "adapter_name", lambda folder, _: str(folder))
+    training = trained_adapter(on_vllm, SQL, seed=15, steps=2, train_unembed=False)
+    path = training.save_state("cached").result().path
+    sampler = on_vllm.create_sampling_client(model_path=path)
+    sampler.sample(prompt_of(on_vllm), 1, GREEDY).result(timeout=120)
+    train_steps(training, "SELECT name FROM employees;", steps=2)
+    assert training.save_state("cached").result().path == path
+    before = refused(vllm_server, "vllm", "stale_cache")
+    with pytest.raises(tinker.RequestFailedError, match="is stale"):
+        sampler.sample(prompt_of(on_vllm), 1, GREEDY).result(timeout=120)
+    assert refused(vllm_server, "vllm", "stale_cache") == before + 1
+    assert sampler.sample(prompt_of(on_vllm), 1, GREEDY).result(timeout=120).sequences  # loaded afresh
 
 
 SETTINGS_SCHEMA = {

@@ -85,11 +85,38 @@ class ServiceCollector(Collector):
             for reason, count in sorted(sampler.builtin_requests.items()):
                 builtin.add_metric([reason], count)
             yield builtin
+        yield from self._weight_check_metrics()
         futures = GaugeMetricFamily("trainer_futures", "Futures in the ledger by state", labels=["state"])
         for state, count in sorted(self.service.ledger.counts_by_state().items()):
             futures.add_metric([state.value], count)
         yield futures
         yield from self._tenant_metrics(stats)
+
+    def _weight_check_metrics(self) -> Iterator[Metric]:
+        """Loads of sampler weights shown applied, refused (by reason), and the time the checks took, by engine."""
+        counts = self.service.engine.weight_checks.snapshot()
+        passed = CounterMetricFamily(
+            "trainer_sampler_weights_checked",
+            "Loads of sampler weights shown to be the saved ones, applied",
+            labels=["engine"],
+        )
+        for engine, count in sorted(counts.passed.items()):
+            passed.add_metric([engine], count)
+        refused = CounterMetricFamily(
+            "trainer_sampler_weights_refused",
+            "Loads of sampler weights refused, by reason (Refusal in trainer_backend/engine/weights_proof.py)",
+            labels=["engine", "reason"],
+        )
+        for (engine, reason), count in sorted(counts.refused.items()):
+            refused.add_metric([engine, reason], count)
+        seconds = CounterMetricFamily(
+            "trainer_sampler_weights_check_seconds",
+            "Seconds spent checking loads of sampler weights",
+            labels=["engine"],
+        )
+        for engine, total in sorted(counts.seconds.items()):
+            seconds.add_metric([engine], total)
+        yield from (passed, refused, seconds)
 
     def _tenant_metrics(self, stats: SchedulerStats) -> Iterator[Metric]:
         """The series of the `--metrics-top-tenants` busiest tenants by recent device time, and "other".

@@ -13,6 +13,7 @@ import io
 import json
 import warnings
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -25,6 +26,7 @@ from torch.nn import functional as F
 
 from trainer_backend.checkpoints import OPTIMIZER_FILE
 from trainer_backend.engine.types import AdamSettings, LoraSettings
+from trainer_backend.engine.weights_proof import ADAPTER_WEIGHTS_FILE, weights_digest
 from trainer_backend.errors import NotFoundError, UserInputError
 
 # LoRA on a tied unembedding adapts the output projection only, which is what train_unembed means.
@@ -35,7 +37,6 @@ LORA_ALPHA = 32
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
 UNEMBED_MODULES = ("lm_head",)
-ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 
 
@@ -64,6 +65,14 @@ def lora_config(settings: LoraSettings) -> LoraConfig:
     return LoraConfig(
         r=settings.rank, lora_alpha=LORA_ALPHA, lora_dropout=0.0, target_modules=list(targets), bias="none"
     )
+
+
+@dataclass(frozen=True)
+class SavedWeights:
+    """What `AdapterPool.save` wrote: the weights file's sha256, and whether every LoRA B matrix is zero."""
+
+    sha256: str
+    zero: bool
 
 
 class MasterWeightLinear(nn.Linear):
@@ -215,15 +224,12 @@ class AdapterPool:
         optimizer.zero_grad(set_to_none=True)
         return metrics
 
-    def save(self, name: str, folder: Path, include_optimizer: bool) -> None:
-        """Write the adapter in PEFT format (and the optimizer state beside it) into `folder`."""
-        self.require(name)
-        # Only the LoRA matrices: with the unembedding trained, PEFT would otherwise add the whole (tied)
-        # embedding matrix, 670 MB for Gemma.
-        state = get_peft_model_state_dict(self.peft_model, adapter_name=name, save_embedding_layers=False)
-        # Serialized in memory and written by Python, so that a full disk arrives as the OSError it is: the writers
-        # of safetensors and torch wrap the kernel's error in their own exception types.
-        weights = safetensors_bytes({k: v.detach().contiguous().cpu() for k, v in state.items()})
+    def save(self, name: str, folder: Path, include_optimizer: bool) -> SavedWeights:
+        """Write the adapter in PEFT format (and the optimizer state beside it) into `folder`; what was written."""
+        state = self._state(name)
+        weights = safetensors_bytes(state)
+        # Written by Python, so that a full disk arrives as the OSError it is: the writers of safetensors and torch
+        # wrap the kernel's error in their own exception types.
         (folder / ADAPTER_WEIGHTS_FILE).write_bytes(weights)
         config = self.peft_model.peft_config[name]
         config.base_model_name_or_path = getattr(self.base_model, "name_or_path", None)
@@ -232,6 +238,21 @@ class AdapterPool:
             optimizer = io.BytesIO()
             torch.save(self.optimizers[name].state_dict(), optimizer)
             (folder / OPTIMIZER_FILE).write_bytes(optimizer.getbuffer())
+        zero = all(not tensor.any() for key, tensor in state.items() if "lora_B" in key)
+        return SavedWeights(weights_digest(weights), zero)
+
+    def digest(self, name: str) -> str:
+        """The sha256 of the adapter's weights as they are in memory, serialised as `save` writes them: the saved
+        file's only if every tensor was loaded exactly."""
+        return weights_digest(safetensors_bytes(self._state(name)))
+
+    def _state(self, name: str) -> dict[str, Tensor]:
+        """The adapter's LoRA tensors under PEFT's saved names, on the CPU."""
+        self.require(name)
+        # Only the LoRA matrices: with the unembedding trained, PEFT would otherwise add the whole (tied)
+        # embedding matrix, 670 MB for Gemma.
+        state = get_peft_model_state_dict(self.peft_model, adapter_name=name, save_embedding_layers=False)
+        return {k: v.detach().contiguous().cpu() for k, v in state.items()}
 
     def load(self, name: str, folder: Path, with_optimizer: bool, trainable: bool) -> None:
         """Load a saved adapter under `name`, replacing any adapter of that name."""

@@ -53,17 +53,37 @@ class _PreallocatedLayer(DynamicLayer):
         # Rows that stop leave: the kept ones move to the front of the same buffers. A new pair of buffers each time
         # rows stop left the allocator holes the next, smaller pair did not fit, and the backend grew through a
         # generation batch (docs/reliability.md, "Memory of the Gemma trial"). Selecting more rows than there are (a
-        # prompt's cache repeated for its samples) makes new ones.
+        # prompt's cache repeated for its samples) makes new ones. Only the filled positions are copied: the rest
+        # of a buffer is never read, and a generation that takes in more rows keeps room for them there.
         if self.is_initialized:
             length = self.keys.shape[-2]
             for name in ("_key_buffer", "_value_buffer"):
                 buffer = getattr(self, name)
-                selected = buffer[indices]
+                selected = buffer[indices, :, :length]
                 if len(selected) <= len(buffer):
-                    buffer[: len(selected)] = selected
-                    selected = buffer[: len(selected)]
-                setattr(self, name, selected)
+                    kept = buffer[: len(selected)]
+                else:
+                    kept = buffer.new_empty((len(selected), *buffer.shape[1:]))
+                kept[:, :, :length] = selected
+                setattr(self, name, kept)
             self._views(length)
+
+    def append_rows(self, other: _PreallocatedLayer, length: int) -> None:
+        """Take in `other`'s rows after this layer's own, both right-aligned at `length` positions (at least either
+        layer's): each row's positions move to the end, and the positions before them hold zeros, which its attention
+        mask leaves out (masked garbage could still be NaN, and NaN times a zero weight is NaN)."""
+        for name in ("_key_buffer", "_value_buffer"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            own_length, their_length = self.keys.shape[-2], other.keys.shape[-2]
+            joined = mine.new_empty((len(mine) + len(theirs), *mine.shape[1:]))
+            for rows, source, filled in (
+                (joined[: len(mine)], mine, own_length),
+                (joined[len(mine) :], theirs, their_length),
+            ):
+                rows[:, :, : length - filled] = 0
+                rows[:, :, length - filled : length] = source[:, :, :filled]
+            setattr(self, name, joined)
+        self._views(length)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         if self.is_initialized:
@@ -88,6 +108,10 @@ class _PreallocatedWindowLayer(_PreallocatedLayer, DynamicSlidingWindowLayer):
         self.cumulative_length += key_states.shape[-2]
         return _PreallocatedLayer.update(self, key_states, value_states)
 
+    def append_rows(self, other: _PreallocatedLayer, length: int) -> None:
+        _PreallocatedLayer.append_rows(self, other, length)
+        self.cumulative_length = length
+
 
 def preallocated_cache(config: PretrainedConfig, capacity: int) -> DynamicCache:
     """A cache for one generation of at most `capacity` positions (prompt and new tokens, padding included)."""
@@ -104,6 +128,25 @@ def preallocated_cache(config: PretrainedConfig, capacity: int) -> DynamicCache:
             layers.append(layer)
     cache.layers = layers
     return cache
+
+
+def joinable_capacity(cache: Cache) -> int | None:
+    """The positions every row of `cache` may reach if it can take in another cache's rows (`append_rows`): each of
+    its layers holds preallocated buffers; None otherwise (a sliding layer past its window, a layer not filled)."""
+    layers = cache.layers
+    if not layers or not all(isinstance(layer, _PreallocatedLayer) and layer.is_initialized for layer in layers):
+        return None
+    return min(layer.capacity for layer in layers)
+
+
+def append_rows(cache: Cache, other: Cache) -> int:
+    """Take `other`'s rows into `cache`, after its own, both right-aligned at the longer of their lengths, which it
+    returns; a row's attention mask gains zeros in front for the positions it moved by. Both must be joinable
+    (`joinable_capacity`) and the length must fit `cache`'s capacity."""
+    length = max(cache.get_seq_length(), other.get_seq_length())
+    for mine, theirs in zip(cache.layers, other.layers, strict=True):
+        mine.append_rows(theirs, length)
+    return length
 
 
 def repeated_cache(cache: Cache, repeats: int) -> Cache:

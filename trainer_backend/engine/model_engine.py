@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from trainer_backend.engine.adapters import AdapterPool
+from trainer_backend.engine.applied_weights import AppliedWeights
 from trainer_backend.engine.attention import attend_in_fp32
 from trainer_backend.engine.host_memory import release_freed_memory
 from trainer_backend.engine.logprobs import full_logits_target_logprobs, target_logprobs
@@ -20,7 +21,7 @@ from trainer_backend.engine.microbatches import (
 from trainer_backend.engine.onednn_linear import route_linears
 from trainer_backend.engine.output_head import linear_output_head
 from trainer_backend.engine.residency import AdapterResidency, SamplerAdapters
-from trainer_backend.engine.sampling import SamplingJob, sample_batch
+from trainer_backend.engine.sampling import Joining, JoinRoom, SamplingJob, sample_batch
 from trainer_backend.engine.training_pass import TrainingPass
 from trainer_backend.engine.types import (
     AdamSettings,
@@ -33,8 +34,9 @@ from trainer_backend.engine.types import (
     SamplingRequest,
     SamplingResult,
 )
+from trainer_backend.engine.weights_proof import SamplerWeightsError, WeightChecks, probe_tokens, write_proof
 from trainer_backend.errors import BackendError, UnknownBaseModelError, UserInputError
-from trainer_backend.models.loading import LoadedModel
+from trainer_backend.models.loading import LoadedModel, dtype_name
 
 # Logits of this many vocabulary entries (summed over positions) exist at once in a forward/backward: 32 Mi
 # fp32 values, 128 MiB. For Gemma's 262,144-entry vocabulary that is 128 positions per chunk.
@@ -43,6 +45,8 @@ LOGITS_BUDGET = 32 * 1024 * 1024
 SAMPLER_ADAPTERS_KEPT = 8
 # Rows (samples) decoded together in one generation batch; more requests wait for the next batch.
 MAX_SAMPLING_ROWS = 64
+# What a sampling request comes to: its completions, or why it has none.
+SampleOutcome = SamplingResult | SamplingInputError | SamplerWeightsError
 
 
 class ModelEngine:
@@ -67,7 +71,12 @@ class ModelEngine:
         logprobs = target_logprobs if chunked_logprobs else full_logits_target_logprobs
         self.adapters = AdapterPool(loaded.model)
         self.residency = AdapterResidency(self.adapters, spill_root, max_loaded_adapters)
-        self.sampler_adapters = SamplerAdapters(self.adapters, SAMPLER_ADAPTERS_KEPT)
+        # Every load of sampler weights, on this engine or on vLLM's, is checked and counted here (weights_proof.py).
+        self.weight_checks = WeightChecks(dtype_name(loaded.model.dtype))
+        self.applied_weights = AppliedWeights(
+            self.adapters, probe_tokens(loaded.tokenizer), self._decode, loaded.max_context_length, self.weight_checks
+        )
+        self.sampler_adapters = SamplerAdapters(self.adapters, SAMPLER_ADAPTERS_KEPT, self.applied_weights)
         if linear_output_head(loaded.model) is None:
             raise UnknownBaseModelError(
                 f"base model {loaded.name!r}: its logits are not a linear head (without bias) over its decoder's "
@@ -148,8 +157,10 @@ class ModelEngine:
         return self.adapters.step(model_id, adam)
 
     def save(self, model_id: str, folder: Path, include_optimizer: bool) -> None:
+        """The adapter into `folder`, with the proof a sampler's load of it is checked against."""
         self.residency.use([model_id])
-        self.adapters.save(model_id, folder, include_optimizer)
+        saved = self.adapters.save(model_id, folder, include_optimizer)
+        write_proof(folder, self.applied_weights.prove(model_id, saved))
 
     def load(self, model_id: str, folder: Path, with_optimizer: bool) -> None:
         self.adapters.load(model_id, folder, with_optimizer=with_optimizer, trainable=True)
@@ -164,48 +175,94 @@ class ModelEngine:
     def sample(self, weights_folder: Path | None, request: SamplingRequest, stop_at_eos: bool) -> SamplingResult:
         """Sample from the base model (no folder) or from saved sampler weights."""
         (outcome,) = self.sample_batch([SamplerCall(weights_folder, request, stop_at_eos)])
-        if isinstance(outcome, SamplingInputError):
+        if isinstance(outcome, BackendError):
             raise outcome
         return outcome
 
     def sample_batch(
-        self, calls: Sequence[SamplerCall], pause: Callable[[], None] = lambda: None
-    ) -> list[SamplingResult | SamplingInputError]:
+        self,
+        calls: Sequence[SamplerCall],
+        pause: Callable[[], None] = lambda: None,
+        admit: Callable[[Callable[[SamplerCall], bool]], Sequence[SamplerCall]] | None = None,
+        finished: Callable[[int, SampleOutcome], None] | None = None,
+    ) -> list[SampleOutcome]:
         """Serve several sampling requests, of any mix of weights, in as few generation batches as fit.
 
         A batch holds at most `MAX_SAMPLING_ROWS` rows and `SAMPLER_ADAPTERS_KEPT` distinct sampler weights, so
         loading one batch's adapters never evicts another of the same batch; nor does a batch that runs in its pause
         (they are held while it runs). `pause` is called every few decode steps (see `sample_batch` in sampling.py).
+        With `admit`, the last batch takes in more calls between its steps: `admit(accepts)` returns those to take in,
+        each of which `accepts` (within the batch's distinct weights and what its cache can hold, `JoinRoom`), and
+        their outcomes follow those of `calls`. `finished(index, outcome)` gets each outcome as soon as it exists.
         """
-        outcomes: list[SamplingResult | SamplingInputError] = []
-        for batch in _sampling_batches(calls):
+        outcomes: list[SampleOutcome] = []
+        batches = _sampling_batches(calls)
+        for number, batch in enumerate(batches):
             with self.sampler_adapters.batch() as use:
-                outcomes += self._sample_one_batch(batch, use, pause)
+                joins = admit if number == len(batches) - 1 else None
+                outcomes += self._sample_one_batch(batch, use, pause, len(outcomes), joins, finished)
         release_freed_memory()
         return outcomes
 
     def _sample_one_batch(
-        self, batch: Sequence[SamplerCall], use: Callable[[Path], str], pause: Callable[[], None]
-    ) -> list[SamplingResult | SamplingInputError]:
-        # Each call's weights are resolved on their own: weights deleted while their request waited fail that
-        # request alone, never the other tenants' requests of the batch.
-        outcomes: list[SamplingResult | SamplingInputError | None] = [None] * len(batch)
-        jobs, runnable = [], []
-        for index, call in enumerate(batch):
-            try:
-                adapter = None if call.weights_folder is None else use(call.weights_folder)
-            except SamplingInputError as error:
-                outcomes[index] = error
-                continue
-            eos = self.loaded.eos_token_ids if call.stop_at_eos else ()
-            jobs.append(SamplingJob(request=call.request, adapter=adapter, eos_token_ids=eos))
-            runnable.append(index)
+        self,
+        batch: Sequence[SamplerCall],
+        use: Callable[[Path], str],
+        pause: Callable[[], None],
+        first: int,
+        admit: Callable[[Callable[[SamplerCall], bool]], Sequence[SamplerCall]] | None,
+        finished: Callable[[int, SampleOutcome], None] | None,
+    ) -> list[SampleOutcome]:
+        # Each call's weights are resolved on their own: weights deleted while their request waited, or refused by
+        # the check of their load, fail that request alone, never the other tenants' requests of the batch.
+        outcomes: dict[int, SampleOutcome] = {}
+
+        def deliver(index: int, outcome: SampleOutcome) -> None:
+            outcomes[index] = outcome
+            if finished is not None:
+                finished(index, outcome)
+
+        # The batch's index of each job handed to the generation, in its order.
+        runnable: list[int] = []
+        weights = {call.weights_folder for call in batch}
+
+        def jobs_of(calls: Sequence[SamplerCall], start: int) -> list[SamplingJob]:
+            jobs = []
+            for index, call in enumerate(calls, start):
+                try:
+                    adapter = None if call.weights_folder is None else use(call.weights_folder)
+                except (SamplingInputError, SamplerWeightsError) as error:
+                    deliver(index, error)
+                    continue
+                eos = self.loaded.eos_token_ids if call.stop_at_eos else ()
+                jobs.append(SamplingJob(request=call.request, adapter=adapter, eos_token_ids=eos))
+                runnable.append(index)
+            return jobs
+
+        admitted: list[SamplerCall] = []
+
+        def take_in(room: JoinRoom) -> list[SamplingJob]:
+            def accepts(call: SamplerCall) -> bool:
+                if len(weights | {call.weights_folder}) > SAMPLER_ADAPTERS_KEPT or not room.accepts(call.request):
+                    return False
+                weights.add(call.weights_folder)
+                return True
+
+            calls = admit(accepts)
+            admitted.extend(calls)
+            return jobs_of(calls, first + len(batch) + len(admitted) - len(calls))
+
+        jobs = jobs_of(batch, first)
         if jobs:
             model = self.adapters.peft_model or self.adapters.base_model
-            results = sample_batch(model, jobs, self._decode, self.loaded.max_context_length, pause)
-            for index, result in zip(runnable, results, strict=True):
-                outcomes[index] = result
-        return [outcome for outcome in outcomes if outcome is not None]
+            if admit is None:
+                results = sample_batch(model, jobs, self._decode, self.loaded.max_context_length, pause)
+                for index, result in zip(runnable, results, strict=True):
+                    deliver(index, result)
+            else:
+                joining = Joining(take_in, lambda job, outcome: deliver(runnable[job], outcome))
+                sample_batch(model, jobs, self._decode, self.loaded.max_context_length, pause, joining)
+        return [outcomes[index] for index in sorted(outcomes)]
 
     def _decode(self, tokens: Sequence[int]) -> str:
         return self.loaded.tokenizer.decode(list(tokens), skip_special_tokens=False)

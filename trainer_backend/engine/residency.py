@@ -20,7 +20,9 @@ from pathlib import Path
 from safetensors import SafetensorError
 
 from trainer_backend.engine.adapters import AdapterPool
+from trainer_backend.engine.applied_weights import AppliedWeights
 from trainer_backend.engine.types import SamplingInputError
+from trainer_backend.engine.weights_proof import SamplerWeightsError
 from trainer_backend.errors import UserInputError
 
 log = logging.getLogger(__name__)
@@ -101,10 +103,13 @@ class SamplerAdapters:
     batch may run inside another's pause (another tenant's generation), and the paused batch still needs its own.
     """
 
-    def __init__(self, adapters: AdapterPool, limit: int) -> None:
+    def __init__(self, adapters: AdapterPool, limit: int, applied: AppliedWeights) -> None:
+        """`applied` checks each load: the weights are the ones saved, and change the model as they did."""
         self.adapters = adapters
         self.limit = limit
-        self._loaded: OrderedDict[str, None] = OrderedDict()
+        self.applied = applied
+        # Loaded sampler weights, least recently used first: name -> the sha256 they were shown applied with.
+        self._loaded: OrderedDict[str, str] = OrderedDict()
         self._held: Counter[str] = Counter()
 
     @contextmanager
@@ -131,28 +136,48 @@ class SamplerAdapters:
         Raises:
             SamplingInputError: the weights are gone or unreadable (deleted after the request was queued); the
                 message names no server path.
+            SamplerWeightsError: the weights loaded could not be shown to be the saved ones, applied.
         """
         try:
-            stamp = (folder / "adapter_model.safetensors").stat().st_mtime_ns
+            proof = self.applied.read(folder)
+            # Named by content: weights saved again under the same path are other weights, never a cached copy.
+            # Weights saved before proofs existed are named by their file's path and time instead.
+            stamp = proof.weights_sha256 if proof else (folder / "adapter_model.safetensors").stat().st_mtime_ns
         except OSError:
             raise SamplingInputError("the sampler weights were deleted before this request ran") from None
-        name = "sampler-" + hashlib.sha256(f"{folder.resolve()}:{stamp}".encode()).hexdigest()[:16]
+        name = sampler_adapter_name(folder, stamp)
         if name in self._loaded:
+            held = self._loaded[name]
+            if proof is not None and held != proof.weights_sha256:
+                # Only a fault makes a name stale; unloaded (unless a running batch holds it), it loads afresh next.
+                if not self._held[name]:
+                    del self._loaded[name]
+                    self.adapters.delete(name)
+                self.applied.stale(folder, held, proof)
             self._loaded.move_to_end(name)
             return name
         try:
             self.adapters.load(name, folder, with_optimizer=False, trainable=False)
-        except (OSError, ValueError, SafetensorError, UserInputError) as error:
-            # Deleted while loading, or not weights of this model: take back what was half added.
+            applied = self.applied.check(name, folder, proof)
+        except (OSError, ValueError, SafetensorError, UserInputError, SamplerWeightsError) as error:
+            # Deleted while loading, not weights of this model, or not shown applied: take back what was added.
             if name in self.adapters:
                 self.adapters.delete(name)
+            if isinstance(error, SamplerWeightsError):
+                raise
             if isinstance(error, UserInputError):
                 raise SamplingInputError(str(error)) from None
             raise SamplingInputError("the sampler weights were deleted or damaged before this request ran") from None
-        self._loaded[name] = None
+        self._loaded[name] = applied
         for evicted in [loaded for loaded in self._loaded if loaded != name and loaded not in self._held]:
             if len(self._loaded) <= self.limit:
                 break
             del self._loaded[evicted]
             self.adapters.delete(evicted)
         return name
+
+
+def sampler_adapter_name(folder: Path, stamp: str | int) -> str:
+    """The adapter name of the sampler weights in `folder` whose content (or, saved before proofs, file time) is
+    `stamp`: weights saved again under the same path get another name, so a cached adapter never stands in for them."""
+    return "sampler-" + hashlib.sha256(f"{folder.resolve()}:{stamp}".encode()).hexdigest()[:16]

@@ -6,7 +6,9 @@ their common prefix computed once), each prompt's KV cache is copied across its 
 step decodes one token for each row still running, each row through its own adapter: a batch of one adapter runs
 it as PEFT's active adapter, a batch of the base model alone with adapters disabled, and a batch that mixes them
 routes each row to its own (`adapters.routed_rows`); a row that stops leaves the batch (and the cache) at once.
-`sample` is the one-request case.
+Between steps a running batch may take in more requests (`Joining`: another tenant's RL step joins a long evaluation's
+batch, so both share its decode steps, each handed its completions as soon as its own rows are done). `sample` is the
+one-request case.
 
 Semantics, matched to the Tinker SDK 0.38 and the tinker-cookbook:
 
@@ -42,7 +44,7 @@ from transformers import Cache, PretrainedConfig, PreTrainedModel
 
 from trainer_backend.engine.adapters import routed_rows
 from trainer_backend.engine.drawing import draw_from_hidden, draw_from_logits
-from trainer_backend.engine.kv_cache import preallocated_cache
+from trainer_backend.engine.kv_cache import append_rows, joinable_capacity, preallocated_cache
 from trainer_backend.engine.output_head import cap, linear_output_head
 from trainer_backend.engine.prefixes import plan_shared_prefill
 from trainer_backend.engine.types import (
@@ -51,6 +53,7 @@ from trainer_backend.engine.types import (
     SamplingRequest,
     SamplingResult,
     StopReason,
+    TokenConstraint,
     TopkLogprobs,
 )
 from trainer_backend.engine.unembedding import unembedding_logits
@@ -88,6 +91,52 @@ class SamplingJob:
     eos_token_ids: tuple[int, ...] = ()
 
 
+# What a generation may hold beside its own rows' reach, to take in more: this many times the positions its first
+# jobs need (prompt and completion), within the model's context and any sliding window (a cache past a window is
+# transformers' own, which takes in nothing). Positions a generation never fills cost no memory (`kv_cache.py`).
+JOIN_HEADROOM = 2
+
+
+class JoinRoom:
+    """What a running generation can take in now, asked one request at a time: a request it can sample (valid, no
+    prompt scores) whose prompt and completion fit its cache beside its own rows. Each accepted request counts for
+    the next: the rows taken in together are right-aligned at the longest of their prompts and the running rows."""
+
+    def __init__(self, length: int, capacity: int, remaining: int, vocab_size: int, max_context_length: int) -> None:
+        """`length`: the positions every running row has filled; `remaining`: the most tokens one may still add."""
+        self.length, self.capacity, self.remaining = length, capacity, remaining
+        self._vocab_size, self._max_context_length = vocab_size, max_context_length
+
+    def accepts(self, request: SamplingRequest) -> bool:
+        """Whether `request` can join with those accepted before it; if so it counts as taken in."""
+        if _scores_wanted(request):
+            return False
+        try:
+            _validate(request, self._vocab_size, self._max_context_length)
+        except SamplingInputError:
+            return False
+        length = max(self.length, len(request.prompt_tokens))
+        remaining = max(self.remaining, request.max_tokens)
+        if length + remaining > self.capacity:
+            return False
+        self.length, self.remaining = length, remaining
+        return True
+
+
+@dataclass(frozen=True)
+class Joining:
+    """How a running generation takes in more jobs between its decode steps and hands back each job's outcome as soon
+    as its rows are done (continuous batching).
+
+    `admit(room)` is called before every decode step and returns the jobs to take in, each accepted by
+    `room.accepts`. `finished(index, outcome)` is called once for every job, as soon as its outcome exists; `index`
+    counts the jobs `sample_batch` was given, then the admitted ones in the order they were admitted.
+    """
+
+    admit: Callable[[JoinRoom], Sequence[SamplingJob]]
+    finished: Callable[[int, SamplingResult | SamplingInputError], None]
+
+
 def sample(
     model: PreTrainedModel | PeftModel,
     request: SamplingRequest,
@@ -114,6 +163,7 @@ def sample_batch(
     decode: Callable[[Sequence[int]], str],
     max_context_length: int,
     pause: Callable[[], None] = lambda: None,
+    joining: Joining | None = None,
 ) -> list[SamplingResult | SamplingInputError]:
     """Sample every job's completions in one generation batch, each row through its own job's adapter.
 
@@ -131,35 +181,44 @@ def sample_batch(
         max_context_length: the most tokens, prompt and completion together, the model may see.
         pause: called every `PAUSE_EVERY_STEPS` decode steps, outside inference mode; it may run other work on
             the model (a training step of another adapter) as long as it leaves the adapters the jobs use alone.
+        joining: lets the batch of the jobs without prompt scores take in more jobs between its steps, and hands
+            every job's outcome back as soon as it exists.
 
     Returns:
-        One outcome per job, in order: its completions (and prompt log-probs if asked), or the
-        `SamplingInputError` that names what is wrong with the request (the other jobs still run).
+        One outcome per job, in order (the jobs given, then those admitted): its completions (and prompt log-probs
+        if asked), or the `SamplingInputError` that names what is wrong with the request (the other jobs still run).
     """
     vocab_size = model.get_output_embeddings().weight.shape[0]
     outcomes: list[SamplingResult | SamplingInputError | None] = [None] * len(jobs)
+
+    def deliver(index: int, outcome: SamplingResult | SamplingInputError) -> None:
+        outcomes.extend([None] * (index + 1 - len(outcomes)))
+        outcomes[index] = outcome
+        if joining is not None:
+            joining.finished(index, outcome)
+
     batched: list[int] = []
     for index, job in enumerate(jobs):
         try:
             _validate(job.request, vocab_size, max_context_length)
         except SamplingInputError as error:
-            outcomes[index] = error
+            deliver(index, error)
             continue
         batched.append(index)
     was_training = model.training
     model.eval()
     try:
         with torch.inference_mode():
-            alone = [i for i in batched if _scores_wanted(jobs[i].request)]
-            for index in alone:
-                outcomes[index] = _sample_with_prompt_scores(model, jobs[index], decode, pause)
+            for index in [i for i in batched if _scores_wanted(jobs[i].request)]:
+                deliver(index, _sample_with_prompt_scores(model, jobs[index], decode, pause))
             together = [i for i in batched if not _scores_wanted(jobs[i].request)]
             if together:
-                results = _generate(model, [jobs[i] for i in together], decode, pause)
-                for index, result in zip(together, results, strict=True):
-                    outcomes[index] = result
+                admission = _Admission(joining, list(together), len(jobs), vocab_size, max_context_length, deliver)
+                _generate(model, [jobs[i] for i in together], decode, pause, admission)
     finally:
         model.train(was_training)
+    if any(outcome is None for outcome in outcomes):
+        raise RuntimeError("a sampling job ended without an outcome")
     return outcomes
 
 
@@ -213,6 +272,12 @@ class _NextTokenScores:
             return self.logits_RV
         return cap(unembedding_logits(self.hidden_RH, self.unembedding_VH), self.softcap)
 
+    def joined(self, other: _NextTokenScores) -> _NextTokenScores:
+        """These rows' scores, then `other`'s."""
+        if self.logits_RV is None and other.logits_RV is None:
+            return replace(self, hidden_RH=torch.cat([self.hidden_RH, other.hidden_RH]))
+        return _NextTokenScores(logits_RV=torch.cat([self.logits(), other.logits()]))
+
 
 def _next_token_scores(
     model: PreTrainedModel | PeftModel, adapters: Sequence[str | None], **inputs: object
@@ -263,7 +328,7 @@ def _sample_with_prompt_scores(
     )
     rows = _Rows.for_jobs([job], torch.ones_like(prompt_1P), torch.tensor([len(request.prompt_tokens) - 1]))
     cache.batch_select_indices(rows.prompt_index_R)
-    sequences = _decode(model, cache, next_1.rows(rows.prompt_index_R), [job], rows, decode, device, pause)[0]
+    (sequences,) = _decode(model, cache, next_1.rows(rows.prompt_index_R), [job], rows, decode, device, pause)
     return SamplingResult(
         sequences=sequences,
         prompt_logprobs=prompt_logprobs if request.prompt_logprobs else None,
@@ -271,36 +336,87 @@ def _sample_with_prompt_scores(
     )
 
 
+@dataclass
+class _Admission:
+    """The jobs of one generation batch as `sample_batch` numbers them: the batch's own, then those it takes in."""
+
+    joining: Joining | None
+    # sample_batch's index of each job of the batch, in the batch's order.
+    indices: list[int]
+    next_index: int
+    vocab_size: int
+    max_context_length: int
+    deliver: Callable[[int, SamplingResult | SamplingInputError], None]
+
+    def room(self, length: int, capacity: int, remaining: int) -> JoinRoom:
+        return JoinRoom(length, capacity, remaining, self.vocab_size, self.max_context_length)
+
+    def admit(self, room: JoinRoom) -> list[SamplingJob]:
+        jobs = list(self.joining.admit(room)) if self.joining is not None else []
+        self.indices += range(self.next_index, self.next_index + len(jobs))
+        self.next_index += len(jobs)
+        return jobs
+
+    def done(self, job: int, sequences: tuple[SampledSequence, ...]) -> None:
+        self.deliver(
+            self.indices[job], SamplingResult(sequences=sequences, prompt_logprobs=None, topk_prompt_logprobs=None)
+        )
+
+
 def _generate(
     model: PreTrainedModel | PeftModel,
     jobs: Sequence[SamplingJob],
     decode: Callable[[Sequence[int]], str],
     pause: Callable[[], None],
-) -> list[SamplingResult]:
-    """Prefill the jobs' prompts together, then decode all their samples together."""
+    admission: _Admission,
+) -> None:
+    """Prefill the jobs' prompts together, then decode all their samples together; each job's outcome goes to
+    `admission` as soon as its rows are done."""
     device = model.get_input_embeddings().weight.device
-    next_J, cache, mask_JP, last_position_J = _prefill(model, jobs, device)
+    new_tokens = max(job.request.max_tokens for job in jobs)
+    capacity = None
+    if admission.joining is not None:
+        # Room for joining rows' prompts and completions beside the batch's own.
+        capacity = min(
+            JOIN_HEADROOM * (max(len(job.request.prompt_tokens) for job in jobs) + new_tokens),
+            admission.max_context_length,
+            _window_limit(model.config),
+        )
+    next_J, cache, mask_JP, last_position_J = _prefill(model, jobs, device, capacity=capacity)
     rows = _Rows.for_jobs(jobs, mask_JP, last_position_J)
     cache.batch_select_indices(rows.prompt_index_R)
-    sequences = _decode(model, cache, next_J.rows(rows.prompt_index_R), jobs, rows, decode, device, pause)
-    return [SamplingResult(sequences=s, prompt_logprobs=None, topk_prompt_logprobs=None) for s in sequences]
+    _decode(model, cache, next_J.rows(rows.prompt_index_R), jobs, rows, decode, device, pause, admission)
+
+
+def _window_limit(config: PretrainedConfig) -> float:
+    """The most positions a preallocated cache may hold: any number, or fewer than the sliding window."""
+    window = getattr(config.get_text_config(), "sliding_window", None)
+    return math.inf if window is None else window - 1
 
 
 def _prefill(
-    model: PreTrainedModel | PeftModel, jobs: Sequence[SamplingJob], device: torch.device
+    model: PreTrainedModel | PeftModel,
+    jobs: Sequence[SamplingJob],
+    device: torch.device,
+    capacity: int | None = None,
+    max_length: int | None = None,
 ) -> tuple[_NextTokenScores, Cache, Tensor, Tensor]:
     """Each job's next-token scores after its prompt, the cache, each job's attention mask over the cache, and the
     position of its prompt's last token.
 
     Prompts that share a prefix (an evaluation's questions over one database schema) have it computed once, then
-    their own tokens on top of it through the cache; otherwise the prompts are one left-padded batch.
+    their own tokens on top of it through the cache; otherwise the prompts are one left-padded batch. `capacity`:
+    the positions the cache holds if more than the prompts and their completions need; `max_length`: the most
+    positions the prefill may fill (two passes pad more than one).
     """
     adapters = [job.adapter for job in jobs]
     new_tokens = max(job.request.max_tokens for job in jobs)
     plan = plan_shared_prefill([job.request.prompt_tokens for job in jobs], adapters)
     if plan is not None:
-        length = max(map(len, plan.prefixes)) + max(map(len, plan.suffixes)) + new_tokens
-        if not _attends_to_the_whole_context(model.config, length):
+        filled = max(map(len, plan.prefixes)) + max(map(len, plan.suffixes))
+        if not _attends_to_the_whole_context(model.config, max(filled + new_tokens, capacity or 0)) or (
+            max_length is not None and filled > max_length
+        ):
             plan = None
     if plan is None:
         tokens_JP, mask_JP, positions_JP = _left_padded([job.request.prompt_tokens for job in jobs], device)
@@ -310,7 +426,7 @@ def _prefill(
             input_ids=tokens_JP,
             attention_mask=mask_JP,
             position_ids=positions_JP,
-            cache=preallocated_cache(model.config, tokens_JP.shape[1] + new_tokens),
+            cache=preallocated_cache(model.config, max(tokens_JP.shape[1] + new_tokens, capacity or 0)),
         )
         return next_J, cache, mask_JP, positions_JP[:, -1]
     prefix_GQ, prefix_mask_GQ, prefix_positions_GQ = _left_padded(plan.prefixes, device)
@@ -325,7 +441,9 @@ def _prefill(
         input_ids=prefix_GQ,
         attention_mask=prefix_mask_GQ,
         position_ids=prefix_positions_GQ,
-        cache=preallocated_cache(model.config, prefix_GQ.shape[1] + suffix_JS.shape[1] + new_tokens),
+        cache=preallocated_cache(
+            model.config, max(prefix_GQ.shape[1] + suffix_JS.shape[1] + new_tokens, capacity or 0)
+        ),
     )
     cache.batch_select_indices(prefix_of_J)
     # Each row reads [padding, its prefix, padding, its own tokens]: the padding is masked out of attention.
@@ -386,6 +504,14 @@ class _Rows:
         index_R = torch.tensor(job, dtype=torch.long, device=mask_JP.device)
         return cls(job, sample, index_R, mask_JP[index_R], last_position_J.to(mask_JP.device)[index_R])
 
+    def append(self, other: _Rows, first_job: int, length: int) -> None:
+        """Take in `other`'s rows (their jobs numbered from `first_job`), every row's mask right-aligned at `length`
+        positions as the cache's rows are (`kv_cache.append_rows`)."""
+        self.job += [first_job + j for j in other.job]
+        self.sample += other.sample
+        self.mask_RT = torch.cat([_left_zeros(self.mask_RT, length), _left_zeros(other.mask_RT, length)])
+        self.last_position_R = torch.cat([self.last_position_R, other.last_position_R])
+
     def keep(self, rows: list[int]) -> Tensor:
         rows_R = torch.tensor(rows, dtype=torch.long, device=self.mask_RT.device)
         self.job = [self.job[r] for r in rows]
@@ -393,6 +519,11 @@ class _Rows:
         self.mask_RT = self.mask_RT[rows_R]
         self.last_position_R = self.last_position_R[rows_R]
         return rows_R
+
+
+def _left_zeros(mask_NT: Tensor, length: int) -> Tensor:
+    """`mask_NT` with zero columns in front, to `length` columns."""
+    return F.pad(mask_NT, (length - mask_NT.shape[1], 0))
 
 
 def _validate(request: SamplingRequest, vocab_size: int, max_context_length: int) -> None:
@@ -459,6 +590,43 @@ def _prefill_scoring(
     return cache, _NextTokenScores(logits_RV=output.logits[:, -1]), tuple(logprobs), tuple(topk_logprobs)
 
 
+@dataclass
+class _JobDraws:
+    """What one job of a decoding batch has drawn so far, and what ends its samples."""
+
+    job: SamplingJob
+    generator: torch.Generator
+    stop_ids: frozenset[int]
+    # Tokens decoded when looking for a stop string.
+    window: int
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    reasons: list[StopReason]
+    constraints: list[TokenConstraint | None]
+    rows_left: int
+
+    @classmethod
+    def start(cls, job: SamplingJob, device: torch.device) -> _JobDraws:
+        request, samples = job.request, job.request.num_samples
+        return cls(
+            job=job,
+            generator=_generator(request, device),
+            stop_ids=frozenset(job.eos_token_ids) | frozenset(request.stop_token_ids),
+            window=max(map(len, request.stop_strings), default=0) * _STOP_WINDOW_TOKENS_PER_CHAR + _STOP_WINDOW_MARGIN,
+            tokens=[[] for _ in range(samples)],
+            logprobs=[[] for _ in range(samples)],
+            reasons=["length"] * samples,
+            constraints=[request.constraint() if request.constraint is not None else None for _ in range(samples)],
+            rows_left=samples,
+        )
+
+    def sequences(self) -> tuple[SampledSequence, ...]:
+        return tuple(
+            SampledSequence(tokens=tuple(t), logprobs=tuple(lp), stop_reason=reason)
+            for t, lp, reason in zip(self.tokens, self.logprobs, self.reasons, strict=True)
+        )
+
+
 def _decode(
     model: PreTrainedModel | PeftModel,
     cache: Cache,
@@ -468,52 +636,49 @@ def _decode(
     decode: Callable[[Sequence[int]], str],
     device: torch.device,
     pause: Callable[[], None],
+    admission: _Admission | None = None,
 ) -> list[tuple[SampledSequence, ...]]:
-    """Decode every row until it stops or reaches its job's max_tokens; the sequences of each job, in order."""
-    generators = [_generator(job.request, device) for job in jobs]
-    stop_ids = [frozenset(job.eos_token_ids) | frozenset(job.request.stop_token_ids) for job in jobs]
-    windows = [
-        max(map(len, job.request.stop_strings), default=0) * _STOP_WINDOW_TOKENS_PER_CHAR + _STOP_WINDOW_MARGIN
-        for job in jobs
-    ]
-    tokens = [[[] for _ in range(job.request.num_samples)] for job in jobs]
-    logprobs = [[[] for _ in range(job.request.num_samples)] for job in jobs]
-    reasons: list[list[StopReason]] = [["length"] * job.request.num_samples for job in jobs]
-    constraints = [
-        [
-            job.request.constraint() if job.request.constraint is not None else None
-            for _ in range(job.request.num_samples)
-        ]
-        for job in jobs
-    ]
+    """Decode every row until it stops or reaches its job's max_tokens; the sequences of each job, in order (with
+    `admission`: the jobs it lets in before a step after the first ones, each handed its sequences as soon as its rows
+    are done)."""
+    draws = [_JobDraws.start(job, device) for job in jobs]
     for step in itertools.count(1):
-        constraint_R = [constraints[j][s] for j, s in zip(rows.job, rows.sample, strict=True)]
+        if admission is not None and admission.joining is not None:
+            next_R = _take_in(model, cache, next_R, rows, draws, admission, device)
+        constraint_R = [draws[j].constraints[s] for j, s in zip(rows.job, rows.sample, strict=True)]
         allowed_R = [None if constraint is None else constraint.allowed() for constraint in constraint_R]
-        token_R, token_logprob_R = _draw(next_R, jobs, rows.job, generators, allowed_R)
+        token_R, token_logprob_R = _draw(
+            next_R, [d.job for d in draws], rows.job, [d.generator for d in draws], allowed_R
+        )
         kept = []
         for row, (j, s, token, logprob) in enumerate(
             zip(rows.job, rows.sample, token_R.tolist(), token_logprob_R.tolist(), strict=True)
         ):
-            request = jobs[j].request
-            sequence = tokens[j][s]
+            job = draws[j]
+            request = job.job.request
+            sequence = job.tokens[s]
             sequence.append(token)
-            logprobs[j][s].append(logprob)
+            job.logprobs[s].append(logprob)
             constraint = constraint_R[row]
             if constraint is not None:
                 constraint.advance(token)
             if request.on_token is not None:
                 request.on_token(s, token)
             if (
-                token in stop_ids[j]
+                token in job.stop_ids
                 or (constraint is not None and constraint.finished())
                 or (
                     request.stop_strings
-                    and any(stop in decode(sequence[-windows[j] :]) for stop in request.stop_strings)
+                    and any(stop in decode(sequence[-job.window :]) for stop in request.stop_strings)
                 )
             ):
-                reasons[j][s] = "stop"
+                job.reasons[s] = "stop"
             elif len(sequence) < request.max_tokens:
                 kept.append(row)
+                continue
+            job.rows_left -= 1
+            if job.rows_left == 0 and admission is not None:
+                admission.done(j, job.sequences())
         if not kept:
             break
         if len(kept) < len(rows.job):
@@ -527,19 +692,45 @@ def _decode(
         rows.last_position_R = rows.last_position_R + 1
         next_R, cache = _next_token_scores(
             model,
-            [jobs[j].adapter for j in rows.job],
+            [draws[j].job.adapter for j in rows.job],
             input_ids=token_R[:, None],
             attention_mask=rows.mask_RT,
             position_ids=rows.last_position_R[:, None],
             cache=cache,
         )
-    return [
-        tuple(
-            SampledSequence(tokens=tuple(t), logprobs=tuple(lp), stop_reason=reason)
-            for t, lp, reason in zip(tokens[j], logprobs[j], reasons[j], strict=True)
-        )
-        for j in range(len(jobs))
-    ]
+    return [job.sequences() for job in draws]
+
+
+def _take_in(
+    model: PreTrainedModel | PeftModel,
+    cache: Cache,
+    next_R: _NextTokenScores,
+    rows: _Rows,
+    draws: list[_JobDraws],
+    admission: _Admission,
+    device: torch.device,
+) -> _NextTokenScores:
+    """Before a decode step: the jobs `admission` lets in, prefilled on their own and then taken into the batch's
+    cache and rows (`draws` gains theirs); the rows' next-token scores, theirs after the batch's."""
+    capacity = joinable_capacity(cache)
+    if capacity is None:
+        return next_R
+    length = rows.mask_RT.shape[1]
+    remaining = max(
+        draws[j].job.request.max_tokens - len(draws[j].tokens[s]) for j, s in zip(rows.job, rows.sample, strict=True)
+    )
+    room = admission.room(length, capacity, remaining)
+    # Outside inference mode, as a pause: taking a request in may load its sampler weights as an adapter.
+    with torch.inference_mode(False):
+        jobs = admission.admit(room)
+    if not jobs:
+        return next_R
+    next_J, joining_cache, mask_JP, last_position_J = _prefill(model, jobs, device, max_length=room.length)
+    joining = _Rows.for_jobs(jobs, mask_JP, last_position_J)
+    joining_cache.batch_select_indices(joining.prompt_index_R)
+    rows.append(joining, len(draws), append_rows(cache, joining_cache))
+    draws += [_JobDraws.start(job, device) for job in jobs]
+    return next_R.joined(next_J.rows(joining.prompt_index_R))
 
 
 def _draw(

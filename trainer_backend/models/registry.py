@@ -5,16 +5,18 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from trainer_backend.errors import UnknownBaseModelError
 from trainer_backend.models.gemma import GEMMA_3_270M, ensure_gemma_3_270m
-from trainer_backend.models.qwen import QWEN_2_5_CODER_0_5B_INSTRUCT, ensure_qwen_2_5_coder_0_5b_instruct
+from trainer_backend.models.gguf import ensure_converted
+from trainer_backend.models.qwen import QWEN_2_5_CODER_GGUFS
 from trainer_backend.models.tiny import TINY_MODEL_NAME, TINY_QWEN2_NAME, ensure_tiny_model, ensure_tiny_qwen2
 
 _ENSURE_FOLDER: dict[str, Callable[[Path], Path]] = {
     GEMMA_3_270M: ensure_gemma_3_270m,
-    QWEN_2_5_CODER_0_5B_INSTRUCT: ensure_qwen_2_5_coder_0_5b_instruct,
+    **{shipped.name: partial(ensure_converted, shipped.gguf_model) for shipped in QWEN_2_5_CODER_GGUFS},
     TINY_MODEL_NAME: ensure_tiny_model,
     TINY_QWEN2_NAME: ensure_tiny_qwen2,
 }

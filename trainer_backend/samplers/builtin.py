@@ -3,15 +3,16 @@ every tenant's and every adapter's together, the batch bounded by rows and token
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from trainer_backend.engine.model_engine import MAX_SAMPLING_ROWS, ModelEngine
-from trainer_backend.engine.types import LoraSettings, SamplerCall, SamplingInputError
+from trainer_backend.engine.model_engine import MAX_SAMPLING_ROWS, ModelEngine, SampleOutcome
+from trainer_backend.engine.types import LoraSettings, SamplerCall
+from trainer_backend.errors import BackendError
 from trainer_backend.request_kinds import RequestKind
 from trainer_backend.samplers.answers import SampleAnswers, generated_tokens
 from trainer_backend.samplers.interface import SampleJob
-from trainer_backend.scheduler import BatchBudget, Operation, Outcome, PauseCallback, Scheduler
+from trainer_backend.scheduler import BatchBudget, BatchCall, Operation, Outcome, Scheduler
 from trainer_backend.wire.status import SamplerStatus
 
 # The scheduler's batch kind of sampling requests: those of any weights share a generation batch.
@@ -23,8 +24,8 @@ SAMPLING_BATCH_WINDOW_S = 0.05
 
 
 class BuiltinSampler:
-    """Samples on the device, in the scheduler's generation batches; the generation pauses every few tokens for other
-    tenants' training steps and generation batches."""
+    """Samples on the device, in the scheduler's generation batches; between its steps a generation takes in other
+    tenants' requests and pauses for their training steps."""
 
     name = "builtin"
 
@@ -36,7 +37,8 @@ class BuiltinSampler:
         self.scheduler = scheduler
         self.answers = answers
         self.max_batch_tokens = max_batch_tokens
-        # Nested: a tenant's requests run in a pause of another tenant's generation rather than after its end.
+        # A tenant's requests join another tenant's running generation between its steps (`_run_batch`) rather than
+        # wait for its end; those it cannot take in (prompt scores, past its cache) run nested in one of its pauses.
         scheduler.add_batch_kind(
             SAMPLING, self._run_batch, SAMPLING_BATCH_WINDOW_S, BatchBudget(self._share), nests=True
         )
@@ -76,15 +78,27 @@ class BuiltinSampler:
         tokens = request.num_samples * (len(request.prompt_tokens) + request.max_tokens)
         return max(request.num_samples / MAX_SAMPLING_ROWS, tokens / self.max_batch_tokens)
 
-    def _run_batch(self, operations: Sequence[Operation[SampleJob]], pause: PauseCallback) -> list[Outcome]:
-        """The scheduler's batch runner: every queued request, of any weights, in one generation batch."""
-        jobs = [op.payload for op in operations if op.payload is not None]
-        results = self.engine.sample_batch([job.call for job in jobs], pause)
-        outcomes: list[Outcome] = []
-        for operation, job, result in zip(operations, jobs, results, strict=True):
-            if isinstance(result, SamplingInputError):
-                outcomes.append(result)
-                continue
-            operation.processed_tokens = len(job.call.request.prompt_tokens) + generated_tokens(result)
-            outcomes.append(self.answers.encode(job, result))
-        return outcomes
+    def _run_batch(self, operations: Sequence[Operation[SampleJob]], call: BatchCall) -> list[Outcome]:
+        """The scheduler's batch runner: every queued request, of any weights, in one generation batch, which takes in
+        other tenants' requests between its steps and answers each request as soon as its samples are done."""
+        running = list(operations)
+        outcomes: dict[int, Outcome] = {}
+
+        def admit(accepts: Callable[[SamplerCall], bool]) -> list[SamplerCall]:
+            joined = call.admit(lambda operation: accepts(operation.payload.call))
+            running.extend(joined)
+            return [operation.payload.call for operation in joined]
+
+        def finished(index: int, result: SampleOutcome) -> None:
+            outcomes[index] = self._outcome(running[index], result)
+            call.finish(running[index], outcomes[index])
+
+        self.engine.sample_batch([op.payload.call for op in running], call, admit, finished)
+        return [outcomes[index] for index in range(len(running))]
+
+    def _outcome(self, operation: Operation[SampleJob], result: SampleOutcome) -> Outcome:
+        if isinstance(result, BackendError):  # bad input, or weights whose load was refused
+            return result
+        job = operation.payload
+        operation.processed_tokens = len(job.call.request.prompt_tokens) + generated_tokens(result)
+        return self.answers.encode(job, result)

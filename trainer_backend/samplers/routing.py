@@ -77,5 +77,10 @@ def build_sampler(
         dtype=dtype_name(loaded.model.dtype),
         gpu_memory_share=config.vllm_gpu_memory_share,
     )
-    client = VllmClient(settings, lambda ids: loaded.tokenizer.decode(ids, skip_special_tokens=False))
+    client = VllmClient(
+        settings,
+        lambda ids: loaded.tokenizer.decode(ids, skip_special_tokens=False),
+        builtin.engine.weight_checks,
+        builtin.engine.applied_weights.probe,
+    )
     return RoutedSampler(VllmSampler(client, answers), builtin)

@@ -8,6 +8,7 @@ JSON schema.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from trainer_backend.engine.adapters import saved_adapter_settings
 from trainer_backend.engine.types import LoraSettings, SamplerCall, SamplingResult
+from trainer_backend.engine.weights_proof import SamplerWeightsError
 from trainer_backend.samplers.answers import SampleAnswers
 from trainer_backend.samplers.interface import SampleJob
 from trainer_backend.samplers.vllm_client import VllmClient
@@ -66,8 +68,7 @@ class VllmSampler:
         folder = job.call.weights_folder
         outcome: SamplingResult | Exception
         try:
-            adapter = None if folder is None else (str(folder), folder)
-            outcome = self.client.sample(job.call.request, adapter, job.call.stop_at_eos)
+            outcome = self.client.sample(job.call.request, folder, job.call.stop_at_eos)
         except Exception as error:
             outcome = error
         # Counted before the future resolves, so that a client reading the status after its answer sees it.
@@ -78,10 +79,12 @@ class VllmSampler:
         self.answers.resolve(job, outcome)
 
     def weights_saved(self, folder: Path, lora: LoraSettings) -> None:
-        """Into vLLM before the save's future resolves, so the client's next sample finds it there; an adapter it
-        cannot hold is left to the built-in engine."""
+        """Into vLLM, checked, before the save's future resolves, so the client's next sample finds it there; an
+        adapter it cannot hold is left to the built-in engine. Weights the check refuses do not fail the save (they
+        are saved): each request for them loads them again and is refused with the reason if the check fails again."""
         if not lora.train_unembed:
-            self.client.load_adapter(str(folder), folder)
+            with contextlib.suppress(SamplerWeightsError):
+                self.client.load_adapter(folder)
 
     def status(self) -> SamplerStatus:
         with self._lock:

@@ -101,7 +101,7 @@ def generate_questions(domain: Domain, database: Database, split: str) -> list[E
     seen_questions: set[str] = set()
     examples: list[Example] = []
     with duckdb.connect(str(database.path), read_only=True) as con:
-        scope = Scope(domain, con, derived_rng(SEED, "questions", domain.db_id))
+        scope = Scope(domain, con, derived_rng(SEED, "questions", domain.db_id), held_out=split != "train")
         for _ in range(target * MAX_DRAWS_PER_QUESTION):
             if len(examples) >= sum(quota.values()):
                 break
@@ -125,6 +125,7 @@ def generate_questions(domain: Domain, database: Database, split: str) -> list[E
                     question=candidate.question,
                     gold_sql=candidate.sql,
                     difficulty=difficulty,
+                    form=candidate.form,
                 )
             )
     return examples

@@ -4,6 +4,10 @@ A template is data: draws that pick tables and columns from the domain's descrip
 database itself, so filters hit real rows; several phrasings; and the SQL. Phrasings and SQL are format
 strings over what was drawn, and conditions have phrasings of their own, so two questions of one template
 rarely read alike.
+
+Some forms are kept for the held-out splits alone, so dev and test measure transfer to questions whose shape
+training never showed: whole template families (`held_out=True`) and, for the other families, phrasings of their
+own (`held_out_phrasings`). A question of either is of an unseen form.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 
 import duckdb
 
+from tasks.text2sql.dataset import QuestionForm
 from tasks.text2sql.generation.phrasing import (
     Condition,
     category_condition,
@@ -29,22 +34,28 @@ from tasks.text2sql.generation.phrasing import (
 )
 from tasks.text2sql.generation.schema import Column, Domain, Role, Table
 
+# In a held-out split, the chance that a family with phrasings of its own asks in one of them.
+HELD_OUT_PHRASING_SHARE = 0.4
+
 
 @dataclass(frozen=True)
 class Candidate:
     question: str
     sql: str
+    form: QuestionForm
     # A query whose rows must all differ, or the gold's order (or its LIMIT cut) is ambiguous.
     tie_check_sql: str | None = None
 
 
 @dataclass
 class Scope:
-    """What templates draw from: the domain, its primary database, and the run's random generator."""
+    """What templates draw from: the domain, its primary database, the run's random generator, and whether the
+    questions are for a held-out split (which alone may ask in the forms kept from training)."""
 
     domain: Domain
     con: duckdb.DuckDBPyConnection
     rng: random.Random
+    held_out: bool
     _values: dict[tuple[str, str], list[object]] = field(default_factory=dict)
 
     def values(self, table: Table, column: Column) -> list[object]:
@@ -150,6 +161,14 @@ class Template:
     tie_check_sql: str | None = None
     # Read instead of `phrasings` when a draw sets the slot `alternate`: a single row, "or" for "and".
     alternate: tuple[str, ...] = ()
+    # Ways to ask that only held-out splits use: training never reads a question in one of them.
+    held_out_phrasings: tuple[str, ...] = ()
+    # A family only held-out splits draw: training never reads a question of it in any phrasing.
+    held_out: bool = False
+
+    @property
+    def all_phrasings(self) -> tuple[str, ...]:
+        return (*self.phrasings, *self.alternate, *self.held_out_phrasings)
 
 
 def instantiate(template: Template, scope: Scope) -> Candidate | None:
@@ -160,9 +179,15 @@ def instantiate(template: Template, scope: Scope) -> Candidate | None:
         if drawn is None:
             return None
         slots |= drawn
-    phrasing = choose(scope.rng, template.alternate if slots.get("alternate") else template.phrasings)
+    phrasings, unseen = template.phrasings, template.held_out
+    if slots.get("alternate"):
+        phrasings = template.alternate
+    elif scope.held_out and template.held_out_phrasings and scope.rng.random() < HELD_OUT_PHRASING_SHARE:
+        phrasings, unseen = template.held_out_phrasings, True
+    phrasing = choose(scope.rng, phrasings)
     tie_check_sql = template.tie_check_sql and _FILLER.format(template.tie_check_sql, **slots)
-    return Candidate(_FILLER.format(phrasing, **slots), _FILLER.format(template.sql, **slots), tie_check_sql)
+    form = QuestionForm.UNSEEN if unseen else QuestionForm.SEEN
+    return Candidate(_FILLER.format(phrasing, **slots), _FILLER.format(template.sql, **slots), form, tie_check_sql)
 
 
 # --- draws ----------------------------------------------------------------------------------------------
@@ -343,6 +368,30 @@ def _parent_child_preferring_categories(s: Scope, slots: Slots) -> Slots | None:
     return None if pair is None else dict(zip(("parent", "child", "key"), pair, strict=True))
 
 
+def _group_size(s: Scope, slots: Slots) -> Slots | None:
+    """`k`: a number of rows that only the larger groups of `c` exceed."""
+    t, c = slots["t"], slots["c"]
+    counts = [
+        r[0]
+        for r in s.con.execute(
+            f"SELECT COUNT(*) FROM {t.name} WHERE {c.name} IS NOT NULL GROUP BY {c.name} ORDER BY 1"
+        ).fetchall()
+    ]
+    if len(counts) < 2:
+        return None
+    return {"k": nice_number(counts[int(len(counts) * s.rng.uniform(0.3, 0.8))], 0)}
+
+
+def _additive_number(of: str) -> Draw:
+    """`n`: a number column of the table in slot `of` whose total means something."""
+
+    def draw(s: Scope, slots: Slots) -> Slots | None:
+        columns = [c for c in slots[of].by_role(Role.NUMBER) if c.additive]
+        return {"n": choose(s.rng, columns)} if columns else None
+
+    return draw
+
+
 # --- templates ------------------------------------------------------------------------------------------
 
 # Weights tilt the draw toward the templates that have many distinct instances.
@@ -361,6 +410,10 @@ TEMPLATES: tuple[Template, ...] = (
             "What are the {t:names} of the {t.plural} {cond.rel}?",
         ),
         "SELECT {t.label.name} FROM {t.name} WHERE {cond.sql}",
+        held_out_phrasings=(
+            "Could you pull up the {t:names} for {t.plural} {cond.rel}?",
+            "Names only, please: {t.plural} {cond.rel}.",
+        ),
     ),
     Template(
         "count_where",
@@ -374,6 +427,10 @@ TEMPLATES: tuple[Template, ...] = (
             "Tell me how many {t.plural} {cond.verb}.",
         ),
         "SELECT COUNT(*) FROM {t.name} WHERE {cond.sql}",
+        held_out_phrasings=(
+            "I'd like to know the count of {t.plural} {cond.rel}.",
+            "Tally up the {t.plural} {cond.rel}.",
+        ),
     ),
     Template(
         "count_all",
@@ -386,6 +443,7 @@ TEMPLATES: tuple[Template, ...] = (
             "How many {t.plural} are recorded?",
         ),
         "SELECT COUNT(*) FROM {t.name}",
+        held_out_phrasings=("Altogether, how many {t.plural} does the database hold?",),
     ),
     Template(
         "distinct_values",
@@ -398,6 +456,7 @@ TEMPLATES: tuple[Template, ...] = (
             "Show each {c.phrase} that at least one {t.singular} has, without repeats.",
         ),
         "SELECT DISTINCT {c.name} FROM {t.name}",
+        held_out_phrasings=("Please enumerate every {c.phrase} occurring among {t.plural}, each only once.",),
     ),
     Template(
         "attribute_of",
@@ -410,6 +469,10 @@ TEMPLATES: tuple[Template, ...] = (
             "What {c.phrase} does {name} have?",
         ),
         "SELECT {c.name} FROM {t.name} WHERE {t.label.name} = {name:literal}",
+        held_out_phrasings=(
+            "Regarding the {t.singular} {name}: what is recorded as the {c.phrase}?",
+            "Look up {name} and report the {c.phrase}.",
+        ),
     ),
     Template(
         "everything_about",
@@ -421,6 +484,7 @@ TEMPLATES: tuple[Template, ...] = (
             "What do we know about the {t.singular} named {name}?",
         ),
         "SELECT * FROM {t.name} WHERE {t.label.name} = {name:literal}",
+        held_out_phrasings=("Pull the complete record of the {t.singular} {name}, every field.",),
     ),
     # medium
     Template(
@@ -435,6 +499,10 @@ TEMPLATES: tuple[Template, ...] = (
             "Show each {c.phrase} with the number of {t.plural} that have it.",
         ),
         "SELECT {c.name}, COUNT(*) FROM {t.name} GROUP BY {c.name}",
+        held_out_phrasings=(
+            "Per {c.phrase}, what is the tally of {t.plural}?",
+            "Please tabulate {t.plural} per {c.phrase}, giving a count for each.",
+        ),
     ),
     Template(
         "group_aggregate",
@@ -447,6 +515,7 @@ TEMPLATES: tuple[Template, ...] = (
             "List every {c.phrase} together with the {word} {n.phrase} of the {t.plural} in it.",
         ),
         "SELECT {c.name}, {fn}({n.name}) FROM {t.name} GROUP BY {c.name}",
+        held_out_phrasings=("Grouped by {c.phrase}: report the {word} {n.phrase} of the {t.plural}.",),
     ),
     Template(
         "aggregate_where",
@@ -458,6 +527,7 @@ TEMPLATES: tuple[Template, ...] = (
             "Among {t.plural} {cond.rel}, what is the {word} {n.phrase}?",
         ),
         "SELECT {fn}({n.name}) FROM {t.name} WHERE {cond.sql}",
+        held_out_phrasings=("Considering only {t.plural} {cond.rel}, what comes out as the {word} {n.phrase}?",),
     ),
     Template(
         "top_k",
@@ -474,6 +544,9 @@ TEMPLATES: tuple[Template, ...] = (
             "Which {t.singular} has the {most} {n.phrase}?",
             "Name the {t.singular} with the {most} {n.phrase}.",
             "What is the {t.label.phrase} of the {t.singular} whose {n.phrase} is the {most}?",
+        ),
+        held_out_phrasings=(
+            "Rank the {t.plural} by {n.phrase}{order_note} and keep the first {k}: what are their {t:names}?",
         ),
     ),
     Template(
@@ -498,6 +571,10 @@ TEMPLATES: tuple[Template, ...] = (
         ),
         "SELECT {t.label.name}, {n.name} FROM {t.name} WHERE {cond.sql} ORDER BY {n.name} {direction}",
         tie_check_sql="SELECT {n.name} FROM {t.name} WHERE {cond.sql}",
+        held_out_phrasings=(
+            "Please produce each {t.label.phrase} with its {n.phrase} for the {t.plural} {cond.rel}, ordered "
+            "{order_words}.",
+        ),
     ),
     Template(
         "two_conditions",
@@ -519,6 +596,7 @@ TEMPLATES: tuple[Template, ...] = (
             "List the {t:names} of {t.plural} that {first.verb} or {second.verb}.",
             "Show {t.plural} that either {first.verb} or {second.verb}.",
         ),
+        held_out_phrasings=("Out of all {t.plural}, which ones both {first.verb} and {second.verb}?",),
     ),
     Template(
         "most_common",
@@ -531,6 +609,7 @@ TEMPLATES: tuple[Template, ...] = (
         ),
         "SELECT {c.name} FROM {t.name} GROUP BY {c.name} ORDER BY COUNT(*) DESC LIMIT 1",
         tie_check_sql="SELECT COUNT(*) FROM {t.name} GROUP BY {c.name} ORDER BY COUNT(*) DESC LIMIT 2",
+        held_out_phrasings=("Out of all {c.phrase} values, which one turns up most frequently among the {t.plural}?",),
     ),
     Template(
         "count_distinct",
@@ -542,6 +621,7 @@ TEMPLATES: tuple[Template, ...] = (
             "In how many distinct {c.phrase} values do the {t.plural} fall?",
         ),
         "SELECT COUNT(DISTINCT {c.name}) FROM {t.name}",
+        held_out_phrasings=("Please count the separate {c.phrase} values that the {t.plural} cover.",),
     ),
     Template(
         "between",
@@ -553,6 +633,7 @@ TEMPLATES: tuple[Template, ...] = (
             "Find {t.plural} with {n.phrase} in the range {low} to {high}.",
         ),
         "SELECT {t.label.name} FROM {t.name} WHERE {n.name} BETWEEN {low} AND {high}",
+        held_out=True,
     ),
     Template(
         "child_of_named_parent",
@@ -566,6 +647,9 @@ TEMPLATES: tuple[Template, ...] = (
         ),
         "SELECT c.{child.label.name} FROM {child.name} AS c JOIN {parent.name} AS p "
         "ON c.{key.name} = p.{parent.primary_key.name} WHERE p.{parent.label.name} = {name:literal}",
+        held_out_phrasings=(
+            "Regarding the {parent.singular} {name}: which {child.plural} belong to it? Give their {child:names}.",
+        ),
     ),
     # hard
     Template(
@@ -583,6 +667,7 @@ TEMPLATES: tuple[Template, ...] = (
             "Find every {t.singular} with a {n.phrase} {word} average.",
         ),
         "SELECT {t.label.name} FROM {t.name} WHERE {n.name} {op} (SELECT AVG({n.name}) FROM {t.name})",
+        held_out_phrasings=("Compared with the mean {n.phrase}, which {t.plural} sit {word} it?",),
     ),
     Template(
         "extreme_by_subquery",
@@ -594,6 +679,7 @@ TEMPLATES: tuple[Template, ...] = (
             "Who or what has the {word} {n.phrase} among {t.plural}? List all of them if tied.",
         ),
         "SELECT {t.label.name} FROM {t.name} WHERE {n.name} = (SELECT {fn}({n.name}) FROM {t.name})",
+        held_out_phrasings=("Please list all {t.plural} tied for the {word} {n.phrase}.",),
     ),
     Template(
         "parents_with_many_children",
@@ -610,6 +696,10 @@ TEMPLATES: tuple[Template, ...] = (
         "SELECT p.{parent.label.name}, COUNT(*) FROM {parent.name} AS p JOIN {child.name} AS c "
         "ON c.{key.name} = p.{parent.primary_key.name} GROUP BY p.{parent.primary_key.name}, "
         "p.{parent.label.name} HAVING COUNT(*) > {k}",
+        held_out_phrasings=(
+            "Please report every {parent.singular} counting more than {k} {child.plural}, giving its "
+            "{parent.label.phrase} and that count.",
+        ),
     ),
     Template(
         "parents_without_children",
@@ -623,6 +713,7 @@ TEMPLATES: tuple[Template, ...] = (
         ),
         "SELECT {parent.label.name} FROM {parent.name} WHERE {parent.primary_key.name} NOT IN "
         "(SELECT {key.name} FROM {child.name} WHERE {key.name} IS NOT NULL)",
+        held_out=True,
     ),
     Template(
         "parents_with_matching_child",
@@ -635,6 +726,9 @@ TEMPLATES: tuple[Template, ...] = (
         ),
         "SELECT {parent.label.name} FROM {parent.name} WHERE {parent.primary_key.name} IN "
         "(SELECT {key.name} FROM {child.name} WHERE {cond.sql})",
+        held_out_phrasings=(
+            "Out of all {parent.plural}, which are linked to at least one {child.singular} {cond.rel}?",
+        ),
     ),
     Template(
         "aggregate_per_parent",
@@ -649,6 +743,10 @@ TEMPLATES: tuple[Template, ...] = (
         ),
         "SELECT p.{parent.label.name}, {fn}(c.{n.name}) FROM {parent.name} AS p JOIN {child.name} AS c "
         "ON c.{key.name} = p.{parent.primary_key.name} GROUP BY p.{parent.primary_key.name}, p.{parent.label.name}",
+        held_out_phrasings=(
+            "Per {parent.singular}, report its {parent.label.phrase} and the {word} {n.phrase} over its "
+            "{child.plural}.",
+        ),
     ),
     Template(
         "groups_with_high_average",
@@ -660,6 +758,9 @@ TEMPLATES: tuple[Template, ...] = (
             "For which {c.phrase} is the mean {n.phrase} of {t.plural} greater than {threshold}?",
         ),
         "SELECT {c.name} FROM {t.name} GROUP BY {c.name} HAVING AVG({n.name}) > {threshold}",
+        held_out_phrasings=(
+            "Out of all {c.phrase} values, which see their {t.plural} average over {threshold} in {n.phrase}?",
+        ),
     ),
     Template(
         "top_children_of_filtered_parents",
@@ -687,6 +788,10 @@ TEMPLATES: tuple[Template, ...] = (
             "List the {child:names} of the {k} {child.plural} with the highest {n.phrase} whose {key:noun} is one "
             "of the {parent.plural} {cond.rel}.",
         ),
+        held_out_phrasings=(
+            "Restricting to {parent.plural} {cond.rel}, report the {child:names} of the top {k} {child.plural} by "
+            "{n.phrase}.",
+        ),
     ),
     # extra
     Template(
@@ -703,6 +808,7 @@ TEMPLATES: tuple[Template, ...] = (
             "Find the {c.phrase} values shared by {t.plural} {first.rel} and by {t.plural} {second.rel}.",
         ),
         "SELECT {c.name} FROM {t.name} WHERE {first.sql} INTERSECT SELECT {c.name} FROM {t.name} WHERE {second.sql}",
+        held_out=True,
     ),
     Template(
         "either_condition_union",
@@ -715,6 +821,9 @@ TEMPLATES: tuple[Template, ...] = (
         ),
         "SELECT {t.label.name} FROM {t.name} WHERE {first.sql} UNION SELECT {t.label.name} FROM {t.name} "
         "WHERE {second.sql}",
+        held_out_phrasings=(
+            "Please merge the {t:names} of {t.plural} {first.rel} with those of {t.plural} {second.rel}, each once.",
+        ),
     ),
     Template(
         "parents_except_matching_child",
@@ -727,6 +836,7 @@ TEMPLATES: tuple[Template, ...] = (
         ),
         "SELECT {parent.label.name} FROM {parent.name} EXCEPT SELECT p.{parent.label.name} FROM {parent.name} AS p "
         "JOIN {child.name} AS c ON c.{key.name} = p.{parent.primary_key.name} WHERE {cond.sql}",
+        held_out_phrasings=("Out of all {parent.plural}, which have never had any {child.singular} {cond.rel}?",),
     ),
     Template(
         "through_bridge",
@@ -739,6 +849,9 @@ TEMPLATES: tuple[Template, ...] = (
         ),
         "SELECT DISTINCT x.{a.label.name} FROM {a.name} AS x JOIN {b.name} AS y ON y.{key_a.name} = "
         "x.{a.primary_key.name} JOIN {c.name} AS z ON y.{key_c.name} = z.{c.primary_key.name} WHERE {cond.sql}",
+        held_out_phrasings=(
+            "Please find the {a.plural} reaching a {c.singular} {cond.rel} by way of their {b.plural}.",
+        ),
     ),
     Template(
         "busier_than_average",
@@ -753,6 +866,9 @@ TEMPLATES: tuple[Template, ...] = (
         "SELECT p.{parent.label.name} FROM {parent.name} AS p JOIN {child.name} AS c ON c.{key.name} = "
         "p.{parent.primary_key.name} GROUP BY p.{parent.primary_key.name}, p.{parent.label.name} "
         "HAVING COUNT(*) > (SELECT COUNT(*) * 1.0 / COUNT(DISTINCT {key.name}) FROM {child.name})",
+        held_out_phrasings=(
+            "Out of the {parent.plural} with any {child.plural}, which have an above-average number of them?",
+        ),
     ),
     Template(
         "parent_with_most_children",
@@ -769,10 +885,103 @@ TEMPLATES: tuple[Template, ...] = (
         tie_check_sql="SELECT COUNT(*) FROM {parent.name} AS p JOIN {child.name} AS c "
         "ON c.{key.name} = p.{parent.primary_key.name} GROUP BY p.{parent.primary_key.name}, p.{parent.label.name} "
         "ORDER BY COUNT(*) DESC LIMIT 2",
+        held_out_phrasings=("Out of all {parent.plural}, which one counts the most {child.plural}?",),
+    ),
+    # Families only the held-out splits ask (beside between, parents_without_children and categories_with_both):
+    # SQL shapes and wordings training never shows.
+    Template(
+        "date_extreme",
+        1,
+        (_table(Role.DATE), _column("d", Role.DATE), _one_of(fn=("MIN", "MAX"), word=("earliest", "latest"))),
+        (
+            "What is the {word} {d.phrase} among the {t.plural}?",
+            "Find the {word} {d.phrase} of any {t.singular}.",
+            "When is the {word} {d.phrase} on record for {t.plural}?",
+        ),
+        "SELECT {fn}({d.name}) FROM {t.name}",
+        held_out=True,
+    ),
+    Template(
+        "value_span",
+        1,
+        (_table(Role.NUMBER), _column("n", Role.NUMBER)),
+        (
+            "What are the smallest and the largest {n.phrase} among {t.plural}?",
+            "Give the minimum and the maximum {n.phrase} of all {t.plural}.",
+            "What range does the {n.phrase} of {t.plural} span, from its lowest to its highest?",
+        ),
+        "SELECT MIN({n.name}), MAX({n.name}) FROM {t.name}",
+        held_out=True,
+    ),
+    Template(
+        "count_per_year",
+        1,
+        (_table(Role.DATE), _column("d", Role.DATE)),
+        (
+            "How many {t.plural} are there for each year of {d.phrase}?",
+            "Count the {t.plural} by the year of their {d.phrase}.",
+            "Year by year, how many {t.plural} have their {d.phrase} in that year?",
+        ),
+        "SELECT year({d.name}), COUNT(*) FROM {t.name} GROUP BY year({d.name})",
+        held_out=True,
+    ),
+    Template(
+        "children_of_named_parent_count",
+        1.5,
+        (_parent_child(), _name("parent")),
+        (
+            "For the {key:noun} {name}, how many {child.plural} are on record?",
+            "{name} is the {key:noun} of how many {child.plural}?",
+            "Give the count of {child.plural} tied to the {parent.singular} {name} as their {key:noun}.",
+        ),
+        "SELECT COUNT(*) FROM {child.name} AS c JOIN {parent.name} AS p ON c.{key.name} = "
+        "p.{parent.primary_key.name} WHERE p.{parent.label.name} = {name:literal}",
+        held_out=True,
+    ),
+    Template(
+        "categories_with_many",
+        1.2,
+        (_table(Role.CATEGORY), _column("c", Role.CATEGORY), _group_size),
+        (
+            "Which {c.phrase} values have more than {k} {t.plural}?",
+            "List each {c.phrase} shared by over {k} {t.plural}.",
+            "For which {c.phrase} are there more than {k} {t.plural}?",
+        ),
+        "SELECT {c.name} FROM {t.name} GROUP BY {c.name} HAVING COUNT(*) > {k}",
+        held_out=True,
+    ),
+    Template(
+        "parents_by_children_total",
+        1.2,
+        (
+            _parent_child(child_needs=(Role.NUMBER,)),
+            _additive_number("child"),
+            _limit(1, 3, 5),
+        ),
+        (
+            "Which {k} {parent.plural} have the highest total {n.phrase} across their {child.plural}?",
+            "List the {parent:names} of the {k} {parent.plural} whose {child.plural} add up to the most {n.phrase}.",
+        ),
+        "SELECT p.{parent.label.name} FROM {parent.name} AS p JOIN {child.name} AS c "
+        "ON c.{key.name} = p.{parent.primary_key.name} GROUP BY p.{parent.primary_key.name}, p.{parent.label.name} "
+        "HAVING SUM(c.{n.name}) IS NOT NULL ORDER BY SUM(c.{n.name}) DESC LIMIT {k}",
+        tie_check_sql="SELECT SUM(c.{n.name}) FROM {parent.name} AS p JOIN {child.name} AS c "
+        "ON c.{key.name} = p.{parent.primary_key.name} GROUP BY p.{parent.primary_key.name}, p.{parent.label.name} "
+        "HAVING SUM(c.{n.name}) IS NOT NULL ORDER BY SUM(c.{n.name}) DESC LIMIT {tie_limit}",
+        alternate=(
+            "Which {parent.singular} has the highest total {n.phrase} across its {child.plural}?",
+            "Name the {parent.singular} whose {child.plural} add up to the most {n.phrase}.",
+        ),
+        held_out=True,
     ),
 )
 
 
+SEEN_TEMPLATES = tuple(t for t in TEMPLATES if not t.held_out)
+
+
 def draw_candidate(scope: Scope) -> Candidate | None:
-    template = scope.rng.choices(TEMPLATES, [t.weight for t in TEMPLATES])[0]
+    """A question of a template drawn by weight: of any family for a held-out split, of a seen one for training."""
+    templates = TEMPLATES if scope.held_out else SEEN_TEMPLATES
+    template = scope.rng.choices(templates, [t.weight for t in templates])[0]
     return instantiate(template, scope)

@@ -1,9 +1,13 @@
-"""Where a loader's cache folder lies, and how a file in it is replaced without a reader seeing half of it."""
+"""Where a loader's cache folder lies, how a file in it is replaced without a reader seeing half of it, and how
+processes that fill the same folder take turns."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -18,3 +22,11 @@ def write_atomically(path: Path, text: str) -> None:
     partial = path.with_name(path.name + f".{os.getpid()}.partial")
     partial.write_text(text, encoding="utf-8")
     partial.replace(path)
+
+
+@contextmanager
+def exclusive(cache_dir: Path) -> Iterator[None]:
+    """Hold the cache folder alone: a second process waits, then finds the first one's conversions done."""
+    with (cache_dir / ".lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when the process dies
+        yield

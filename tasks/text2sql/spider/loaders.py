@@ -12,14 +12,14 @@ import duckdb
 from tasks.text2sql.dataset import Database, Example, Text2SqlDataset
 from tasks.text2sql.difficulty import classify_expression
 from tasks.text2sql.errors import DatasetError
-from tasks.text2sql.spider.cache import default_cache_dir
+from tasks.text2sql.spider.cache import default_cache_dir, exclusive
 from tasks.text2sql.spider.gold_checks import GoldCheckCache, check_gold
 from tasks.text2sql.spider.gold_repairs import GoldRejectedError, generate, transpile
+from tasks.text2sql.spider.layout import SplitFiles, bird_layout, spider_layout
 from tasks.text2sql.spider.records import (
     BirdRecord,
     RawExample,
     SpiderRecord,
-    existing_folder,
     read_records,
     read_tables_file,
     sqlite_path,
@@ -59,16 +59,6 @@ class LoadReport:
     source_difficulty: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class _SplitFiles:
-    """Where one split of a Spider or BIRD folder lies."""
-
-    split: str
-    records: tuple[Path, ...]
-    tables: Path
-    database_dirs: tuple[Path, ...]
-
-
 def load_spider(root: Path, cache_dir: Path | None = None) -> tuple[Text2SqlDataset, LoadReport]:
     """Load a Spider folder: tables.json, train_spider.json (+ train_others.json), dev.json, test.json.
 
@@ -76,18 +66,10 @@ def load_spider(root: Path, cache_dir: Path | None = None) -> tuple[Text2SqlData
     database/<db_id>/<db_id>.sqlite, then test_database/. Raises DatasetError naming the file when
     the folder is malformed.
     """
-    root = existing_folder(root)
-    database_dirs = (root / "database", root / "test_database")
-    splits = [
-        _SplitFiles(
-            "train", (root / "train_spider.json", root / "train_others.json"), root / "tables.json", database_dirs
-        ),
-        _SplitFiles("dev", (root / "dev.json",), root / "tables.json", database_dirs),
-        _SplitFiles("test", (root / "test.json",), root / "test_tables.json", database_dirs),
-    ]
+    root, splits = spider_layout(root)
     raw, sqlite_paths = _read_splits(splits, SpiderRecord)
     if not raw:
-        raise DatasetError(f"{root}: no Spider split file (train_spider.json, dev.json or test.json)")
+        raise DatasetError(f"{root}: no Spider split file (train_spider.json, dev.json or test.json) holds a question")
     return _build("spider", raw, sqlite_paths, cache_dir or default_cache_dir("spider", root))
 
 
@@ -98,26 +80,15 @@ def load_bird(root: Path, cache_dir: Path | None = None) -> tuple[Text2SqlDatase
     Evidence is kept on each example, BIRD's own difficulty label in LoadReport.source_difficulty.
     Raises DatasetError naming the file when the folder is malformed.
     """
-    root = existing_folder(root)
-    splits = [files for files in (_bird_split(root, split) for split in ("train", "dev")) if files is not None]
+    root, splits = bird_layout(root)
     raw, sqlite_paths = _read_splits(splits, BirdRecord)
     if not raw:
-        raise DatasetError(f"{root}: no BIRD split file (train/train.json, dev/dev.json or dev.json)")
+        raise DatasetError(f"{root}: no BIRD split file (train/train.json, dev/dev.json or dev.json) holds a question")
     return _build("bird", raw, sqlite_paths, cache_dir or default_cache_dir("bird", root))
 
 
-def _bird_split(root: Path, split: str) -> _SplitFiles | None:
-    """The files of `split` in its own folder, else flat in root; None when neither holds `<split>.json`."""
-    folder = next((f for f in (root / split, root) if (f / f"{split}.json").is_file()), None)
-    if folder is None:
-        return None
-    return _SplitFiles(
-        split, (folder / f"{split}.json",), folder / f"{split}_tables.json", (folder / f"{split}_databases",)
-    )
-
-
 def _read_splits(
-    splits: list[_SplitFiles], record_type: type[SpiderRecord] | type[BirdRecord]
+    splits: tuple[SplitFiles, ...], record_type: type[SpiderRecord] | type[BirdRecord]
 ) -> tuple[list[RawExample], dict[str, Path]]:
     """The examples of the splits whose record files exist, and the SQLite file of each db_id they name.
 
@@ -128,8 +99,6 @@ def _read_splits(
     sqlite_paths: dict[str, Path] = {}
     for files in splits:
         existing = [path for path in files.records if path.is_file()]
-        if not existing:
-            continue
         tables = read_tables_file(files.tables)
         records = [(path, record) for path in existing for record in read_records(path, record_type)]
         seen: set[str] = set()
@@ -147,6 +116,14 @@ def _build(
     name: str, raw: list[RawExample], sqlite_paths: dict[str, Path], cache_dir: Path
 ) -> tuple[Text2SqlDataset, LoadReport]:
     cache_dir.mkdir(parents=True, exist_ok=True)
+    # A study's trials open the same release at once; they take turns, so each database is converted once.
+    with exclusive(cache_dir):
+        return _build_locked(name, raw, sqlite_paths, cache_dir)
+
+
+def _build_locked(
+    name: str, raw: list[RawExample], sqlite_paths: dict[str, Path], cache_dir: Path
+) -> tuple[Text2SqlDataset, LoadReport]:
     converted = {db_id: convert_cached(db_id, sqlite_paths[db_id], cache_dir) for db_id in sorted(sqlite_paths)}
     earlier_checks = GoldCheckCache.read(cache_dir / "gold_checks.json")
     # Written back with only this load's verdicts, so that the file does not grow with stale ones.

@@ -62,10 +62,12 @@ class _TableRecord(BaseModel):
 _Record = TypeVar("_Record", bound=BaseModel)
 
 
-def existing_folder(root: Path) -> Path:
+def existing_folder(root: Path, release: str) -> Path:
+    """`root` resolved; raises DatasetError naming the fix when it is not a folder."""
     root = Path(root).expanduser().resolve()
     if not root.is_dir():
-        raise DatasetError(f"{root}: not a folder")
+        what = "a file, not a folder" if root.exists() else "no such folder"
+        raise DatasetError(f"{root}: {what}; give the folder the {release} release was unpacked into")
     return root
 
 
@@ -106,4 +108,7 @@ def sqlite_path(db_id: str, source: Path, tables: TablesFile, database_dirs: tup
         if path.is_file():
             return path
     expected = " or ".join(str(folder / db_id / f"{db_id}.sqlite") for folder in database_dirs)
-    raise DatasetError(f"{source}: db_id {db_id!r} has no database file ({expected})")
+    raise DatasetError(
+        f"{source}: db_id {db_id!r} has no database file ({expected}); put the release's copy there, or remove the "
+        "questions on it"
+    )

@@ -131,7 +131,10 @@ def _convert(db_id: str, sqlite_path: Path, duckdb_path: Path) -> dict[str, _Col
             target.execute("CHECKPOINT")
     except sqlite3.Error as error:
         partial.unlink(missing_ok=True)
-        raise DatasetError(f"{sqlite_path}: not a readable SQLite database: {error}") from error
+        raise DatasetError(
+            f"{sqlite_path}: not a readable SQLite database ({error}); replace it with the release's copy (an "
+            "unpacking cut short leaves such files)"
+        ) from error
     partial.replace(duckdb_path)
     return plans
 

@@ -1,0 +1,66 @@
+"""The server with one of its scheduling mechanisms set otherwise, to measure what that mechanism costs or buys
+(`python -m benchmarks.fairness --engine --variants …`). Each variant changes one module constant or switch of this
+tree's code before the server starts; the server is otherwise the same.
+
+Run: python -m benchmarks.scheduler_variants VARIANT serve [the flags of python -m trainer_backend serve]
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable
+
+from trainer_backend import scheduler
+from trainer_backend.engine import sampling
+from trainer_backend.samplers import builtin
+
+
+def _no_joining() -> None:
+    # A running generation never has room for more rows: another tenant's requests nest in its pause instead.
+    sampling.joinable_capacity = lambda cache: None
+
+
+def _no_nesting() -> None:
+    add_batch_kind = scheduler.Scheduler.add_batch_kind
+
+    def without_nesting(self: scheduler.Scheduler, *arguments: object, **options: object) -> None:
+        add_batch_kind(self, *arguments, **{**options, "nests": False})
+
+    scheduler.Scheduler.add_batch_kind = without_nesting
+
+
+def _no_pause_share_limit() -> None:
+    scheduler.PAUSE_SHARE_LIMIT = math.inf
+
+
+def _no_gathering_window() -> None:
+    builtin.SAMPLING_BATCH_WINDOW_S = 0.0
+
+
+def _join_within_budget() -> None:
+    scheduler.JOIN_BUDGET_LIMIT = 1.0
+
+
+VARIANTS: dict[str, Callable[[], None]] = {
+    "no-joining": _no_joining,  # nested batches only, as before joining
+    "no-nesting": _no_nesting,  # what a generation cannot take in waits for its end
+    "no-pause-share-limit": _no_pause_share_limit,  # others' work runs in every pause
+    "no-gathering-window": _no_gathering_window,  # a batch forms (or takes requests in) as soon as one is ready
+    "join-within-budget": _join_within_budget,  # no tenant takes a running batch past its budget
+}
+
+
+def main() -> None:
+    variant, *rest = sys.argv[1:]
+    if variant not in VARIANTS:
+        raise SystemExit(f"unknown variant {variant!r}; the variants are {', '.join(VARIANTS)}")
+    VARIANTS[variant]()
+    from trainer_backend.__main__ import main as serve_main
+
+    sys.argv = ["trainer_backend", *rest]
+    serve_main()
+
+
+if __name__ == "__main__":
+    main()

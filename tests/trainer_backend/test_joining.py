@@ -1,0 +1,134 @@
+"""A running generation takes in more requests between its decode steps (continuous batching): each joined request
+gets what it gets alone, its outcome comes as soon as its own rows are done, and the batch's steps serve both.
+
+Tiny random Gemma 3 and Qwen2 models with two LoRA adapters; each answer is compared with the same request alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from support.tiny_models import TINY_ARCHITECTURES, peaked_tiny_model, randomise_lora_b
+from support.trainer import assert_answered_alike
+
+from trainer_backend.engine.sampling import Joining, JoinRoom, SamplingJob, sample_batch
+from trainer_backend.engine.types import SamplingInputError, SamplingRequest, SamplingResult
+
+VOCAB = 97
+CONTEXT = 256
+PROMPT = (2, 11, 5, 40, 7, 93, 3, 18, 60, 1)
+LONG_PROMPT = tuple((7 * i + 3) % VOCAB for i in range(30))
+
+
+def letters(ids: Sequence[int]) -> str:
+    return "".join(chr(ord("a") + token % 26) for token in ids)
+
+
+@pytest.fixture(scope="module", params=TINY_ARCHITECTURES)
+def model(request: pytest.FixtureRequest) -> PeftModel:
+    """Two adapters ("default", "other") over a tiny model whose sliding window (Gemma) covers every generation."""
+    torch.manual_seed(1)
+    peft_model = get_peft_model(
+        peaked_tiny_model(request.param, VOCAB, CONTEXT, sliding_window=128),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    )
+    peft_model.add_adapter("other", LoraConfig(r=2, lora_alpha=8, target_modules=["q_proj", "o_proj", "down_proj"]))
+    randomise_lora_b(peft_model)
+    return peft_model.eval()
+
+
+class Forwards:
+    """Counts the model's forward passes (a prefill or a decode step each) while it is in use."""
+
+    def __init__(self, model: PeftModel) -> None:
+        self.count = 0
+        self._handle = model.get_base_model().model.register_forward_hook(self._counted)
+
+    def _counted(self, *_: object) -> None:
+        self.count += 1
+
+    def close(self) -> None:
+        self._handle.remove()
+
+
+RUNNING = SamplingJob(SamplingRequest(prompt_tokens=PROMPT, temperature=0, max_tokens=30), None, ())
+JOINING = [
+    # Its prompt is longer than what the running rows have filled when it joins: the running rows move right.
+    SamplingJob(SamplingRequest(prompt_tokens=LONG_PROMPT, num_samples=3, max_tokens=8, seed=4), "default", ()),
+    SamplingJob(SamplingRequest(prompt_tokens=PROMPT[:4], temperature=0.7, max_tokens=6, seed=9), "other", ()),
+]
+
+
+def joined_at(step: int, jobs: Sequence[SamplingJob], rooms: list[JoinRoom]) -> Joining:
+    """Lets `jobs` in (those the room accepts) before decode step `step`; records outcomes in `rooms`' order."""
+    calls = iter(range(1, 1000))
+
+    def admit(room: JoinRoom) -> list[SamplingJob]:
+        if next(calls) != step:
+            return []
+        rooms.append(room)
+        return [job for job in jobs if room.accepts(job.request)]
+
+    return Joining(admit, lambda index, outcome: None)
+
+
+def test_a_request_that_joins_a_running_generation_gets_what_it_gets_alone(model: PeftModel) -> None:
+    rooms: list[JoinRoom] = []
+    outcomes = sample_batch(model, [RUNNING], letters, CONTEXT, joining=joined_at(3, JOINING, rooms))
+
+    assert len(outcomes) == 1 + len(JOINING)
+    for job, outcome in zip([RUNNING, *JOINING], outcomes, strict=True):
+        (alone,) = sample_batch(model, [job], letters, CONTEXT)
+        assert_answered_alike(outcome, alone)
+
+
+def test_a_joined_requests_outcome_comes_as_soon_as_its_rows_are_done(model: PeftModel) -> None:
+    finished: list[int] = []
+    admitted = iter([[], [], JOINING[1:]])
+
+    def admit(room: JoinRoom) -> list[SamplingJob]:
+        jobs = next(admitted, [])
+        return [job for job in jobs if room.accepts(job.request)]
+
+    def done(index: int, outcome: SamplingResult | SamplingInputError) -> None:
+        assert isinstance(outcome, SamplingResult)
+        finished.append(index)
+
+    sample_batch(model, [RUNNING], letters, CONTEXT, joining=Joining(admit, done))
+    # The joined request (index 1: after the batch's own) ends after its 6 tokens, long before the 30 of the first.
+    assert finished == [1, 0]
+
+
+def test_joined_rows_share_the_running_batchs_decode_steps(model: PeftModel) -> None:
+    forwards = Forwards(model)
+    try:
+        for job in [RUNNING, *JOINING]:
+            sample_batch(model, [job], letters, CONTEXT)
+        one_after_another = forwards.count
+        forwards.count = 0
+        sample_batch(model, [RUNNING], letters, CONTEXT, joining=joined_at(3, JOINING, []))
+        together = forwards.count
+    finally:
+        forwards.close()
+    # Alone: a prefill and up to max_tokens - 1 steps each (30 + 8 + 6). Joined: one prefill for those who join, and
+    # their steps are the running batch's.
+    assert together <= one_after_another - 8 - 6 + 1
+
+
+def test_a_generation_takes_in_only_what_fits_its_cache(model: PeftModel) -> None:
+    rooms: list[JoinRoom] = []
+    too_long = SamplingJob(SamplingRequest(prompt_tokens=PROMPT, max_tokens=CONTEXT - 20, seed=1), None, ())
+    scored = SamplingJob(SamplingRequest(prompt_tokens=PROMPT, max_tokens=4, prompt_logprobs=True), None, ())
+    invalid = SamplingJob(SamplingRequest(prompt_tokens=(1, VOCAB + 5), max_tokens=4), None, ())
+    outcomes = sample_batch(
+        model, [RUNNING], letters, CONTEXT, joining=joined_at(2, [too_long, scored, invalid, *JOINING], rooms)
+    )
+
+    # Past the room the batch kept for joining, asking for prompt scores (they need a prefill of their own), or not a
+    # valid request: left to run elsewhere; the others joined.
+    (room,) = rooms
+    assert room.capacity == 2 * (len(PROMPT) + RUNNING.request.max_tokens)
+    assert len(outcomes) == 1 + len(JOINING)
