@@ -163,15 +163,29 @@ def tree_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") + sum(map(tree_cpu_seconds, children))
 
 
+def preemptions(pid: int) -> int:
+    """Times the threads of process `pid` were taken off a core against their will (Linux's nonvoluntary context
+    switches): on a CPU shared with other processes, how often the device's work was interrupted."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            status = (task / "status").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        total += int(status.split("nonvoluntary_ctxt_switches:")[1].split()[0])
+    return total
+
+
 @dataclass(frozen=True)
 class Phase:
-    """One phase of the scenario: its wall time, the device's work in it, and the CPU seconds the server and the
-    clients (this process and its workers) used."""
+    """One phase of the scenario: its wall time, the device's work in it, the CPU seconds the server and the clients
+    (this process and its workers) used, and how often the server's threads were preempted."""
 
     wall_s: float
     device: DeviceCounters
     server_cpu_s: float
     client_cpu_s: float
+    server_preemptions: int
 
 
 @dataclass(frozen=True)
@@ -284,15 +298,25 @@ def run_engine(
     serving = server_from(tree, workdir / "backend", Path(b_config.base_model), launcher)
     with serving as (url, server), MemoryWatch(server) as watch:
 
+        def cpu_seconds() -> tuple[float, float]:
+            """The server's, and the clients' (this process and its other children: the server is one of them)."""
+            server_s = tree_cpu_seconds(server.pid)
+            return server_s, tree_cpu_seconds(os.getpid()) - server_s
+
         def phase(work: Callable[[], object]) -> Phase:
-            before = DeviceCounters.read(url)
-            server_cpu, client_cpu = tree_cpu_seconds(server.pid), tree_cpu_seconds(os.getpid())
+            before, (server_cpu, client_cpu), preempted = (
+                DeviceCounters.read(url),
+                cpu_seconds(),
+                preemptions(server.pid),
+            )
             began, ended = timed(work)
+            server_after, client_after = cpu_seconds()
             return Phase(
                 ended - began,
                 DeviceCounters.read(url) - before,
-                tree_cpu_seconds(server.pid) - server_cpu,
-                tree_cpu_seconds(os.getpid()) - client_cpu,
+                server_after - server_cpu,
+                client_after - client_cpu,
+                preemptions(server.pid) - preempted,
             )
 
         b_steps_alone: list[Step] = []
@@ -392,7 +416,9 @@ def engine_main(model: str, before: str | None, steps: int, log_dir: Path | None
             verdicts.append(
                 f"{name}: CPU seconds, server / clients: alone {sum(p.server_cpu_s for p in alone_phases):.0f} / "
                 f"{sum(p.client_cpu_s for p in alone_phases):.0f}, together {figures.together.server_cpu_s:.0f} / "
-                f"{figures.together.client_cpu_s:.0f}"
+                f"{figures.together.client_cpu_s:.0f}; the server's threads preempted "
+                f"{sum(p.server_preemptions for p in alone_phases):,} times alone, "
+                f"{figures.together.server_preemptions:,} together"
             )
     console.print(table)
     for line in verdicts:

@@ -23,9 +23,22 @@ def _stat_fields(pid: int) -> list[str] | None:
 
 
 def alive(pid: int) -> bool:
-    """A process with this pid runs and is not a zombie (this container's init may never reap orphans)."""
-    fields = _stat_fields(pid)
-    return fields is not None and fields[0] not in ("Z", "X")
+    """A process with this pid runs and is not a zombie (this container's init may never reap orphans).
+
+    A process still dying counts as alive: after SIGKILL its main thread shows as a zombie while its other threads
+    are still exiting, and those still hold its open files (its listening sockets among them)."""
+    try:
+        threads = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return False
+    for thread in threads:
+        try:
+            stat = (thread / "stat").read_text()
+        except OSError:
+            continue
+        if stat[stat.rindex(")") + 2] not in ("Z", "X"):
+            return True
+    return False
 
 
 def tree(root: int) -> set[int]:
@@ -84,6 +97,15 @@ def wait_until_gone(pids: Iterable[int], within_s: float) -> float:
     while (left := {pid for pid in pids if alive(pid)}) and time.monotonic() - started < within_s:
         time.sleep(0.05)
     assert not left, f"still alive after {within_s:g} s: " + "; ".join(f"{pid} {command_line(pid)}" for pid in left)
+    return time.monotonic() - started
+
+
+def wait_until_closed(ports: set[int], within_s: float) -> float:
+    """Seconds until no process listens on any of `ports`; fails the test naming those still listened on."""
+    started = time.monotonic()
+    while (left := ports & listening_ports()) and time.monotonic() - started < within_s:
+        time.sleep(0.05)
+    assert not left, f"still listened on after {within_s:g} s: {sorted(left)}"
     return time.monotonic() - started
 
 

@@ -85,6 +85,22 @@ def test_a_fresh_adapter_is_exempt_from_the_probe_and_answers_as_the_base_model(
     assert sample(client, path).sequences[0].tokens == base.sequences[0].tokens
 
 
+def test_weights_saved_before_proofs_existed_are_served_and_their_load_still_checked(
+    server: RunningServer, client: tinker.ServiceClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint of an earlier server has no proof: its load must still apply exactly the file it read and move
+    the probe (nothing saved is lost), and a load that leaves the tensors out is refused all the same."""
+    path = trained(client, seed=9).save_weights_for_sampler("before-proofs").result().path
+    (folder_of(server, path) / PROOF_FILE).unlink()
+    before = checked(server, "builtin")
+    assert sample(client, path).sequences[0].tokens
+    assert checked(server, "builtin") == before + 1
+    other = trained(client, seed=10).save_weights_for_sampler("before-proofs-too").result().path
+    (folder_of(server, other) / PROOF_FILE).unlink()
+    monkeypatch.setattr(adapters, "set_peft_model_state_dict", lambda *_, **__: SimpleNamespace(unexpected_keys=[]))
+    assert_refused(client, other, "are not the ones saved")
+
+
 def test_weights_trained_too_little_to_show_on_the_probe_are_refused_as_such(
     server: RunningServer, client: tinker.ServiceClient
 ) -> None:

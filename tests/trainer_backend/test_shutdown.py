@@ -20,6 +20,7 @@ from support.process_trees import (
     listening_ports,
     port_free,
     tree,
+    wait_until_closed,
     wait_until_gone,
 )
 from support.vllm import NEEDS_VLLM, VLLM_PYTHON
@@ -74,6 +75,6 @@ def test_a_stopped_vllm_server_leaves_no_process_and_no_port_behind(
         assert server.wait(timeout=GONE_WITHIN_S[signum]) == EXIT_STATUS[signum]
         assert not alive(vllm)
     wait_until_gone(processes, within_s=GONE_WITHIN_S[signum])
-    assert ports & listening_ports() == set()
+    wait_until_closed(ports, within_s=GONE_WITHIN_S[signum])
     # (The engine's own ports may be held in TIME_WAIT for a minute, as TCP does; no server of ours waits on them.)
     assert port_free(port) and port_free(vllm_port)
