@@ -30,7 +30,8 @@ from autoresearch.trials.backend import api_key as trial_api_key
 from autoresearch.trials.backend import backend_for
 from autoresearch.view import StudyView, write_summary
 
-app = typer.Typer(add_completion=False, help=__doc__)
+# Click's plain help, not rich's: rich's option table cuts long flag names at 80 columns (issue 41).
+app = typer.Typer(add_completion=False, help=__doc__, rich_markup_mode=None)
 STOP = StopSignal()
 
 
@@ -72,8 +73,9 @@ def autoresearch(
             if spec.llm is not None and spec.llm.is_local:
                 proposer = LlmProposer(spec.llm.served_by(backend_urls[0], spec.base_model), api_key=trial_api_key())
                 console.print(
-                    f"proposals: {spec.base_model} on the local backend's {backend_urls[0]}/v1, with Optuna's TPE "
-                    "sampler for whatever it does not propose"
+                    f"proposals: {spec.base_model} on the local backend's {backend_urls[0]}/v1 for "
+                    f"{spec.llm.share:.0%} of the trials, Optuna's TPE sampler for the rest and for any the LLM "
+                    "cannot serve"
                 )
             executor = _executor(spec, folder, run_root)
 

@@ -1,7 +1,8 @@
 """What a study and its trials carry as Optuna user attributes, read and written here alone.
 
 The dashboard shows them and existing studies hold them, so their names and values are as they always were. A trial
-carries `run_id`, `source` (llm or sampler), `rationale`, `backend_url`, `reward_spec` and `trial_config` (JSON), once
+carries `run_id`, `source` (llm or sampler), `rationale`, `llm_fallback` (why an LLM's turn went to the sampler: see
+`hybrid_sampler`), `backend_url`, `reward_spec` and `trial_config` (JSON), once
 it ends `held_out_at_rl_start` and `rl_gain` (what RL added to the accuracy its warm-up left), once it finished
 `sampler_path`, and for a failed one `failure`. The study carries the base model's held-out accuracy
 (`baseline_accuracy`), each shared warm-up (`shared_warmup:<backend>`), the LLM's analyses (`analysis-<round>`), and
@@ -50,6 +51,8 @@ class TrialAttributes(BaseModel):
     run_id: str | None = None
     source: Literal["llm", "sampler"] | None = None
     rationale: str | None = None
+    # "<kind>: <why>" on a trial that was the LLM's turn and that the sampler proposed instead.
+    llm_fallback: str | None = None
     backend_url: str | None = None
     # The trial config's reward spec, and the whole config, as JSON text.
     reward_spec: str | None = None

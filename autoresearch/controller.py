@@ -26,23 +26,17 @@ from langgraph.graph import END, START, StateGraph
 from optuna.trial import TrialState
 from optuna_dashboard import save_note
 
-from autoresearch.attributes import (
-    StudyAttributes,
-    TrialAttributes,
-    count_llm_candidates,
-    record_analysis,
-    record_baseline,
-    record_rejected_proposal,
-)
+from autoresearch.attributes import StudyAttributes, TrialAttributes, record_analysis, record_baseline
 from autoresearch.controller_state import ControllerState
-from autoresearch.errors import CandidateError, ConfigurationError, ExecutorError, ProposalError, TrialError
+from autoresearch.errors import ConfigurationError, ExecutorError, ProposalError, TrialError
 from autoresearch.executors import TrialExecutor, TrialPhase
 from autoresearch.executors.base import stop_or_warn
 from autoresearch.proposer import LlmProposer
-from autoresearch.search import Candidate, candidate_from_params, check_candidate, distributions, trial_config_of
+from autoresearch.search import candidate_from_params, distributions, trial_config_of
 from autoresearch.shared_warmup import SharedWarmups
 from autoresearch.spec import StudySpec
 from autoresearch.study import ENDED, RlGain, history, rl_gain_from, run_id_of
+from autoresearch.study_sampler import study_sampler
 from autoresearch.trials.evaluation import evaluate_checkpoint
 from tasks.errors import TaskError
 
@@ -54,7 +48,11 @@ RELAUNCHES = 1
 
 
 class Controller:
-    """Runs one study's budget of trials on an executor, with an LLM proposer or Optuna's sampler alone."""
+    """Runs one study's budget of trials on an executor, with an LLM proposer or Optuna's sampler alone.
+
+    With a proposer, the study's sampler becomes the spec's hybrid sampler (`study_sampler`): the LLM on its share of
+    the trials, TPE on the rest and on every LLM turn the LLM cannot serve.
+    """
 
     def __init__(
         self,
@@ -70,6 +68,9 @@ class Controller:
         self.study = study
         self.executor = executor
         self.proposer = proposer
+        self.sampler = study_sampler(spec, study, proposer) if proposer is not None else None
+        if self.sampler is not None:
+            study.sampler = self.sampler
         if not backend_urls:
             raise ValueError("the controller needs at least one backend URL")
         self.backend_urls = tuple(backend_urls)
@@ -124,29 +125,11 @@ class Controller:
         return {}
 
     def propose(self, state: ControllerState) -> dict:
-        """Ask the LLM for candidates when launch slots are free and none wait; valid ones join Optuna's queue."""
-        waiting = self._trials(TrialState.WAITING)
-        if self.proposer is None or waiting or self._free_slots() == 0:
-            return {"round": state["round"] + 1}
-        count = min(self.spec.budget.candidates_per_round, self._free_slots())
-        try:
-            proposed = self.proposer.propose(self.spec, history(self.study), count, self._baseline())
-        except ProposalError as error:
-            self._record_rejection(f"round {state['round']}: {error}; Optuna's sampler proposes instead")
-            return {"round": state["round"] + 1}
-        count_llm_candidates(self.study, "proposed", len(proposed))
-        earlier = {f"trial {t.number}'s": t.params for t in self._trials(TrialState.RUNNING, *ENDED)}
-        for index, candidate in enumerate(proposed):
-            try:
-                check_candidate(self.spec, candidate.params, candidate.reward_weights)
-                _check_new(candidate, earlier)
-            except CandidateError as error:
-                self._record_rejection(f"round {state['round']}: {candidate.rationale!r} rejected: {error}")
-                continue
-            queued = TrialAttributes(rationale=candidate.rationale, source=candidate.source)
-            self.study.enqueue_trial(candidate.optuna_params(), user_attrs=queued.user_attrs())
-            earlier[f"candidate {index + 1} of this round's"] = candidate.optuna_params()
-            count_llm_candidates(self.study, "valid", 1)
+        """When launch slots are free and none wait, ask the LLM now for its turns among the trials about to start:
+        the candidates that pass the checks join Optuna's queue (safe from a crash until launched); a turn it
+        cannot fill goes to TPE with the reason, recorded on the study (`rejected_proposals`) and on the trial."""
+        if self.sampler is not None and not self._trials(TrialState.WAITING) and self._free_slots() > 0:
+            self.sampler.enqueue_llm_proposals(self.study, self._free_slots())
         return {"round": state["round"] + 1}
 
     def launch(self, state: ControllerState) -> dict:
@@ -161,7 +144,8 @@ class Controller:
         to repeat: the executor starts a run id once, and a trial keeps the backend it was given first."""
         attributes = TrialAttributes.of(trial)
         source = attributes.source or "sampler"
-        rationale = attributes.rationale or SAMPLER_RATIONALE
+        fallback = f", in the LLM's turn ({attributes.llm_fallback})" if attributes.llm_fallback else ""
+        rationale = attributes.rationale or SAMPLER_RATIONALE + fallback
         candidate = candidate_from_params(trial.params, rationale, source)
         run_id = run_id_of(self.spec, trial)
         backend_url = attributes.backend_url
@@ -249,10 +233,6 @@ class Controller:
         TrialAttributes(failure=reason).write_to(optuna.trial.Trial(self.study, trial._trial_id))
         self.study.tell(trial.number, state=TrialState.FAIL)
 
-    def _record_rejection(self, reason: str) -> None:
-        log.warning("%s", reason)
-        record_rejected_proposal(self.study, reason)
-
     def _reconcile(self, frozen: optuna.trial.FrozenTrial) -> None:
         """Bring one RUNNING trial in line with its run: launch, report, prune, finish or fail it."""
         run_id = run_id_of(self.spec, frozen)
@@ -309,11 +289,3 @@ class Controller:
     def _record_rl_gain(self, trial: optuna.Trial, gain: RlGain) -> None:
         """What RL added over the warm-up, as user attributes the dashboard shows (set before the trial ends)."""
         TrialAttributes(held_out_at_rl_start=gain.at_start, rl_gain=gain.gain).write_to(trial)
-
-
-def _check_new(candidate: Candidate, earlier: dict[str, dict[str, object]]) -> None:
-    """Raises CandidateError when the candidate repeats an earlier trial's or candidate's parameters and reward
-    weights: run again, it would spend a trial slot to retrace the same curve."""
-    for whose, params in earlier.items():
-        if candidate.repeats(params):
-            raise CandidateError(f"it repeats {whose} parameters and reward weights")

@@ -34,6 +34,14 @@ class ProposalError(AutoresearchError):
     """The LLM's reply could not be used (unreachable endpoint, no key, malformed output); the message says why."""
 
 
+class SlowProposalError(ProposalError):
+    """The LLM did not answer within its timeout."""
+
+
+class MalformedProposalError(ProposalError):
+    """The LLM answered, but not with a proposal of the expected shape (or it was cut off)."""
+
+
 class CandidateError(AutoresearchError):
     """A proposed candidate does not fit the search space; the message says which value and why."""
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -20,13 +21,15 @@ from langchain_core.messages import HumanMessage, SystemMessage
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from autoresearch.errors import ProposalError
+from autoresearch.errors import MalformedProposalError, ProposalError, SlowProposalError
 from autoresearch.search import Candidate
 from autoresearch.spec import Choices, FloatRange, IntRange, LlmSettings, StudySpec
 from tasks.registry import task_class
 
 # The most candidates one reply may hold (Budget.candidates_per_round's bound).
 MAX_CANDIDATES = 16
+# The most earlier trials one candidate may say it builds on.
+MAX_BASED_ON = 5
 # An analysis is a note of a few sentences: this many, in at most this many tokens of the LLM's reply.
 ANALYSIS_SENTENCES = 5
 ANALYSIS_MAX_TOKENS = 256
@@ -35,26 +38,41 @@ _SENTENCE_END = re.compile(r"(?<=[^\d\s][.!?])\s+")
 
 
 # A candidate as the LLM writes it, part of the reply's JSON schema (so no docstring: it would be sent as the schema's
-# description); `proposal_model` gives it the study's own params and reward weights, `candidate()` is what it runs.
+# description); `proposal_model` gives it the study's own params, reward weights and trial numbers, `candidate()` is
+# what it runs. The trials it builds on come before its rationale, so that a model decoding in order picks them first
+# and then explains its change from them, rather than writing a preamble about the task.
 class ProposedCandidate(BaseModel):
+    model_config = ConfigDict(json_schema_extra=lambda schema: _require(schema, "based_on"))
+
     params: BaseModel
     reward_weights: BaseModel
+    based_on: list[int] = Field(default_factory=list)
     # Bounded, so that under constrained decoding a reply ends within a budget of tokens whatever the model.
-    rationale: str = Field(min_length=1, max_length=300, description="why this candidate, in a sentence or two")
+    rationale: str = Field(
+        min_length=1,
+        max_length=300,
+        description="this candidate's own reason: what it changes from the trials in based_on and why, citing their "
+        "scores; one or two sentences, no preamble",
+    )
 
-    def candidate(self) -> Candidate:
-        return Candidate(self.params.model_dump(), self.reward_weights.model_dump(), self.rationale, "llm")
+    def candidate(self, history: Sequence[TrialRecord] = ()) -> Candidate:
+        """The candidate to run; its rationale names the trials it builds on with their scores, as the LLM read them."""
+        return Candidate(
+            self.params.model_dump(), self.reward_weights.model_dump(), _tied(self.rationale, self.based_on, history),
+            "llm",
+        )  # fmt: skip
 
 
 class Proposal(BaseModel):
     candidates: list[ProposedCandidate]
 
 
-def proposal_model(spec: StudySpec) -> type[Proposal]:
+def proposal_model(spec: StudySpec, shown: Sequence[int] = ()) -> type[Proposal]:
     """The reply's JSON schema for this study: each candidate gives every searched hyperparameter and every optional
-    reward component's weight, each inside its range or among its choices, and nothing else. Under constrained
-    decoding (the backend's own /v1 and vLLM, both through llguidance) a model cannot write a candidate outside the
-    search space; the caller still checks each one (a step of an integer range, a trial config that is invalid)."""
+    reward component's weight, each inside its range or among its choices, and nothing else, and the trials it builds
+    on among those `shown` to the LLM. Under constrained decoding (the backend's own /v1 and vLLM, both through
+    llguidance) a model cannot write a candidate outside the search space, nor cite a trial it was not shown; the
+    caller still checks each one (a step of an integer range, a trial config that is invalid)."""
     strict = ConfigDict(extra="forbid")
     space = spec.search_space
     params: Any = create_model(
@@ -65,11 +83,30 @@ def proposal_model(spec: StudySpec) -> type[Proposal]:
         __config__=strict,
         **{kind: _field(weight) for kind, weight in space.reward.components.items()},
     )
+    numbers: Any = Literal[tuple(sorted(set(shown)))] if shown else int
+    based_on = (
+        list[numbers],
+        Field(
+            default_factory=list,
+            max_length=MAX_BASED_ON if shown else 0,
+            description="numbers of the earlier trials (in the history) this candidate learns from",
+        ),
+    )
     candidate: Any = create_model(
-        "ProposedCandidate", __base__=ProposedCandidate, params=(params, ...), reward_weights=(weights, ...)
+        "ProposedCandidate",
+        __base__=ProposedCandidate,
+        params=(params, ...),
+        reward_weights=(weights, ...),
+        based_on=based_on,
     )
     candidates = (list[candidate], Field(min_length=1, max_length=MAX_CANDIDATES))
     return create_model("Proposal", __base__=Proposal, candidates=candidates)
+
+
+def _require(schema: dict[str, Any], name: str) -> None:
+    """Mark `name` required in a model's JSON schema though the model has a default for it: a constrained model
+    always writes it, and a reply without it (from a server that does not constrain) still parses."""
+    schema["required"] = [*schema.get("required", []), name]
 
 
 def _field(param: FloatRange | IntRange | Choices) -> tuple[Any, Any]:
@@ -90,6 +127,8 @@ class TrialRecord:
     curve: dict[int, float]
     rationale: str | None
     failure: str | None
+    # What RL added to the held-out accuracy it started from, once the trial ended.
+    rl_gain: float | None = None
 
 
 _JUDGED_ON = {
@@ -105,8 +144,9 @@ def system_prompt(spec: StudySpec) -> str:
         "You design experiments for LoRA reinforcement-learning post-training of a small language model on a task. "
         f"{task_class(spec.task).description} Each trial trains with the hyperparameters and reward you choose and "
         f"is judged only on {_JUDGED_ON[spec.objective.metric]}, never on its training reward. Propose candidates "
-        "inside the search space; explain each in one or two sentences. Learn from the history: vary what scored "
-        "well, avoid what failed, and never repeat a trial's exact values (a repeat is rejected: the same values "
+        "inside the search space. Give each candidate its own rationale: the trials it builds on (based_on) and, in "
+        "one or two sentences, what it changes from them and why. Learn from the history: vary what scored well, "
+        "avoid what failed, and never repeat a trial's exact values (a repeat is rejected: the same values "
         "rerun the same trial)."
     )
 
@@ -140,17 +180,36 @@ class LlmProposer:
         self._json_schema = True
 
     def propose(
-        self, spec: StudySpec, history: list[TrialRecord], count: int, baseline: float | None = None
+        self,
+        spec: StudySpec,
+        history: Sequence[TrialRecord],
+        count: int,
+        baseline: float | None = None,
+        best: Sequence[TrialRecord] = (),
     ) -> list[Candidate]:
-        """`count` candidates at most, given the trials so far and the base model's held-out score (`baseline`)."""
-        proposed = self._proposed(spec, history, count, baseline)
-        return [candidate.candidate() for candidate in proposed[:count]]
+        """`count` candidates at most, given the trials so far (`history`; with `best`, the latest ones), the best
+        trials, and the base model's held-out score (`baseline`).
+
+        Raises:
+            SlowProposalError: no answer within the timeout.
+            MalformedProposalError: an answer that is not a proposal of the study's schema, or was cut off.
+            ProposalError: the endpoint is unreachable or refused the request.
+        """
+        shown = [*best, *history]
+        proposed = self._proposed(spec, history, count, baseline, best)
+        return [candidate.candidate(shown) for candidate in proposed[:count]]
 
     def _proposed(
-        self, spec: StudySpec, history: list[TrialRecord], count: int, baseline: float | None
+        self,
+        spec: StudySpec,
+        history: Sequence[TrialRecord],
+        count: int,
+        baseline: float | None,
+        best: Sequence[TrialRecord],
     ) -> list[ProposedCandidate]:
-        messages = [SystemMessage(system_prompt(spec)), HumanMessage(_proposal_prompt(spec, history, count, baseline))]
-        reply = proposal_model(spec)
+        prompt = _proposal_prompt(spec, history, count, baseline, best)
+        messages = [SystemMessage(system_prompt(spec)), HumanMessage(prompt)]
+        reply = proposal_model(spec, [record.number for record in (*best, *history)])
         if self._json_schema:
             try:
                 return self.chat.with_structured_output(reply, method="json_schema").invoke(messages).candidates
@@ -159,16 +218,18 @@ class LlmProposer:
                     raise ProposalError(f"the LLM at {self.settings.base_url} refused the request: {error}") from None
                 # The server does not take a JSON schema; ask again in JSON mode from now on.
                 self._json_schema = False
-            except (openai.APIConnectionError, openai.APITimeoutError) as error:
+            except openai.APITimeoutError:
+                raise self._slow() from None
+            except openai.APIConnectionError as error:
                 raise ProposalError(f"the LLM at {self.settings.base_url} is unreachable: {error}") from None
             except openai.APIError as error:
                 raise ProposalError(f"the LLM at {self.settings.base_url} refused the request: {error}") from None
             except openai.LengthFinishReasonError:
-                raise ProposalError(
+                raise MalformedProposalError(
                     f"the LLM's proposal was cut off at {self.settings.max_tokens} tokens (llm.max_tokens)"
                 ) from None
             except (ValidationError, ValueError) as error:
-                raise ProposalError(f"the LLM's proposal is not valid: {_reason(error)}") from None
+                raise MalformedProposalError(f"the LLM's proposal is not valid: {_reason(error)}") from None
         return self._propose_in_json_mode(messages, reply)
 
     def _propose_in_json_mode(self, messages: list, reply_model: type[Proposal]) -> list[ProposedCandidate]:
@@ -176,14 +237,21 @@ class LlmProposer:
         messages = [*messages, HumanMessage(f"Answer with one JSON object only, matching this JSON schema: {schema}")]
         try:
             reply = self.chat.bind(response_format={"type": "json_object"}).invoke(messages)
-        except (openai.APIConnectionError, openai.APITimeoutError) as error:
+        except openai.APITimeoutError:
+            raise self._slow() from None
+        except openai.APIConnectionError as error:
             raise ProposalError(f"the LLM at {self.settings.base_url} is unreachable: {error}") from None
         except openai.APIError as error:
             raise ProposalError(f"the LLM at {self.settings.base_url} refused the request: {error}") from None
         try:
             return reply_model.model_validate_json(str(reply.content)).candidates
         except ValidationError as error:
-            raise ProposalError(f"the LLM's reply is not a valid proposal: {_reason(error)}") from None
+            raise MalformedProposalError(f"the LLM's reply is not a valid proposal: {_reason(error)}") from None
+
+    def _slow(self) -> SlowProposalError:
+        return SlowProposalError(
+            f"the LLM at {self.settings.base_url} did not answer within {self.settings.timeout_s:g} s (llm.timeout_s)"
+        )
 
     def analyze(self, spec: StudySpec, history: list[TrialRecord], baseline: float | None = None) -> str:
         """A few sentences on what worked and what to try next, for a note on the study."""
@@ -215,7 +283,23 @@ def _reason(error: Exception) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
-def _proposal_prompt(spec: StudySpec, history: list[TrialRecord], count: int, baseline: float | None) -> str:
+def _tied(rationale: str, based_on: Sequence[int], history: Sequence[TrialRecord]) -> str:
+    """The rationale, followed by the trials it builds on as the LLM read them: number and held-out accuracy (or
+    state)."""
+    scores = {
+        r.number: r.state.lower() if r.held_out_accuracy is None else f"{r.held_out_accuracy:.3f}" for r in history
+    }
+    cited = [f"#{n} ({scores[n]})" for n in dict.fromkeys(based_on) if n in scores]
+    return f"{rationale} [builds on {', '.join(cited)}]" if cited else rationale
+
+
+def _proposal_prompt(
+    spec: StudySpec,
+    history: Sequence[TrialRecord],
+    count: int,
+    baseline: float | None,
+    best: Sequence[TrialRecord] = (),
+) -> str:
     space = spec.search_space
     base = task_class(spec.task).base_reward_component
     params = "\n".join(f"- {name}: {param.model_dump()}" for name, param in space.params.items()) or "- (none)"
@@ -229,21 +313,32 @@ def _proposal_prompt(spec: StudySpec, history: list[TrialRecord], count: int, ba
         f"Fixed trial settings: {json.dumps(spec.trial, default=str)}\n"
         f"Searched hyperparameters (params):\n{params}\n"
         f"Reward: {base} at weight 1 always; optional components (reward_weights, 0 leaves one out):\n"
-        f"{rewards}\n\n{_history_text(history, baseline)}\n\nPropose {count} candidates."
+        f"{rewards}\n\n{_history_text(history, baseline, best)}\n\nPropose {count} candidates, each with its own "
+        "based_on and rationale."
     )
 
 
-def _history_text(history: list[TrialRecord], baseline: float | None) -> str:
+def _history_text(history: Sequence[TrialRecord], baseline: float | None, best: Sequence[TrialRecord] = ()) -> str:
+    """The trials as the LLM reads them: all of them, or with `best`, the best ones and then the latest (`history`)."""
     lines = [] if baseline is None else [f"The untrained base model scores {baseline:.3f} on the held-out questions."]
-    if not history:
+    if not history and not best:
         return "\n".join([*lines, "No trials have run yet."])
-    lines += ["Trials so far (number, state, held-out accuracy, curve by step, params, rationale, failure):"]
-    for record in history:
-        accuracy = "-" if record.held_out_accuracy is None else f"{record.held_out_accuracy:.3f}"
-        curve = ", ".join(f"{step}:{value:.2f}" for step, value in sorted(record.curve.items())) or "-"
-        lines.append(
-            f"#{record.number} {record.state} acc={accuracy} curve=[{curve}] params={json.dumps(record.params)}"
-            + (f" rationale={record.rationale!r}" if record.rationale else "")
-            + (f" failure={record.failure[:200]!r}" if record.failure else "")
-        )
+    columns = "(number, state, held-out accuracy, curve by step, RL gain, params, rationale, failure)"
+    if best:
+        lines += [f"The best trials so far {columns}:", *map(_record_line, best), "The latest trials:"]
+    else:
+        lines += [f"Trials so far {columns}:"]
+    lines += map(_record_line, history)
     return "\n".join(lines)
+
+
+def _record_line(record: TrialRecord) -> str:
+    accuracy = "-" if record.held_out_accuracy is None else f"{record.held_out_accuracy:.3f}"
+    curve = ", ".join(f"{step}:{value:.2f}" for step, value in sorted(record.curve.items())) or "-"
+    return (
+        f"#{record.number} {record.state} acc={accuracy} curve=[{curve}]"
+        + ("" if record.rl_gain is None else f" rl_gain={record.rl_gain:+.3f}")
+        + f" params={json.dumps(record.params)}"
+        + (f" rationale={record.rationale!r}" if record.rationale else "")
+        + (f" failure={record.failure[:200]!r}" if record.failure else "")
+    )

@@ -35,15 +35,6 @@ class Candidate:
     def optuna_params(self) -> dict[str, object]:
         return {**self.params, **{REWARD_PREFIX + kind: w for kind, w in self.reward_weights.items()}}
 
-    def repeats(self, params: Mapping[str, object]) -> bool:
-        """Whether these Optuna parameters (an earlier trial's) are this candidate's own, every name at the same
-        value (floats to 9 significant digits): a trial's seed is fixed, so a repeat retraces the same run."""
-        return _comparable(self.optuna_params()) == _comparable(params)
-
-
-def _comparable(params: Mapping[str, object]) -> dict[str, object]:
-    return {name: float(f"{v:.9g}") if isinstance(v, float) else v for name, v in params.items()}
-
 
 def reward_spec(spec: StudySpec, weights: Mapping[str, float]) -> BaseModel:
     """The study's task's reward of these weights: its base component at weight 1, plus every optional component

@@ -212,6 +212,9 @@ class LlmSettings(_Strict):
     timeout_s: float = Field(120.0, gt=0)
     max_retries: int = Field(3, ge=0, le=10)
     max_tokens: int = Field(2048, ge=16, description="the most tokens one reply may take")
+    share: float = Field(
+        0.3, gt=0, le=1, description="the share of trials that are the LLM's turns (TPE proposes the rest)"
+    )
 
     @property
     def is_local(self) -> bool:

@@ -13,6 +13,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autoresearch.attributes import StudyAttributes, TrialAttributes
 from autoresearch.errors import ConfigurationError
+from autoresearch.hybrid_sampler import fallback_counts
 from autoresearch.proposer import TrialRecord
 from autoresearch.search import REWARD_PREFIX
 from autoresearch.spec import Pruning, StudySpec
@@ -73,6 +74,7 @@ def history(study: optuna.Study) -> list[TrialRecord]:
                 curve=dict(trial.intermediate_values),
                 rationale=attributes.rationale,
                 failure=attributes.failure,
+                rl_gain=attributes.rl_gain,
             )
         )
     return records
@@ -121,13 +123,24 @@ def _summary_row(trial: FrozenTrial) -> dict:
         "run_id": attributes.run_id,
         "sampler_path": attributes.sampler_path,
         "source": attributes.source,
+        "proposed_by": proposed_by(attributes),
         "rationale": attributes.rationale,
     }
 
 
+def proposed_by(attributes: TrialAttributes) -> str:
+    """Who proposed a trial: `llm`, `tpe`, or `tpe (LLM <kind>)` for an LLM turn that fell back (slow, down,
+    malformed, refused); `-` before it is known."""
+    if attributes.source == "llm":
+        return "llm"
+    if attributes.llm_fallback:
+        return f"tpe (LLM {attributes.llm_fallback.split(':', 1)[0]})"
+    return "tpe" if attributes.source == "sampler" else "-"
+
+
 def llm_proposal_counts(study: optuna.Study) -> dict:
-    """How the LLM's candidates fared: proposed, valid, run (trials started from them), and each rejection's reason
-    (an invalid candidate, or a round where the LLM gave none)."""
+    """How the LLM's candidates fared: proposed, valid, run (trials started from them), each rejection's reason
+    (an invalid candidate, or a call where the LLM gave none), and the LLM's turns that fell back to TPE by kind."""
     run = sum(
         1
         for t in study.get_trials(deepcopy=False)
@@ -139,4 +152,5 @@ def llm_proposal_counts(study: optuna.Study) -> dict:
         "valid": attributes.llm_valid,
         "run": run,
         "rejected": list(attributes.rejected_proposals),
+        "fallbacks": fallback_counts(study),
     }

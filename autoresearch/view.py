@@ -16,7 +16,7 @@ from rich.table import Table
 
 from autoresearch.attributes import StudyAttributes, TrialAttributes
 from autoresearch.device_share import DeviceUse
-from autoresearch.study import llm_proposal_counts, rl_gain_of, summary_rows
+from autoresearch.study import llm_proposal_counts, proposed_by, rl_gain_of, summary_rows
 
 # The live table shows the start of each rationale; summary.json and the dashboard have it whole.
 _RATIONALE_CHARS = 80
@@ -29,8 +29,8 @@ def trials_table(study: optuna.Study, device: Mapping[str, DeviceUse] | None = N
     device = device or {}
     table = Table(title=f"study {study.study_name}{_references(study)}")
     columns = (
-        "#", "state", "device 1m", "source", "held-out at RL start", "latest held-out", "RL gain", "seen / unseen form",
-        "score", "parameters",
+        "#", "state", "device 1m", "proposed by", "held-out at RL start", "latest held-out", "RL gain",
+        "seen / unseen form", "score", "parameters",
     )  # fmt: skip
     for column in (*columns, "rationale"):
         table.add_column(column, overflow="fold")
@@ -45,14 +45,14 @@ def trials_table(study: optuna.Study, device: Mapping[str, DeviceUse] | None = N
             str(trial.number),
             trial.state.name.lower(),
             _device(device.get(attributes.run_id or "")),
-            attributes.source or "-",
+            proposed_by(attributes),
             _figure(gain.at_start),
             _figure(latest),
             _signed(gain.gain),
             _by_form(attributes.held_out_by_form),
             "-" if not trial.values else f"{trial.values[0]:.3f}",
             params,
-            _clipped(attributes.rationale or "-"),
+            _clipped(attributes.rationale or attributes.llm_fallback or "-"),
         )
     return table
 
@@ -138,7 +138,7 @@ def write_summary(study: optuna.Study, folder: Path, console: Console) -> Path:
     rows = summary_rows(study)
     table = Table(title=f"best trials of {study.study_name}")
     columns = (
-        "#", "score", "at RL start", "RL gain", "seen / unseen form", "source", "parameters", "reward components"
+        "#", "score", "at RL start", "RL gain", "seen / unseen form", "proposed by", "parameters", "reward components"
     )  # fmt: skip
     for column in columns:
         table.add_column(column, overflow="fold")
@@ -153,7 +153,7 @@ def write_summary(study: optuna.Study, folder: Path, console: Console) -> Path:
             _figure(row["held_out_at_rl_start"]),
             _signed(row["rl_gain"]),
             _by_form(row["held_out_by_form"]),
-            str(row["source"]),
+            row["proposed_by"],
             params,
             components,
         )
@@ -168,11 +168,14 @@ def write_summary(study: optuna.Study, folder: Path, console: Console) -> Path:
     if baseline is not None:
         console.print(f"baseline: the base model scores {baseline:.3f} on the same held-out questions")
     proposals = llm_proposal_counts(study)
-    if proposals["proposed"] or proposals["rejected"]:
+    if proposals["proposed"] or proposals["rejected"] or proposals["fallbacks"]:
         console.print(
             f"LLM candidates: {proposals['proposed']} proposed, {proposals['valid']} valid, {proposals['run']} run, "
             f"{len(proposals['rejected'])} rejections"
         )
+        if proposals["fallbacks"]:
+            kinds = ", ".join(f"{count} {kind}" for kind, count in proposals["fallbacks"].items())
+            console.print(f"LLM turns that TPE took instead: {kinds}")
         for reason in proposals["rejected"]:
             console.print(f"  rejected: {reason}", markup=False)
     warmups = attributes.shared_warmups

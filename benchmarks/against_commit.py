@@ -2,8 +2,9 @@
 in a process of its own, so that one benchmark run measures both with nothing else different.
 
 `compared_trees` gives the trees to measure in turn (the commit's, then this one); `server_from` serves a base model
-with a tree's `python -m trainer_backend serve`, and `MemoryWatch` follows its resident memory; `run_module` runs a
-module of a tree to its end and returns the JSON object it printed last (a measurement in a fresh process).
+with a tree's `python -m trainer_backend serve` (`start_server`: on a given port, with more flags), and `MemoryWatch`
+follows its resident memory; `run_module` runs a module of a tree to its end and returns the JSON object it printed
+last (a measurement in a fresh process).
 """
 
 from __future__ import annotations
@@ -88,25 +89,44 @@ def run_module(
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@contextmanager
-def server_from(
-    tree: Path, storage: Path, model_folder: Path, launcher: Sequence[str] = ("trainer_backend",)
-) -> Iterator[tuple[str, subprocess.Popen]]:
-    """`python -m trainer_backend serve` of the model folder with the code of `tree`, on a free loopback port: its URL
-    and process once it answers, stopped when the block ends (its log in `storage`/server.log). `launcher`: the
-    module (and its arguments) that takes `serve` and its flags, if not trainer_backend's own."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
+def start_server(
+    tree: Path,
+    storage: Path,
+    model_folder: Path,
+    port: int,
+    launcher: Sequence[str] = ("trainer_backend",),
+    options: Sequence[str] = (),
+) -> subprocess.Popen:
+    """`python -m trainer_backend serve` of the model folder with the code of `tree` on loopback `port`, with
+    `options` added to its flags: its process once it answers (its log appended to `storage`/server.log).
+    `launcher`: the module (and its arguments) that takes `serve` and its flags, if not trainer_backend's own.
+
+    Raises BackendStartError (the server is stopped) when it exits or does not answer in time."""
     storage.mkdir(parents=True, exist_ok=True)
     log_path = storage / "server.log"
     module, *arguments = launcher
     command = _module_command(module, [*arguments, "serve", "--base-model", str(model_folder)])
-    command += ["--host", "127.0.0.1", "--port", str(port), "--storage-root", str(storage)]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--storage-root", str(storage), *options]
     with log_path.open("ab") as log:
         server = subprocess.Popen(command, cwd=tree, env=environment_for(tree), stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_until_healthy(server, url, log_path, 900.0)
-        yield url, server
+        wait_until_healthy(server, f"http://127.0.0.1:{port}", log_path, 900.0)
+    except BaseException:
+        server.terminate()
+        server.wait(timeout=60)
+        raise
+    return server
+
+
+@contextmanager
+def server_from(
+    tree: Path, storage: Path, model_folder: Path, launcher: Sequence[str] = ("trainer_backend",)
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`start_server` on a free loopback port: its URL and process once it answers, stopped when the block ends."""
+    port = free_port()
+    server = start_server(tree, storage, model_folder, port, launcher)
+    try:
+        yield f"http://127.0.0.1:{port}", server
     finally:
         server.terminate()
         server.wait(timeout=60)

@@ -100,12 +100,6 @@ def replay_losses(url: str, base_model: str, client: int, requests: int) -> list
         return losses
 
 
-def same_losses(alone: list[float], loaded: list[float]) -> bool:
-    if len(alone) != len(loaded):
-        return False
-    return all(abs(a - b) <= LOSS_TOLERANCE * max(1.0, abs(a)) for a, b in zip(alone, loaded, strict=True))
-
-
 def percentile(values: list[float], fraction: float) -> float:
     return (
         statistics.quantiles(values, n=100, method="inclusive")[int(fraction * 100) - 1]

@@ -19,7 +19,8 @@ from trainer_backend.errors import BackendError, UserInputError
 from trainer_backend.logs import configure_logging
 from trainer_backend.server import serve
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+# Click's plain help, not rich's: rich's option table cuts long flag names at 80 columns (issue 41).
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, rich_markup_mode=None)
 
 # A list field is a repeatable flag named for one of its items.
 FLAG_NAMES = {"api_keys": "--api-key"}

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from transformers import PreTrainedTokenizerBase
 
 from trainer_backend.checkpoints import CheckpointKind, CheckpointPath
-from trainer_backend.engine.types import SampledSequence, SamplerCall, SamplingRequest
+from trainer_backend.engine.types import DEFAULT_MAX_TOKENS, SampledSequence, SamplerCall, SamplingRequest
 from trainer_backend.errors import NotFoundError, ServerError, UserInputError
 from trainer_backend.models.loading import LoadedModel
 from trainer_backend.service import Submitted, TrainingService
@@ -29,8 +29,6 @@ from trainer_backend.wire import openai as oa
 
 # (sample index, token) as each token is drawn, from the engine's thread.
 TokenCallback = Callable[[int, int], None]
-# OpenAI's default for /v1/completions; chat takes whatever room the context leaves, as OpenAI does.
-DEFAULT_COMPLETION_TOKENS = 16
 
 RequestT = TypeVar("RequestT", bound=oa.GenerationRequest)
 
@@ -105,7 +103,7 @@ class Completions(Endpoint[oa.CompletionRequest]):
                 "not alternatives"
             )
         tokens = list(request.prompt) if isinstance(request.prompt, list) else self.tokenizer.encode(request.prompt)
-        max_tokens = request.max_tokens or DEFAULT_COMPLETION_TOKENS
+        max_tokens = request.max_tokens or DEFAULT_MAX_TOKENS
         return Prompt(tokens, max_tokens, logprobs=request.logprobs is not None)
 
     def choice(self, index: int, generated: Generated, logprobs: bool) -> oa.CompletionChoice:
@@ -152,6 +150,7 @@ class Chat(Endpoint[oa.ChatCompletionRequest]):
         )
         # The template writes the special tokens (BOS) itself.
         tokens = tokenizer.encode(text, add_special_tokens=False)
+        # Chat takes whatever room the context leaves, as OpenAI does.
         room = self.loaded.max_context_length - len(tokens)
         max_tokens = request.max_completion_tokens or request.max_tokens or max(room, 1)
         return Prompt(tokens, max_tokens, logprobs=request.logprobs)

@@ -604,6 +604,8 @@ class TrainingService:
                 f"a request may ask for at most {self.config.max_num_samples} samples on this server "
                 f"(--max-num-samples), this one asks for {samples}"
             )
+        # Refused here, a 400 to the request itself, rather than as a future that fails once the sampler takes it.
+        call.request.check_fits(self.loaded.max_context_length)
         record, created = self.ledger.submit(owner, RequestKind.SAMPLE, body_hash(body), idempotency_key=key)
         ids = [f"{record.request_id}-{i}" for i in range(samples)]
         if not created:

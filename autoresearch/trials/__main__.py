@@ -19,7 +19,8 @@ from autoresearch.trials.evaluation import evaluate_checkpoint
 from autoresearch.trials.rl_loop import DEFAULT_RUN_DIR, run_trial
 from tasks.errors import TaskError
 
-app = typer.Typer(add_completion=False, help=__doc__)
+# Click's plain help, not rich's: rich's option table cuts long flag names at 80 columns (issue 41).
+app = typer.Typer(add_completion=False, help=__doc__, rich_markup_mode=None)
 
 
 @app.command()

@@ -20,6 +20,7 @@ from pydantic import (
 )
 
 from autoresearch.errors import ConfigurationError
+from tasks.errors import describe_validation_error
 from tasks.registry import registered_task, task_class
 
 LossName = Literal["importance_sampling", "ppo", "cispo", "dro"]
@@ -199,26 +200,6 @@ def data_source_of(task_name: str, value: object) -> BaseModel:
         ValidationError: naming the field of the data source that does not validate.
     """
     return task_class(task_name).data_source_type.model_validate({} if value is None else value)
-
-
-def describe_validation_error(error: ValidationError, model: type[BaseModel]) -> str:
-    """Each bad field of `model` and what it allows, in one line; unknown top-level fields list the real ones."""
-    items = error.errors()
-    # Validator wrappers (function-after[…]) name no field.
-    locations = [".".join(str(p) for p in item["loc"] if not str(p).startswith("function-")) for item in items]
-    problems = []
-    for item, where in zip(items, locations, strict=True):
-        # A bad component also fails the tuple's length check, which would only confuse.
-        if item["type"] == "too_short" and any(other.startswith(f"{where}.") for other in locations):
-            continue
-        if item["type"] == "extra_forbidden" and "." not in where:
-            problems.append(f"{where}: unknown field (fields: {', '.join(model.model_fields)})")
-        elif item["type"] == "extra_forbidden":
-            problems.append(f"{where}: unknown field")
-        else:
-            message = item["msg"].removeprefix("Value error, ")
-            problems.append(f"{where}: {message}" if where else message)
-    return "; ".join(problems)
 
 
 def read_yaml(path: Path, what: str) -> object:

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from tasks.errors import SplitError, TaskError
+from tasks.errors import SplitError, TaskError, describe_validation_error
 from tasks.report import HeldOutReport
 from tasks.text2sql.bundled import load_bundled
 from tasks.text2sql.data_source import DataSource, SourceKind
@@ -21,9 +21,12 @@ from tasks.text2sql.evaluation import Model, OpenAICompatibleModel, evaluate, ga
 from tasks.text2sql.generation.build import QUESTIONS_DIR, write_question_files
 from tasks.text2sql.prompts import tables_used
 from tasks.text2sql.rewards import DEFAULT_REWARD_SPEC, RewardSpec
+from tasks.text2sql.synthesis.command import build_data_command
 from tasks.text2sql.task import Text2SqlTask
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+# Click's plain help, not rich's: rich's option table cuts long flag names at 80 columns (issue 41).
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, rich_markup_mode=None)
+app.command(name="build-data")(build_data_command)
 console = Console()
 
 
@@ -35,12 +38,12 @@ class Reference(StrEnum):
 
 def _load(source: SourceKind, path: Path | None) -> Text2SqlDataset:
     """The data set as a trial config's `data: {source: …, path: …}` names it; a bad folder is a usage error."""
-    if source is not SourceKind.bundled and path is None:
+    if source in (SourceKind.spider, SourceKind.bird) and path is None:
         raise typer.BadParameter(f"--path is required with --source {source.value}")
     try:
         data = DataSource(source=source, path=path)
     except ValidationError as error:
-        raise typer.BadParameter("; ".join(e["msg"].removeprefix("Value error, ") for e in error.errors())) from None
+        raise typer.BadParameter(describe_validation_error(error, DataSource)) from None
     dataset = data.load()
     for note in dataset.notes:
         console.print(f"[yellow]{note}[/yellow]")

@@ -1,4 +1,5 @@
-"""Where the text-to-SQL task's questions and databases come from: the bundled data, or a Spider or BIRD release.
+"""Where the text-to-SQL task's questions and databases come from: the bundled data, the synthesized training data
+judged on the bundled held-out splits, or a Spider or BIRD release.
 
 A trial config's and a study spec's `data:` is validated as a `DataSource` (the task's `data_source_type`), so a
 folder that is not a release is refused there, before anything is converted; `load` reads it when the task opens.
@@ -16,12 +17,15 @@ from tasks.text2sql.dataset import Text2SqlDataset
 from tasks.text2sql.errors import DatasetError
 from tasks.text2sql.spider import load_bird, load_spider
 from tasks.text2sql.spider.layout import bird_layout, spider_layout
+from tasks.text2sql.synthesis.loader import load_synthesized
 
 
 class SourceKind(StrEnum):
     """The formats the task reads."""
 
     bundled = "bundled"
+    # Train on the questions `build-data` wrote; dev and test are the bundled ones, whose unseen forms judge transfer.
+    synthesized = "synthesized"
     spider = "spider"
     bird = "bird"
 
@@ -32,7 +36,8 @@ _LOADERS = {SourceKind.spider: load_spider, SourceKind.bird: load_bird}
 
 class DataSource(BaseModel):
     """The data a trial trains on (its `train_split`) and is judged on (its `eval_split`): the data the project ships
-    with by default, or the official release of Spider (splits train, dev, test) or BIRD (train, dev) on disk."""
+    with by default; the synthesized training data (its train split) with the bundled dev and test; or the official
+    release of Spider (splits train, dev, test) or BIRD (train, dev) on disk."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -52,11 +57,12 @@ class DataSource(BaseModel):
 
     @model_validator(mode="after")
     def _a_release_where_one_is_named(self) -> DataSource:
-        if self.source is SourceKind.bundled:
+        if self.source not in _LAYOUTS:
             named = [name for name in ("path", "cache_dir") if getattr(self, name) is not None]
             if named:
                 raise ValueError(
-                    f"{' and '.join(named)}: only with source spider or bird (the bundled data ships with the project)"
+                    f"{' and '.join(named)}: only with source spider or bird (source {self.source} ships with the "
+                    "project)"
                 )
             return self
         if self.path is None:
@@ -75,6 +81,20 @@ class DataSource(BaseModel):
         """
         if self.source is SourceKind.bundled:
             return load_bundled()
+        if self.source is SourceKind.synthesized:
+            return _synthesized_judged_on_bundled()
         assert self.path is not None  # validation asks a release for its path
         dataset, _ = _LOADERS[self.source](self.path, self.cache_dir)
         return dataset
+
+
+def _synthesized_judged_on_bundled() -> Text2SqlDataset:
+    synthesized, bundled = load_synthesized(), load_bundled()
+    shared = sorted(synthesized.databases.keys() & bundled.databases.keys())
+    if shared:  # the splits are by database: one in both would put held-out rows into training
+        raise DatasetError(f"the synthesized and the bundled data both have database {shared[0]!r}; rename one")
+    return Text2SqlDataset(
+        name="synthesized",
+        splits={"train": synthesized.split("train"), "dev": bundled.split("dev"), "test": bundled.split("test")},
+        databases={**synthesized.databases, **bundled.databases},
+    )

@@ -78,10 +78,13 @@ def schema_block(db_path: Path, only: set[str] | None = None) -> str:
     return "\n".join(ddl for name, ddl in schema_ddl(db_path) if only is None or name.lower() in only)
 
 
-def render_prompt(example: Example, db_path: Path, few_shot: Sequence[FewShot] = ()) -> str:
+def render_prompt(
+    example: Example, db_path: Path, few_shot: Sequence[FewShot] = (), tables: set[str] | None = None
+) -> str:
     """A plain-text prompt for a base or instruction model; the answer follows the final 'SQL:'.
 
-    Few-shot blocks show only the tables their own query uses, to keep prompts short.
+    Few-shot blocks show only the tables their own query uses, to keep prompts short; the question's block shows the
+    whole schema, or only `tables` (lowercased names) when given.
     """
     parts = [INSTRUCTION, ""]
     for shot in few_shot:
@@ -92,7 +95,7 @@ def render_prompt(example: Example, db_path: Path, few_shot: Sequence[FewShot] =
             f"SQL: {shot.example.gold_sql};",
             "",
         ]
-    parts += ["Schema:", schema_block(db_path), f"Question: {example.question}"]
+    parts += ["Schema:", schema_block(db_path, tables), f"Question: {example.question}"]
     if example.evidence:
         parts.append(f"Hint: {example.evidence}")
     parts.append("SQL:")

@@ -17,6 +17,7 @@ from typing import Annotated, Literal, Protocol, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from tasks.errors import describe_validation_error
 from tasks.text2sql.errors import RewardSpecError
 
 
@@ -275,7 +276,7 @@ class RewardSpec(BaseModel):
         except json.JSONDecodeError as error:
             raise RewardSpecError(f"reward spec is not valid JSON: {error}") from None
         except ValidationError as error:
-            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: {e['msg']}" for e in error.errors())
+            problems = describe_validation_error(error, cls, root="spec")
             raise RewardSpecError(
                 f"invalid reward spec: {problems} (component kinds: {', '.join(COMPONENT_KINDS)})"
             ) from None

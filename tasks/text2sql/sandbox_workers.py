@@ -57,6 +57,10 @@ class _Worker:
     """One worker process and its pipes; `run` sends a query and waits for its result or its deadline."""
 
     def __init__(self, limits: SandboxLimits) -> None:
+        # The thread running a query and one closing the pool (Ctrl-C, SIGTERM) may both end the worker at once:
+        # its pipes must be closed once, or the second close hits a descriptor already given back.
+        self._ending = threading.Lock()
+        self._ended = False
         # On a lifeline: a worker whose parent dies while it runs a query ends at once, not when the query does.
         self.process = lifeline.popen(
             [sys.executable, "-m", "tasks.text2sql.sandbox_workers", pickle.dumps(limits).hex()],
@@ -105,11 +109,15 @@ class _Worker:
         return answers, True
 
     def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
-        for connection in (self._to_worker, self._from_worker):
-            connection.close()
+        with self._ending:
+            if self._ended:
+                return
+            self._ended = True
+            if self.process.poll() is None:
+                self.process.kill()
+            self.process.wait()
+            for connection in (self._to_worker, self._from_worker):
+                connection.close()
 
 
 def _import_path() -> str:

@@ -96,6 +96,10 @@ def test_a_study_runs_its_budget_with_llm_proposals_rejections_pruning_and_notes
     assert all(t.user_attrs["rationale"] for t in trials)
     rejected = study.user_attrs["rejected_proposals"]
     assert any("reward_weights.style_points" in reason for reason in rejected), rejected
+    # The LLM's turns are 30% of the trials, the first always (trials 0 and 3 at seed 0): its malformed reply for
+    # trial 3 left that trial to TPE, which says why.
+    assert [t.user_attrs["source"] for t in trials] == ["llm", "sampler", "sampler", "sampler"]
+    assert trials[3].user_attrs["llm_fallback"].startswith("malformed: the LLM's proposal is not valid")
     assert "PPO with a format bonus did no better" in get_note(study)
 
 
@@ -126,6 +130,60 @@ def test_a_candidate_that_repeats_a_trial_or_another_candidate_is_rejected_by_na
     assert len(rejected) == 2, rejected
     assert "'PPO + fmt' rejected: it repeats trial 0's parameters" in rejected[0]
     assert "'batch 2' rejected: it repeats candidate 2 of this round's parameters" in rejected[1]
+
+
+def test_each_llm_trial_carries_its_own_rationale_tied_to_the_trials_it_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The LLM is shown the best and latest trials, with their scores, curves and rationales; each candidate names
+    the trials it builds on and gives its own reason, and its trial shows that reason with those trials' scores."""
+    monkeypatch.setenv("SCRIPTED_LLM_KEY", "sk-test")
+    first, second = PROPOSAL["candidates"]
+    with scripted_llm() as llm:
+        llm.say(
+            {
+                "candidates": [
+                    {**first, "based_on": [0], "rationale": "#0's PPO scored best; a format bonus on top"},
+                    {**second, "based_on": [1, 0], "rationale": "#1 learnt nothing at batch 1; batch 2 instead"},
+                ]
+            }
+        )
+        spec = tiny_spec(
+            tmp_path,
+            "http://127.0.0.1:9",  # proposing reaches no backend
+            llm={"base_url": llm.url, "model": "scripted", "api_key_env": "SCRIPTED_LLM_KEY", "share": 1.0},
+            budget={"trials": 4, "concurrency": 2, "steps_per_trial": 1, "candidates_per_round": 2},
+        )
+        study = open_study(spec)
+        for values, score, rationale in [("ppo", 0.25, "try PPO"), ("importance_sampling", 0.125, "the default")]:
+            params = {"learning_rate": 0.001, "batch_size": 1, "loss": values, "reward.format": 0.0}
+            params["reward.length_penalty"] = 0.0
+            study.add_trial(
+                optuna.trial.create_trial(
+                    params=params,
+                    distributions=distributions(spec),
+                    values=[score],
+                    intermediate_values={0: 0.0, 1: score},
+                    user_attrs={"rationale": rationale, "source": "llm"},
+                )
+            )
+        controller = Controller(spec, study, LocalExecutor(tmp_path / "trials"), LlmProposer(spec.llm), [llm.url])
+        controller.propose({"round": 0, "analysed": 0})
+
+    request = llm.requests[0]
+    prompt = request["messages"][-1]["content"]
+    assert "The best trials so far" in prompt and "The latest trials:" in prompt
+    assert "#0 COMPLETE acc=0.250 curve=[0:0.00, 1:0.25]" in prompt and "rationale='try PPO'" in prompt
+    assert "#1 COMPLETE acc=0.125" in prompt and "rationale='the default'" in prompt
+    # Under constrained decoding a candidate can cite only the trials the LLM was shown.
+    based_on = request["response_format"]["json_schema"]["schema"]["$defs"]["ProposedCandidate"]["properties"]
+    assert based_on["based_on"]["items"]["enum"] == [0, 1]
+    queued = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    assert [t.user_attrs["rationale"] for t in queued] == [
+        "#0's PPO scored best; a format bonus on top [builds on #0 (0.250)]",
+        "#1 learnt nothing at batch 1; batch 2 instead [builds on #1 (0.125), #0 (0.250)]",
+    ]
+    assert [t.system_attrs["fixed_params"]["loss"] for t in queued] == ["ppo", "importance_sampling"]
 
 
 def test_a_study_whose_llm_is_a_real_model_under_a_json_schema_finishes_its_budget(

@@ -167,7 +167,9 @@ def test_a_studys_trials_cannot_set_their_own_data(tmp_path: Path, release: Path
 def test_a_trial_configs_data_source_is_validated_by_its_task(release: Path) -> None:
     config = parse_trial_config({"data": {"source": "spider", "path": str(release)}})
     assert parse_trial_config(config.model_dump(mode="json")) == config
-    with pytest.raises(ConfigurationError, match=r"data\.source: Input should be 'bundled', 'spider' or 'bird'"):
+    with pytest.raises(
+        ConfigurationError, match=r"data\.source: Input should be 'bundled', 'synthesized', 'spider' or 'bird'"
+    ):
         parse_trial_config({"data": {"source": "wikisql", "path": str(release)}})
     with pytest.raises(ConfigurationError, match=r"data: path: required with source bird"):
         parse_trial_config({"data": {"source": "bird"}})

@@ -96,6 +96,8 @@ def test_a_malformed_reply_is_refused_with_the_reason(llm: ScriptedLlm, reply: s
         ({"params": {"learning_rate": 5.0, "batch_size": 1, "loss": "ppo"}}, "learning_rate"),
         ({"reward_weights": {**WEIGHTS, "style_points": 1.0}}, "style_points"),
         ({"params": {"learning_rate": 0.002, "loss": "ppo"}}, "batch_size"),
+        # It cites a trial it was not shown (here none was).
+        ({"based_on": [7]}, "based_on"),
     ],
 )
 def test_a_server_that_does_not_constrain_its_reply_gets_a_candidate_outside_the_space_refused(

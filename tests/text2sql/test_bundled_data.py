@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import filecmp
-import re
-import string
 from collections import Counter
 from pathlib import Path
 
@@ -14,7 +12,7 @@ import pytest
 from tasks.text2sql.dataset import Difficulty, QuestionForm, Text2SqlDataset
 from tasks.text2sql.generation.build import QUESTIONS_DIR, SPLIT_DOMAINS, write_question_files
 from tasks.text2sql.generation.domains import RETAIL
-from tasks.text2sql.generation.questions import TEMPLATES
+from tasks.text2sql.generation.questions import held_out_patterns
 from tasks.text2sql.generation.rows import build_database
 from tasks.text2sql.sandbox import SandboxLimits, SqlSandbox
 
@@ -96,18 +94,8 @@ def test_held_out_splits_ask_a_third_or_more_in_forms_training_never_has(bundled
         assert forms[QuestionForm.SEEN] >= 0.3 * len(bundled.split(split)), (split, forms)
 
 
-def _held_out_patterns() -> list[re.Pattern[str]]:
-    """Every way of asking that training must never read, as a pattern a question in it matches whole: each
-    phrasing of a held-out family, and each held-out phrasing of the other families."""
-    phrasings = [p for t in TEMPLATES for p in (t.all_phrasings if t.held_out else t.held_out_phrasings)]
-    return [
-        re.compile("".join(re.escape(text) + (".+" if slot is not None else "") for text, slot, _, _ in fields))
-        for fields in (list(string.Formatter().parse(p)) for p in phrasings)
-    ]
-
-
 def test_no_unseen_form_or_phrasing_reaches_training(bundled: Text2SqlDataset) -> None:
-    patterns = _held_out_patterns()
+    patterns = held_out_patterns()
     leaked = [e.question for e in bundled.split("train") if any(p.fullmatch(e.question) for p in patterns)]
     assert not leaked
     # The same patterns recognise exactly the held-out splits' unseen-form questions, so the check above is not

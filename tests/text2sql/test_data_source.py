@@ -55,7 +55,8 @@ def test_a_relative_path_is_made_absolute(release: Path, monkeypatch: pytest.Mon
 def test_a_release_needs_its_path_and_the_bundled_data_takes_none(release: Path) -> None:
     assert "path: required with source spider" in refusal(source="spider")
     assert "path: only with source spider or bird" in refusal(path=str(release))
-    assert "Input should be 'bundled', 'spider' or 'bird'" in refusal(source="wikisql", path=str(release))
+    wrong_source = refusal(source="wikisql", path=str(release))
+    assert "Input should be 'bundled', 'synthesized', 'spider' or 'bird'" in wrong_source
 
 
 def test_a_path_that_is_no_folder_is_refused_with_the_fix(tmp_path: Path) -> None:

@@ -139,6 +139,24 @@ def test_a_worker_that_dies_mid_batch_costs_only_the_query_it_was_running(databa
         assert sandbox.replaced == 1 and sandbox.worker_pids != [pid]
 
 
+def test_closing_the_pool_while_threads_wait_on_its_workers_ends_each_worker_once(database: Path) -> None:
+    """Ctrl-C or SIGTERM closes the pool while threads still wait on its workers (a data build's round trips): the
+    closing thread and the waiting ones both end the workers, and that must neither raise in either nor leave a
+    worker behind; the interrupted queries come back as errors."""
+    endless = "SELECT count(*) FROM orders a, orders b, orders c, orders d"
+    for _ in range(5):  # the two ends race; a few rounds give the race its chances
+        sandbox = IsolatedSandbox(SandboxLimits(timeout_s=20.0), workers=2)
+        sandbox.execute_many([(database, "SELECT 1", None)] * 2)
+        pids = sandbox.worker_pids
+        with ThreadPoolExecutor(2) as waiting:
+            futures = [waiting.submit(sandbox.execute, database, endless) for _ in range(2)]
+            time.sleep(0.5)
+            sandbox.close()
+            results = [future.result(timeout=30) for future in futures]
+        assert [r.status for r in results] == [ExecutionStatus.ERROR] * 2
+        wait_until_gone(pids, within_s=10)
+
+
 def test_a_batch_is_shared_among_the_workers_and_answered_in_order(sandbox: IsolatedSandbox, database: Path) -> None:
     queries = [(database, f"SELECT {i} + count(*) FROM customers", None) for i in range(9)]
     assert [r.rows for r in sandbox.execute_many(queries)] == [((300 + i,),) for i in range(9)]

@@ -3,7 +3,10 @@ answers each would get alone."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
+from collections.abc import Callable, Iterator
 
 import tinker
 from support.backends import TINY
@@ -12,7 +15,33 @@ from support.trainer import LOGPROB_ROUNDING, RawApi, request_id_of
 from tinker import types
 from tinker.proto.response_conv import deserialize_proto_response
 
+from trainer_backend.ledger import ResultFormat
+from trainer_backend.scheduler import Operation
 from trainer_backend.server import RunningServer
+
+
+@contextlib.contextmanager
+def held_device(server: RunningServer) -> Iterator[None]:
+    """The server's device worker busy with an operation of a tenant of its own until the block ends."""
+    release = threading.Event()
+    record, _ = server.service.ledger.submit("device-holder", "hold", f"hold-{time.monotonic_ns()}")
+
+    def hold() -> tuple[bytes, ResultFormat]:
+        release.wait(120)
+        return b"{}", ResultFormat.JSON
+
+    server.service.scheduler.submit(Operation(record.request_id, "hold", "lane-device-holder", hold))
+    try:
+        yield
+    finally:
+        release.set()
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
 
 
 def trained_sampler(service_client: tinker.ServiceClient, text: str, seed: int) -> tinker.SamplingClient:
@@ -34,15 +63,15 @@ def test_queued_samples_of_several_weights_batch_and_match_their_answers_alone(
     requests = [(s, p, params) for s in samplers for p in prompts for params in (greedy, seeded)]
 
     alone = [s.sample(prompt=p, num_samples=2, sampling_params=params).result() for s, p, params in requests]
-    batches_before = server.service.scheduler.stats().batched_operations
-    # A long request first keeps the device busy while the others queue behind it.
-    long_params = types.SamplingParams(max_tokens=400)
-    long_one = samplers[2].sample(prompt=prompts[0], num_samples=1, sampling_params=long_params)
-    futures = [s.sample(prompt=p, num_samples=2, sampling_params=params) for s, p, params in requests]
+    scheduler = server.service.scheduler
+    batches_before = scheduler.stats().batched_operations
+    # The device is held while the requests queue, however slowly a loaded machine sends them; then they run.
+    with held_device(server):
+        futures = [s.sample(prompt=p, num_samples=2, sampling_params=params) for s, p, params in requests]
+        wait_for(lambda: scheduler.stats().queued >= len(requests), timeout_s=60)
     together = [future.result() for future in futures]
-    long_one.result()
 
-    assert server.service.scheduler.stats().batched_operations - batches_before >= 2
+    assert scheduler.stats().batched_operations - batches_before >= len(requests)
     for one, other in zip(alone, together, strict=True):
         assert [s.tokens for s in one.sequences] == [s.tokens for s in other.sequences]
         for a, b in zip(one.sequences, other.sequences, strict=True):

@@ -12,10 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 import tinker
 import zstandard
-from support.backends import TINY, tiny_server_config
+from support.backends import GEMMA_CHAT_TEMPLATE, TINY, tiny_server_config
 from support.trainer import RawApi, assert_still_serves, error_of, next_token_datum
 from tinker import types
 
@@ -25,6 +26,8 @@ from trainer_backend.wire.proto import PROTOBUF_CONTENT_TYPE
 KEY = "tml-limits-one"
 OTHER_KEY = "tml-limits-two"
 MAX_BODY = 256 * 1024
+# The tiny model's max_position_embeddings: prompt plus completion tokens.
+CONTEXT = 2048
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +44,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         max_tensor_elements=4096,
         max_lora_rank=64,
         max_num_samples=16,
+        chat_template=GEMMA_CHAT_TEMPLATE,
     )
     with running_server(config) as running:
         yield running
@@ -102,6 +106,35 @@ def test_num_samples_over_the_limit_is_refused_by_name(client: tinker.ServiceCli
         sampler.sample(types.ModelInput.from_ints(ids), num_samples=17, sampling_params=params).result(timeout=20)
     sample = sampler.sample(types.ModelInput.from_ints(ids), num_samples=16, sampling_params=params).result(timeout=30)
     assert len(sample.sequences) == 16
+
+
+def test_a_sample_past_the_context_is_a_400_to_the_request_not_a_failed_future(
+    api: RawApi, client: tinker.ServiceClient, ids: list[int]
+) -> None:
+    # Two tokens of room: asking for three is refused when it is sent, asking for two is served.
+    prompt = types.ModelInput.from_ints((ids * CONTEXT)[: CONTEXT - 2])
+    request = types.SampleRequest(prompt=prompt, sampling_params=types.SamplingParams(max_tokens=3), base_model=TINY)
+    error = error_of(api.post("/asample", request), 400)
+    assert f"prompt length {CONTEXT - 2} + max_tokens 3 = {CONTEXT + 1}" in error, error
+    assert f"context length {CONTEXT}: ask for at most 2 tokens" in error, error
+    sampler = client.create_sampling_client(base_model=TINY).result()
+    fits = sampler.sample(prompt, num_samples=1, sampling_params=types.SamplingParams(max_tokens=2)).result(timeout=60)
+    assert len(fits.sequences[0].tokens) <= 2
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("route", ["completions", "chat"])
+def test_an_openai_request_past_the_context_is_a_400_before_any_stream_starts(
+    server: RunningServer, ids: list[int], route: str, stream: bool
+) -> None:
+    # A stream's status line goes out before the first token: refused after queueing, it was a 200 and an error event.
+    oai = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=30)
+    with pytest.raises(openai.BadRequestError, match=rf"max_tokens {CONTEXT} = \d+ exceeds the model's context length"):
+        if route == "completions":
+            oai.completions.create(model=TINY, prompt=ids, max_tokens=CONTEXT, stream=stream)
+        else:
+            messages = [{"role": "user", "content": "How many employees are there?"}]
+            oai.chat.completions.create(model=TINY, messages=messages, max_tokens=CONTEXT, stream=stream)
 
 
 @pytest.mark.parametrize(

@@ -243,6 +243,10 @@ class ModelEngine:
 
         def take_in(room: JoinRoom) -> list[SamplingJob]:
             def accepts(call: SamplerCall) -> bool:
+                # A batch that started on the bare base model takes in no sampler weights: loading them wraps the
+                # model in PEFT, and this batch's forwards do not go through the wrapper. They wait for the next one.
+                if call.weights_folder is not None and model is self.adapters.base_model:
+                    return False
                 if len(weights | {call.weights_folder}) > SAMPLER_ADAPTERS_KEPT or not room.accepts(call.request):
                     return False
                 weights.add(call.weights_folder)

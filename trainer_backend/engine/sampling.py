@@ -32,13 +32,14 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from peft import PeftModel
+from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import Tensor
 from transformers import Cache, PretrainedConfig, PreTrainedModel
 
@@ -237,7 +238,9 @@ def _adapter_scope(model: PreTrainedModel | PeftModel, adapters: Sequence[str | 
     if not isinstance(model, PeftModel):
         if any(adapter is not None for adapter in adapters):
             raise ValueError("jobs name adapters, but the model has none")
-        return contextlib.nullcontext()
+        # A generation begun before the first adapter holds the bare model; creating or loading one in its pause
+        # wraps that same model in PEFT, in place, and the new LoRA layers must not reach this generation's rows.
+        return _tuner_layers_off(model)
     distinct = set(adapters)
     if distinct == {None}:
         return model.disable_adapter()
@@ -247,6 +250,21 @@ def _adapter_scope(model: PreTrainedModel | PeftModel, adapters: Sequence[str | 
             model.set_adapter(adapter, inference_mode=True)
         return contextlib.nullcontext()
     return routed_rows(model, [BASE_ROWS if adapter is None else adapter for adapter in adapters])
+
+
+@contextlib.contextmanager
+def _tuner_layers_off(model: PreTrainedModel) -> Iterator[None]:
+    """Within it, the LoRA layers PEFT has injected into `model` are off (there are none before its first adapter)."""
+    layers = [
+        module for module in model.modules() if isinstance(module, BaseTunerLayer) and not module.disable_adapters
+    ]
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)
 
 
 @dataclass(frozen=True)
@@ -538,11 +556,7 @@ def _validate(request: SamplingRequest, vocab_size: int, max_context_length: int
         raise SamplingInputError(f"num_samples must be at least 1, got {request.num_samples}")
     if request.max_tokens < 1:
         raise SamplingInputError(f"max_tokens must be at least 1, got {request.max_tokens}")
-    if len(prompt) + request.max_tokens > max_context_length:
-        raise SamplingInputError(
-            f"prompt length {len(prompt)} + max_tokens {request.max_tokens} = {len(prompt) + request.max_tokens} "
-            f"exceeds the model's context length {max_context_length}"
-        )
+    request.check_fits(max_context_length)
     if not (math.isfinite(request.temperature) and request.temperature >= 0):
         raise SamplingInputError(f"temperature must be a finite number >= 0, got {request.temperature}")
     if request.top_k < -1:

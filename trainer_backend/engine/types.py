@@ -97,6 +97,9 @@ class TokenConstraint(Protocol):
 
 StopReason = Literal["stop", "length"]
 TopkLogprobs = tuple[tuple[int, float], ...]
+# Completion tokens when a request names none: Tinker's `sample` (its SamplingParams leave max_tokens None) and
+# OpenAI's /v1/completions, whose own default this is.
+DEFAULT_MAX_TOKENS = 16
 
 
 class SamplingInputError(UserInputError, ValueError):
@@ -109,7 +112,7 @@ class SamplingRequest:
 
     prompt_tokens: tuple[int, ...]
     num_samples: int = 1
-    max_tokens: int = 16
+    max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = 1.0  # 0 samples greedily
     top_k: int = -1  # -1 or 0: no limit
     top_p: float = 1.0  # in (0, 1]; 1 keeps the whole distribution
@@ -122,6 +125,17 @@ class SamplingRequest:
     constraint: Callable[[], TokenConstraint] | None = None
     # Called with (sample index, token) as each token is drawn, on the engine's thread (streaming).
     on_token: Callable[[int, int], None] | None = None
+
+    def check_fits(self, max_context_length: int) -> None:
+        """Raises SamplingInputError, naming both numbers, when the prompt plus `max_tokens` is past the context."""
+        prompt, total = len(self.prompt_tokens), len(self.prompt_tokens) + self.max_tokens
+        if total > max_context_length:
+            room = max_context_length - prompt
+            fix = f"ask for at most {room} tokens" if room > 0 else "shorten the prompt"
+            raise SamplingInputError(
+                f"prompt length {prompt} + max_tokens {self.max_tokens} = {total} exceeds the model's context "
+                f"length {max_context_length}: {fix}"
+            )
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,8 @@ import numpy as np
 import torch
 import zstandard
 from google.protobuf.message import DecodeError
-from tinker import types
 from tinker.lib.chunked_fwdbwd_helpers import REDUCE_MAP
 from tinker.proto import tinker_public_pb2 as pb
-from tinker.proto.response_conv import deserialize_proto_response
 from tinker.types.topk_logprobs import MASK_LOGPROB
 
 from trainer_backend.engine.types import DecodedDatum, ForwardBackwardResult
@@ -188,12 +186,6 @@ def encode_sample_response(result: SampleResultLike) -> bytes:
     if result.topk_prompt_logprobs is not None:
         message.topk_prompt_logprobs.CopyFrom(_topk_logprobs(result.topk_prompt_logprobs))
     return message.SerializeToString()
-
-
-def decode_sample_response(raw: bytes) -> types.SampleResponse:
-    """A `SampleResponse` this server encoded, read back as the SDK reads it (the OpenAI-compatible routes answer
-    from it)."""
-    return deserialize_proto_response(raw, types.SampleResponse)
 
 
 def _decompress(body: bytes, content_encoding: str | None, max_bytes: int) -> bytes:

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tinker import types
 from tinker.types import try_again_response
 
-from trainer_backend.engine.types import AdamSettings, LoraSettings, SamplerCall, SamplingRequest
+from trainer_backend.engine.types import DEFAULT_MAX_TOKENS, AdamSettings, LoraSettings, SamplerCall, SamplingRequest
 from trainer_backend.errors import UserInputError
 from trainer_backend.wire.proto import WireFormatError
 
@@ -406,7 +406,7 @@ class SampleRequest(_Request):
         sampling = SamplingRequest(
             prompt_tokens=prompt,
             num_samples=self.num_samples,
-            max_tokens=params.max_tokens if params.max_tokens is not None else 16,
+            max_tokens=params.max_tokens if params.max_tokens is not None else DEFAULT_MAX_TOKENS,
             temperature=params.temperature,
             top_k=params.top_k,
             top_p=params.top_p,

@@ -13,6 +13,7 @@ own (`held_out_phrasings`). A question of either is of an unseen form.
 from __future__ import annotations
 
 import random
+import re
 import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -978,6 +979,16 @@ TEMPLATES: tuple[Template, ...] = (
 
 
 SEEN_TEMPLATES = tuple(t for t in TEMPLATES if not t.held_out)
+
+
+def held_out_patterns() -> list[re.Pattern[str]]:
+    """Every way of asking that training must never read, as a pattern a question in it matches whole: each phrasing
+    of a held-out family, and each held-out phrasing of the other families (a slot matches any text)."""
+    phrasings = [p for t in TEMPLATES for p in (t.all_phrasings if t.held_out else t.held_out_phrasings)]
+    return [
+        re.compile("".join(re.escape(text) + (".+" if slot is not None else "") for text, slot, _, _ in fields))
+        for fields in (list(string.Formatter().parse(p)) for p in phrasings)
+    ]
 
 
 def draw_candidate(scope: Scope) -> Candidate | None:

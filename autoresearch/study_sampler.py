@@ -1,0 +1,66 @@
+"""The hybrid sampler of a study spec: the spec's LLM proposer as its LLM (which reads the task, the reward's
+components and the base model's score besides the optimizer's state), and the spec's own check of each candidate."""
+
+from __future__ import annotations
+
+import optuna
+
+from autoresearch.attributes import StudyAttributes
+from autoresearch.errors import CandidateError, MalformedProposalError, ProposalError, SlowProposalError
+from autoresearch.hybrid_sampler import HybridSampler, LlmError, OptimizerState, Suggestion, TrialSnapshot
+from autoresearch.proposer import LlmProposer, TrialRecord
+from autoresearch.search import candidate_from_params, check_candidate, distributions
+from autoresearch.spec import StudySpec
+
+# The TPE of `study.open_study`, which proposes every trial that is not the LLM's.
+TPE_SEED = 0
+
+
+def study_sampler(spec: StudySpec, study: optuna.Study, proposer: LlmProposer) -> HybridSampler:
+    """The LLM on `llm.share` of the study's trials, asked for `budget.candidates_per_round` candidates a call."""
+
+    def llm(state: OptimizerState) -> list[Suggestion]:
+        baseline = StudyAttributes.of(study).baseline_accuracy
+        try:
+            proposed = proposer.propose(spec, _records(state.recent), state.count, baseline, _records(state.best))
+        except SlowProposalError as error:
+            raise LlmError("slow", str(error)) from None
+        except MalformedProposalError as error:
+            raise LlmError("malformed", str(error)) from None
+        except ProposalError as error:
+            raise LlmError("down", str(error)) from None
+        return [Suggestion(candidate.optuna_params(), candidate.rationale) for candidate in proposed]
+
+    def check(suggestion: Suggestion) -> None:
+        candidate = candidate_from_params(suggestion.params, suggestion.rationale, "llm")
+        try:
+            check_candidate(spec, candidate.params, candidate.reward_weights)
+        except CandidateError as error:
+            raise ValueError(str(error)) from None
+
+    return HybridSampler(
+        llm,
+        llm_share=proposer.settings.share,
+        seed=TPE_SEED,
+        # The proposer's client bounds each request (llm.timeout_s, with its retries).
+        timeout_s=None,
+        candidates_per_call=spec.budget.candidates_per_round,
+        search_space=distributions(spec),
+        check=check,
+    )
+
+
+def _records(snapshots: tuple[TrialSnapshot, ...]) -> list[TrialRecord]:
+    return [
+        TrialRecord(
+            number=s.number,
+            params=s.params,
+            state=s.state,
+            held_out_accuracy=s.value,
+            curve=s.curve,
+            rationale=s.attrs.get("rationale"),
+            failure=s.attrs.get("failure"),
+            rl_gain=s.attrs.get("rl_gain"),
+        )
+        for s in snapshots
+    ]
