@@ -30,10 +30,10 @@ from autoresearch.trials.config import (
     InitialState,
     TrialConfig,
     data_source_of,
-    describe_validation_error,
     parse_trial_config,
     read_yaml,
 )
+from tasks.errors import describe_validation_error
 from tasks.registry import registered_task, task_class
 from tasks.report import ScoreName
 

@@ -47,6 +47,7 @@ from autoresearch.trials.evaluation import evaluate_checkpoint
 from autoresearch.trials.rl_loop import run_trial
 from benchmarks import ROOT
 from benchmarks.against_commit import MemoryWatch, compared_trees, server_from
+from benchmarks.process_tree import tree_cpu_seconds
 from benchmarks.rl_step import RECIPES, REWARD_WITH_SPREAD
 from benchmarks.scheduler_variants import VARIANTS
 from trainer_backend.ledger import Ledger, ResultFormat
@@ -146,21 +147,6 @@ class DeviceCounters:
 
     def __add__(self, other: DeviceCounters) -> DeviceCounters:
         return DeviceCounters(*(mine + theirs for mine, theirs in zip(astuple(self), astuple(other), strict=True)))
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU seconds (user and system) that process `pid` and its living descendants have used (Linux's /proc): on a
-    CPU the clients' own work (prompts, scoring) takes the same cores as the device's."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        children = [
-            int(child)
-            for task in Path(f"/proc/{pid}/task").iterdir()
-            for child in (task / "children").read_text().split()
-        ]
-    except OSError:  # it ended meanwhile
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") + sum(map(tree_cpu_seconds, children))
 
 
 def preemptions(pid: int) -> int:

@@ -1,7 +1,9 @@
-"""A process and the processes it started, read from Linux's /proc: who they are and the memory they hold."""
+"""A process and the processes it started, read from Linux's /proc: who they are, the memory they hold and the CPU time
+they used."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -28,4 +30,17 @@ def tree_rss_bytes(pid: int) -> int:
             continue
         rss = [line for line in status.splitlines() if line.startswith("VmRSS:")]
         total += int(rss[0].split()[1]) * 1024 if rss else 0
+    return total
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user and system) that `pid` and its living descendants have used: on a CPU the clients' own work
+    (prompts, scoring) takes the same cores as the device's."""
+    total = 0.0
+    for member in tree_pids(pid):
+        try:
+            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it ended meanwhile
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return total
