@@ -14,11 +14,13 @@ from types import FrameType
 from typing import TypeVar
 
 import uvicorn
+from uvicorn.main import STARTUP_FAILURE
 
 from trainer_backend.api.app import create_app
 from trainer_backend.api.http_protocol import JsonErrorH11Protocol
 from trainer_backend.auth import KeyPolicy
 from trainer_backend.config import ServerConfig
+from trainer_backend.errors import UserInputError
 from trainer_backend.models.loading import dtype_name, load_base_model, select_device, select_dtype
 from trainer_backend.models.registry import default_cache_root, resolve_base_model
 from trainer_backend.service import TrainingService
@@ -75,12 +77,45 @@ def serve(config: ServerConfig) -> None:
     # end the process there, before `service.close()` stops vLLM (found running on as an orphan). Raised as
     # SystemExit, it unwinds through the `finally`; during the model's loading too.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    service = build_service(config)
+    listener = reserve_port(config.host, config.port)
     try:
-        app = create_app(service, policy, config.long_poll_s)
-        uvicorn.run(app, host=config.host, port=config.port, log_level="info", http=JsonErrorH11Protocol)
+        service = build_service(config)
+        try:
+            app = create_app(service, policy, config.long_poll_s)
+            server = uvicorn.Server(
+                uvicorn.Config(app, host=config.host, port=config.port, log_level="info", http=JsonErrorH11Protocol)
+            )
+            try:
+                server.run(sockets=[listener])
+            except KeyboardInterrupt:  # uvicorn raises Ctrl-C again once it has shut down: an orderly stop
+                pass
+            if not server.started:
+                raise SystemExit(STARTUP_FAILURE)
+        finally:
+            service.close()
     finally:
-        service.close()
+        listener.close()
+
+
+def reserve_port(host: str, port: int) -> socket.socket:
+    """A socket bound to `host`:`port` (0: one the system picks), listening only once uvicorn serves on it.
+
+    Bound before the model loads: vLLM and its engine take ports of their own while they start, and a port chosen for
+    the server, but not yet bound, was seen taken by one of them; a port in use fails here, at once, not after a
+    minute of loading. Until uvicorn listens, a client's connection is refused, as before.
+
+    Raises:
+        UserInputError: the port is in use or the address is not this machine's.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a port in TIME_WAIT is free
+    try:
+        listener.bind((host, port))
+    except OSError as error:
+        listener.close()
+        raise UserInputError(f"cannot serve on {host}:{port}: {error.strerror}") from None
+    return listener
 
 
 def _exit_on_sigterm(_signum: int, _frame: FrameType | None) -> None:
@@ -99,15 +134,14 @@ def running_server(config: ServerConfig) -> Iterator[RunningServer]:
     serve` in a process of its own)."""
     policy = KeyPolicy(frozenset(config.api_keys))
     policy.check_bind(config.host)
+    listener = reserve_port(config.host, config.port)
+    port = listener.getsockname()[1]
     service = build_service(config)
-    with socket.socket() as probe:
-        probe.bind((config.host, config.port))
-        port = probe.getsockname()[1]
     app = create_app(service, policy, config.long_poll_s)
     server = uvicorn.Server(
         uvicorn.Config(app, host=config.host, port=port, log_level="warning", http=JsonErrorH11Protocol)
     )
-    thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
+    thread = threading.Thread(target=server.run, args=([listener],), name="uvicorn", daemon=True)
     thread.start()
     try:
         while not server.started:
@@ -119,3 +153,4 @@ def running_server(config: ServerConfig) -> Iterator[RunningServer]:
         server.should_exit = True
         thread.join(timeout=30)
         service.close()
+        listener.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -370,3 +371,19 @@ def test_a_server_without_keys_will_not_start_off_loopback(tmp_path: Path) -> No
         running_server(tiny_server_config(tmp_path, host="0.0.0.0")),
     ):
         pytest.fail("the server started")
+
+
+def test_a_port_in_use_is_refused_at_once_before_the_model_loads(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "trainer_backend", "serve", "--base-model", "no-such-model", "--port", str(port),
+             "--storage-root", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )  # fmt: skip
+    assert result.returncode == 1
+    # The port is named, not the model: the model was never looked up.
+    assert f"cannot serve on 127.0.0.1:{port}: Address already in use" in result.stderr
+    assert "no-such-model" not in result.stderr
