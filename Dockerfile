@@ -20,6 +20,7 @@ COPY trainer_backend/ trainer_backend/
 COPY tasks/ tasks/
 COPY autoresearch/ autoresearch/
 COPY lifeline/ lifeline/
+COPY validation_errors/ validation_errors/
 RUN pip install .
 COPY experiments/ experiments/
 

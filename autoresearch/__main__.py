@@ -22,6 +22,7 @@ from autoresearch.device_share import device_use_by_trial
 from autoresearch.errors import AutoresearchError
 from autoresearch.executors import LocalExecutor, TrialExecutor
 from autoresearch.proposer import LlmProposer
+from autoresearch.reward_code import artifact_store_of
 from autoresearch.sdk_logging import quiet_sdk_logs
 from autoresearch.spec import StudySpec, load_study_spec
 from autoresearch.stop_signal import SIGTERM_EXIT, StopSignal
@@ -89,7 +90,9 @@ def autoresearch(
         console.print(f"[red]{error}[/red]")
         raise typer.Exit(1) from None
     summary = write_summary(study, folder / "summary", console)
-    console.print(f"summary and plots: {summary.parent}; dashboard: optuna-dashboard {spec.storage}")
+    # The reward code the LLM wrote is shown by a dashboard given the study's artifact store.
+    artifacts = f" --artifact-dir {artifact_store_of(spec)}" if spec.search_space.reward.code is not None else ""
+    console.print(f"summary and plots: {summary.parent}; dashboard: optuna-dashboard {spec.storage}{artifacts}")
 
 
 @contextmanager

@@ -2,11 +2,15 @@
 
 The dashboard shows them and existing studies hold them, so their names and values are as they always were. A trial
 carries `run_id`, `source` (llm or sampler), `rationale`, `llm_fallback` (why an LLM's turn went to the sampler: see
-`hybrid_sampler`), `backend_url`, `reward_spec` and `trial_config` (JSON), once
+`hybrid_sampler`), `backend_url`, `reward_spec` and `trial_config` (JSON), where the LLM wrote a reward component
+as code `reward_code_sha256`, `reward_code_artifact` (the study artifact holding it) and `reward_code_weight`, or
+`reward_code_refused` (why it was not admitted), once
 it ends `held_out_at_rl_start` and `rl_gain` (what RL added to the accuracy its warm-up left), once it finished
 `sampler_path`, and for a failed one `failure`. The study carries the base model's held-out accuracy
 (`baseline_accuracy`), each shared warm-up (`shared_warmup:<backend>`), the LLM's analyses (`analysis-<round>`), and
-how its candidates fared (`llm_proposed`, `llm_valid`, `rejected_proposals`).
+how its candidates fared (`llm_proposed`, `llm_valid`, `rejected_proposals`), and how the reward code the LLM wrote
+fared (`reward_code_proposed`, `reward_code_admitted`, `rejected_reward_code`; each admitted source is a study
+artifact, `reward_code:<sha256>` its id).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from autoresearch.trials.config import InitialState
 # A study attribute per backend, `shared_warmup:<url>` ('local' for the controller's own): the warm-up its trials
 # start from.
 SHARED_WARMUP_PREFIX = "shared_warmup:"
+# A study attribute per admitted reward code, `reward_code:<sha256>`: the artifact that holds its source.
+REWARD_CODE_PREFIX = "reward_code:"
 # A study attribute per round of the LLM's analysis, `analysis-<round, three digits>`, so that they sort in order.
 ANALYSIS_PREFIX = "analysis-"
 
@@ -57,6 +63,12 @@ class TrialAttributes(BaseModel):
     # The trial config's reward spec, and the whole config, as JSON text.
     reward_spec: str | None = None
     trial_config: str | None = None
+    # A reward component the LLM wrote as code: the source's sha256, the study artifact that holds it, its weight;
+    # or why the code was refused (the trial then runs the rest of the proposal).
+    reward_code_sha256: str | None = None
+    reward_code_artifact: str | None = None
+    reward_code_weight: float | None = None
+    reward_code_refused: str | None = None
     # Times a trial whose process died was started again.
     relaunches: int = 0
     held_out_at_rl_start: float | None = None
@@ -94,6 +106,10 @@ class StudyAttributes(BaseModel):
     llm_proposed: int = 0
     llm_valid: int = 0
     rejected_proposals: tuple[str, ...] = ()
+    # Reward functions the LLM wrote as code, those admitted, and why each of the others was refused.
+    reward_code_proposed: int = 0
+    reward_code_admitted: int = 0
+    rejected_reward_code: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, study: optuna.Study) -> StudyAttributes:
@@ -109,6 +125,9 @@ class StudyAttributes(BaseModel):
             llm_proposed=attrs.get("llm_proposed", 0),
             llm_valid=attrs.get("llm_valid", 0),
             rejected_proposals=tuple(attrs.get("rejected_proposals", ())),
+            reward_code_proposed=attrs.get("reward_code_proposed", 0),
+            reward_code_admitted=attrs.get("reward_code_admitted", 0),
+            rejected_reward_code=tuple(attrs.get("rejected_reward_code", ())),
         )
 
 
@@ -132,3 +151,22 @@ def count_llm_candidates(study: optuna.Study, kind: Literal["proposed", "valid"]
 
 def record_rejected_proposal(study: optuna.Study, reason: str) -> None:
     study.set_user_attr("rejected_proposals", [*StudyAttributes.of(study).rejected_proposals, reason])
+
+
+def record_reward_code(study: optuna.Study, reason: str | None) -> None:
+    """Count a reward function the LLM wrote: admitted (`reason` None), or refused for `reason`."""
+    attributes = StudyAttributes.of(study)
+    study.set_user_attr("reward_code_proposed", attributes.reward_code_proposed + 1)
+    if reason is None:
+        study.set_user_attr("reward_code_admitted", attributes.reward_code_admitted + 1)
+    else:
+        study.set_user_attr("rejected_reward_code", [*attributes.rejected_reward_code, reason])
+
+
+def admitted_reward_code(study: optuna.Study, sha256: str) -> str | None:
+    """The study artifact holding the admitted reward code of this hash, if the study admitted it before."""
+    return study.user_attrs.get(f"{REWARD_CODE_PREFIX}{sha256}")
+
+
+def record_admitted_reward_code(study: optuna.Study, sha256: str, artifact_id: str) -> None:
+    study.set_user_attr(f"{REWARD_CODE_PREFIX}{sha256}", artifact_id)

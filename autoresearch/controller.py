@@ -32,6 +32,7 @@ from autoresearch.errors import ConfigurationError, ExecutorError, ProposalError
 from autoresearch.executors import TrialExecutor, TrialPhase
 from autoresearch.executors.base import stop_or_warn
 from autoresearch.proposer import LlmProposer
+from autoresearch.reward_code import RewardCodeAdmission, attach_to_trial, code_component_of
 from autoresearch.search import candidate_from_params, distributions, trial_config_of
 from autoresearch.shared_warmup import SharedWarmups
 from autoresearch.spec import StudySpec
@@ -68,7 +69,13 @@ class Controller:
         self.study = study
         self.executor = executor
         self.proposer = proposer
-        self.sampler = study_sampler(spec, study, proposer) if proposer is not None else None
+        # Admits the reward functions the LLM writes, where the study lets it write them.
+        self.reward_code = (
+            RewardCodeAdmission(spec, study)
+            if proposer is not None and spec.search_space.reward.code is not None
+            else None
+        )
+        self.sampler = study_sampler(spec, study, proposer, self.reward_code) if proposer is not None else None
         if self.sampler is not None:
             study.sampler = self.sampler
         if not backend_urls:
@@ -87,7 +94,11 @@ class Controller:
         graph = self._graph().compile(checkpointer=checkpointer)
         config = {"configurable": {"thread_id": self.spec.study}, "recursion_limit": 100_000}
         pending = graph.get_state(config).next
-        graph.invoke(None if pending else ControllerState(round=0, analysed=0), config)
+        try:
+            graph.invoke(None if pending else ControllerState(round=0, analysed=0), config)
+        finally:
+            if self.reward_code is not None:
+                self.reward_code.close()
 
     def _graph(self) -> StateGraph:
         graph = StateGraph(ControllerState)
@@ -157,7 +168,10 @@ class Controller:
             self._fail(trial, f"no shared warm-up on {backend_url} to start from")
             return
         try:
-            config = trial_config_of(self.spec, candidate, run_id, warmup.initial_state() if warmup else None)
+            code = code_component_of(self.spec, attributes)
+            config = trial_config_of(self.spec, candidate, run_id, warmup.initial_state() if warmup else None, code)
+            if code is not None:
+                attach_to_trial(trial, code)
         except ConfigurationError as error:
             self._fail(trial, str(error))
             return

@@ -105,11 +105,13 @@ class OptimizerState:
 
 @dataclass(frozen=True)
 class Suggestion:
-    """A candidate from the LLM: parameter values by name (names it leaves out are the base sampler's to fill), and
-    why it proposes them."""
+    """A candidate from the LLM: parameter values by name (names it leaves out are the base sampler's to fill), why
+    it proposes them, and user attributes its trial is to carry besides (what the caller's LLM made of it: this
+    project's admitted reward code)."""
 
     params: dict[str, Any]
     rationale: str
+    user_attrs: dict[str, Any] = field(default_factory=dict)
 
 
 class LlmError(Exception):
@@ -218,7 +220,7 @@ class HybridSampler(BaseSampler):
         answer = self._ask_llm(study, turns, f"trials from {len(study.get_trials(deepcopy=False))}")
         for suggestion in answer.accepted:
             attributes = TrialAttributes(source="llm", rationale=suggestion.rationale)
-            study.enqueue_trial(suggestion.params, user_attrs=attributes.user_attrs())
+            study.enqueue_trial(suggestion.params, user_attrs={**suggestion.user_attrs, **attributes.user_attrs()})
         shortfall = turns - len(answer.accepted)
         reason = answer.fallback or Fallback("refused", "the LLM gave fewer usable candidates than it had turns")
         self._unfilled = [reason] * shortfall
@@ -254,7 +256,7 @@ class HybridSampler(BaseSampler):
                 log.warning("%s: %s", label, refusals[-1])
                 continue
             earlier[f"candidate {index + 1} of this round's"] = params
-            answer.accepted.append(Suggestion(params, suggestion.rationale))
+            answer.accepted.append(Suggestion(params, suggestion.rationale, suggestion.user_attrs))
         count_llm_candidates(study, "valid", len(answer.accepted))
         if not answer.accepted:
             answer.fallback = Fallback("refused", "; ".join(refusals) or "the LLM proposed no candidate")
@@ -327,8 +329,8 @@ class HybridSampler(BaseSampler):
         if fallback is None:
             answer = self._ask_llm(study, 1, f"trial {trial.number}")
             if answer.accepted:
-                self._suggestions[trial._trial_id] = answer.accepted[0]
-                _write(study, trial, TrialAttributes(source="llm", rationale=answer.accepted[0].rationale))
+                chosen = self._suggestions[trial._trial_id] = answer.accepted[0]
+                _write(study, trial, TrialAttributes(source="llm", rationale=chosen.rationale), chosen.user_attrs)
                 return
             fallback = answer.fallback or Fallback("refused", "the LLM proposed no candidate")
         log.warning("trial %d: the LLM's turn falls back to the base sampler (%s)", trial.number, fallback)
@@ -436,9 +438,11 @@ def _turns_taken(trials: Sequence[FrozenTrial]) -> int:
     return sum(1 for t in trials if t.user_attrs.get("source") == "llm" or t.user_attrs.get("llm_fallback"))
 
 
-def _write(study: optuna.Study, trial: FrozenTrial, attributes: TrialAttributes) -> None:
+def _write(
+    study: optuna.Study, trial: FrozenTrial, attributes: TrialAttributes, extra: Mapping[str, Any] | None = None
+) -> None:
     """Set user attributes on a trial being created; the FrozenTrial Optuna passed is the one its `Trial` reads."""
-    for name, value in attributes.user_attrs().items():
+    for name, value in {**(extra or {}), **attributes.user_attrs()}.items():
         study._storage.set_trial_user_attr(trial._trial_id, name, value)
         trial.user_attrs[name] = value
 

@@ -20,16 +20,20 @@ import openai
 from langchain_core.messages import HumanMessage, SystemMessage
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic.json_schema import SkipJsonSchema
 
 from autoresearch.errors import MalformedProposalError, ProposalError, SlowProposalError
 from autoresearch.search import Candidate
 from autoresearch.spec import Choices, FloatRange, IntRange, LlmSettings, StudySpec
 from tasks.registry import task_class
+from tasks.reward_code.admission import CodeRewardTask
 
 # The most candidates one reply may hold (Budget.candidates_per_round's bound).
 MAX_CANDIDATES = 16
 # The most earlier trials one candidate may say it builds on.
 MAX_BASED_ON = 5
+# The longest reward function one candidate may write, in characters (a bound for constrained decoding).
+MAX_REWARD_CODE_CHARS = 4000
 # An analysis is a note of a few sentences: this many, in at most this many tokens of the LLM's reply.
 ANALYSIS_SENTENCES = 5
 ANALYSIS_MAX_TOKENS = 256
@@ -47,6 +51,8 @@ class ProposedCandidate(BaseModel):
     params: BaseModel
     reward_weights: BaseModel
     based_on: list[int] = Field(default_factory=list)
+    # In the schema only where the study's search space allows reward code (`search_space.reward.code`).
+    reward_code: SkipJsonSchema[BaseModel | None] = None
     # Bounded, so that under constrained decoding a reply ends within a budget of tokens whatever the model.
     rationale: str = Field(
         min_length=1,
@@ -57,9 +63,10 @@ class ProposedCandidate(BaseModel):
 
     def candidate(self, history: Sequence[TrialRecord] = ()) -> Candidate:
         """The candidate to run; its rationale names the trials it builds on with their scores, as the LLM read them."""
+        code = self.reward_code.model_dump() if self.reward_code is not None else {}
         return Candidate(
             self.params.model_dump(), self.reward_weights.model_dump(), _tied(self.rationale, self.based_on, history),
-            "llm",
+            "llm", code.get("source"), code.get("weight", 0.0),
         )  # fmt: skip
 
 
@@ -92,12 +99,25 @@ def proposal_model(spec: StudySpec, shown: Sequence[int] = ()) -> type[Proposal]
             description="numbers of the earlier trials (in the history) this candidate learns from",
         ),
     )
+    code: dict[str, Any] = {}
+    if space.reward.code is not None:
+        source = Field(
+            min_length=1,
+            max_length=MAX_REWARD_CODE_CHARS,
+            description="Python source that defines reward(completion, example, execution) -> float",
+        )
+        reward_code = create_model(
+            "RewardCode", __config__=strict, weight=_field(space.reward.code), source=(str, source)
+        )
+        description = "optional: a new reward component written as code, at a weight"
+        code["reward_code"] = (reward_code | None, Field(None, description=description))
     candidate: Any = create_model(
         "ProposedCandidate",
         __base__=ProposedCandidate,
         params=(params, ...),
         reward_weights=(weights, ...),
         based_on=based_on,
+        **code,
     )
     candidates = (list[candidate], Field(min_length=1, max_length=MAX_CANDIDATES))
     return create_model("Proposal", __base__=Proposal, candidates=candidates)
@@ -313,8 +333,20 @@ def _proposal_prompt(
         f"Fixed trial settings: {json.dumps(spec.trial, default=str)}\n"
         f"Searched hyperparameters (params):\n{params}\n"
         f"Reward: {base} at weight 1 always; optional components (reward_weights, 0 leaves one out):\n"
-        f"{rewards}\n\n{_history_text(history, baseline, best)}\n\nPropose {count} candidates, each with its own "
-        "based_on and rationale."
+        f"{rewards}\n{_reward_code_text(spec)}\n{_history_text(history, baseline, best)}\n\nPropose {count} "
+        "candidates, each with its own based_on and rationale."
+    )
+
+
+def _reward_code_text(spec: StudySpec) -> str:
+    """How to write a reward component as code, where the study allows it."""
+    weight = spec.search_space.reward.code
+    task = task_class(spec.task)
+    if weight is None or not isinstance(task, CodeRewardTask):
+        return ""
+    return (
+        f"A candidate may also add a reward component written as code (reward_code: weight in [{weight.low}, "
+        f"{weight.high}] and source), a Python function:\n{task.reward_code_signature}\n"
     )
 
 

@@ -15,10 +15,12 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from pydantic import BaseModel
 
 from autoresearch.errors import CandidateError, ConfigurationError
+from autoresearch.reward_code import CodeComponent
 from autoresearch.spec import Choices, FloatRange, IntRange, StudySpec
 from autoresearch.trials.config import InitialState, TrialConfig
 from tasks.errors import TaskError
 from tasks.registry import task_class
+from tasks.reward_code.admission import CodeRewardTask
 
 REWARD_PREFIX = "reward."
 
@@ -31,20 +33,29 @@ class Candidate:
     reward_weights: dict[str, float]
     rationale: str
     source: Literal["llm", "sampler"]
+    # A reward component the LLM wrote as code, and its weight (`reward_code`: admitted before any trial runs it).
+    reward_code: str | None = None
+    reward_code_weight: float = 0.0
 
     def optuna_params(self) -> dict[str, object]:
         return {**self.params, **{REWARD_PREFIX + kind: w for kind, w in self.reward_weights.items()}}
 
 
-def reward_spec(spec: StudySpec, weights: Mapping[str, float]) -> BaseModel:
+def reward_spec(spec: StudySpec, weights: Mapping[str, float], code: CodeComponent | None = None) -> BaseModel:
     """The study's task's reward of these weights: its base component at weight 1, plus every optional component
-    with a positive weight.
+    with a positive weight, plus admitted reward `code` at its weight.
 
     Raises:
-        ConfigurationError: a weight the task's reward refuses.
+        ConfigurationError: a weight the task's reward refuses, or code for a task that takes none.
     """
+    task = task_class(spec.task)
     try:
-        return task_class(spec.task).reward_spec_from_weights(weights)
+        built = task.reward_spec_from_weights(weights)
+        if code is None:
+            return built
+        if not isinstance(task, CodeRewardTask):
+            raise ConfigurationError(f"reward_spec: task {spec.task!r} takes no reward components as code")
+        return task.reward_spec_with_code(built, code.reference, code.weight)
     except TaskError as error:
         raise ConfigurationError(f"reward_spec: {error}") from None
 
@@ -114,6 +125,11 @@ def _describe(param: FloatRange | IntRange | Choices) -> str:
 
 
 def trial_config_of(
-    spec: StudySpec, candidate: Candidate, run_id: str, init_from: InitialState | None = None
+    spec: StudySpec,
+    candidate: Candidate,
+    run_id: str,
+    init_from: InitialState | None = None,
+    code: CodeComponent | None = None,
 ) -> TrialConfig:
-    return spec.trial_config(candidate.params, reward_spec(spec, candidate.reward_weights), run_id, init_from)
+    """The candidate's trial config, its reward with admitted `code` where it has some."""
+    return spec.trial_config(candidate.params, reward_spec(spec, candidate.reward_weights, code), run_id, init_from)

@@ -33,9 +33,10 @@ from autoresearch.trials.config import (
     parse_trial_config,
     read_yaml,
 )
-from tasks.errors import describe_validation_error
 from tasks.registry import registered_task, task_class
 from tasks.report import ScoreName
+from tasks.reward_code.admission import CodeRewardTask
+from validation_errors import describe_validation_error
 
 # TrialConfig fields a study may search, and the kind of value each takes.
 SEARCHABLE: dict[str, type] = {
@@ -125,9 +126,13 @@ Param = Annotated[FloatRange | IntRange | Choices, Field(union_mode="left_to_rig
 
 class RewardSearch(_Strict):
     """Which of the task's optional reward components a proposal may add to its base component, and each one's
-    weight range (the task says which components it has: `tasks.interface.Task`)."""
+    weight range (the task says which components it has: `tasks.interface.Task`); and whether the LLM may write a
+    component as code, at a weight in `code` (`tasks.reward_code`: admitted only after its checks)."""
 
     components: dict[str, FloatRange] = Field(default_factory=dict)
+    code: FloatRange | None = Field(
+        None, description="weight range of a reward function the LLM may propose as code; None: weights only"
+    )
 
 
 class SearchSpace(_Strict):
@@ -289,6 +294,11 @@ class StudySpec(_Strict):
         description="Optuna RDB storage URL; ${VAR} is read from the environment (a password in a cluster)",
     )
     executor: ExecutorSettings = Field(default_factory=LocalExecutorSettings)
+    artifacts: str | None = Field(
+        None,
+        description="directory of the study's Optuna artifacts (reward code; trials read it, so in a cluster a path "
+        "on the runs volume); None: beside a SQLite storage, <file>-artifacts",
+    )
 
     @field_validator("task")
     @classmethod
@@ -366,6 +376,8 @@ class StudySpec(_Strict):
                     f"search_space.reward.components: task {self.task!r} has no reward component {kind!r} "
                     f"(components that may be added: {', '.join(task.optional_reward_components) or 'none'})"
                 )
+        if self.search_space.reward.code is not None and not isinstance(task, CodeRewardTask):
+            raise ValueError(f"search_space.reward.code: task {self.task!r} takes no reward components as code")
         return self
 
     @model_validator(mode="after")

@@ -140,7 +140,8 @@ def proposed_by(attributes: TrialAttributes) -> str:
 
 def llm_proposal_counts(study: optuna.Study) -> dict:
     """How the LLM's candidates fared: proposed, valid, run (trials started from them), each rejection's reason
-    (an invalid candidate, or a call where the LLM gave none), and the LLM's turns that fell back to TPE by kind."""
+    (an invalid candidate, or a call where the LLM gave none), the LLM's turns that fell back to TPE by kind, and the
+    reward functions it wrote as code: proposed, admitted, and each refusal's reason."""
     run = sum(
         1
         for t in study.get_trials(deepcopy=False)
@@ -153,4 +154,9 @@ def llm_proposal_counts(study: optuna.Study) -> dict:
         "run": run,
         "rejected": list(attributes.rejected_proposals),
         "fallbacks": fallback_counts(study),
+        "reward_code": {
+            "proposed": attributes.reward_code_proposed,
+            "admitted": attributes.reward_code_admitted,
+            "refused": list(attributes.rejected_reward_code),
+        },
     }

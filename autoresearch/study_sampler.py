@@ -1,23 +1,29 @@
 """The hybrid sampler of a study spec: the spec's LLM proposer as its LLM (which reads the task, the reward's
-components and the base model's score besides the optimizer's state), and the spec's own check of each candidate."""
+components and the base model's score besides the optimizer's state), and the spec's own check of each candidate.
+Reward code a candidate carries is admitted (or refused, with the reason) before the candidate reaches the sampler;
+refused code leaves the rest of the candidate to run."""
 
 from __future__ import annotations
 
 import optuna
 
-from autoresearch.attributes import StudyAttributes
+from autoresearch.attributes import StudyAttributes, TrialAttributes
 from autoresearch.errors import CandidateError, MalformedProposalError, ProposalError, SlowProposalError
 from autoresearch.hybrid_sampler import HybridSampler, LlmError, OptimizerState, Suggestion, TrialSnapshot
 from autoresearch.proposer import LlmProposer, TrialRecord
-from autoresearch.search import candidate_from_params, check_candidate, distributions
+from autoresearch.reward_code import RewardCodeAdmission
+from autoresearch.search import Candidate, candidate_from_params, check_candidate, distributions
 from autoresearch.spec import StudySpec
 
 # The TPE of `study.open_study`, which proposes every trial that is not the LLM's.
 TPE_SEED = 0
 
 
-def study_sampler(spec: StudySpec, study: optuna.Study, proposer: LlmProposer) -> HybridSampler:
-    """The LLM on `llm.share` of the study's trials, asked for `budget.candidates_per_round` candidates a call."""
+def study_sampler(
+    spec: StudySpec, study: optuna.Study, proposer: LlmProposer, reward_code: RewardCodeAdmission | None = None
+) -> HybridSampler:
+    """The LLM on `llm.share` of the study's trials, asked for `budget.candidates_per_round` candidates a call;
+    `reward_code` admits the reward functions its candidates write (without it, any they write is refused)."""
 
     def llm(state: OptimizerState) -> list[Suggestion]:
         baseline = StudyAttributes.of(study).baseline_accuracy
@@ -29,7 +35,7 @@ def study_sampler(spec: StudySpec, study: optuna.Study, proposer: LlmProposer) -
             raise LlmError("malformed", str(error)) from None
         except ProposalError as error:
             raise LlmError("down", str(error)) from None
-        return [Suggestion(candidate.optuna_params(), candidate.rationale) for candidate in proposed]
+        return [_suggestion(candidate, reward_code) for candidate in proposed]
 
     def check(suggestion: Suggestion) -> None:
         candidate = candidate_from_params(suggestion.params, suggestion.rationale, "llm")
@@ -48,6 +54,18 @@ def study_sampler(spec: StudySpec, study: optuna.Study, proposer: LlmProposer) -
         search_space=distributions(spec),
         check=check,
     )
+
+
+def _suggestion(candidate: Candidate, reward_code: RewardCodeAdmission | None) -> Suggestion:
+    """The candidate as the sampler takes it, with its reward code's verdict among its trial's attributes."""
+    if candidate.reward_code is None:
+        return Suggestion(candidate.optuna_params(), candidate.rationale)
+    if reward_code is None:
+        refused = "refused: this study takes no reward code (search_space.reward.code)"
+        attributes = TrialAttributes(reward_code_refused=refused)
+    else:
+        attributes = reward_code.admit(candidate.reward_code, candidate.reward_code_weight)
+    return Suggestion(candidate.optuna_params(), candidate.rationale, attributes.user_attrs())
 
 
 def _records(snapshots: tuple[TrialSnapshot, ...]) -> list[TrialRecord]:

@@ -178,6 +178,11 @@ def write_summary(study: optuna.Study, folder: Path, console: Console) -> Path:
             console.print(f"LLM turns that TPE took instead: {kinds}")
         for reason in proposals["rejected"]:
             console.print(f"  rejected: {reason}", markup=False)
+    code = proposals["reward_code"]
+    if code["proposed"]:
+        console.print(f"LLM reward code: {code['proposed']} proposed, {code['admitted']} admitted")
+        for reason in code["refused"]:
+            console.print(f"  refused: {reason}", markup=False)
     warmups = attributes.shared_warmups
     for url, warmup in warmups.items():
         console.print(f"shared warm-up on {url}: held-out {warmup.held_out_accuracy:.3f}, state {warmup.path}")

@@ -65,8 +65,8 @@ def measure_trl(model: str, steps: int) -> dict:
     )
 
     def text_to_sql_reward(prompts: list[str], completions: list[str], example_id: list[str], **_: object) -> list:
-        pairs = [(examples[i], c) for i, c in zip(example_id, completions, strict=True)]
-        return [score.reward for score in task.score_batch(pairs, DEFAULT_REWARD_SPEC)]
+        episodes = [task.one_step(examples[i], c) for i, c in zip(example_id, completions, strict=True)]
+        return [score.reward for score in task.score_episodes(episodes, DEFAULT_REWARD_SPEC)]
 
     step_seconds: list[float] = []
 

@@ -222,7 +222,9 @@ def tenant_configs(model: str, steps: int) -> tuple[TrialConfig, TrialConfig]:
             "reward_spec": REWARD_WITH_SPREAD, "eval_size": 1, "eval_interval": 0, "checkpoint_interval": 1000,
         }
     )  # fmt: skip
-    return b, base.model_copy(update={"eval_size": DEV_QUESTIONS})
+    # A's evaluation batches, as when docs/performance.md's figures were measured: what this measures is how a batched
+    # evaluation and RL steps share the device (a batch-invariant one shares no batch: benchmarks.batch_invariance).
+    return b, base.model_copy(update={"eval_size": DEV_QUESTIONS, "eval_batch_invariant": False})
 
 
 @dataclass(frozen=True)

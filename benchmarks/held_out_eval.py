@@ -41,7 +41,9 @@ class Evaluation:
 def measure(tree: Path, workdir: Path, name: str, eval_size: int) -> Evaluation:
     folder = resolve_base_model(GEMMA_3_270M, default_cache_root()).folder
     trial = RECIPES[GEMMA_3_270M].trial
-    config = load_trial_config(trial).model_copy(update={"eval_size": eval_size, "base_model": str(folder)})
+    # Batched on both servers: an earlier commit's server batches every request, whatever the session asks.
+    update = {"eval_size": eval_size, "base_model": str(folder), "eval_batch_invariant": False}
+    config = load_trial_config(trial).model_copy(update=update)
     with server_from(tree, workdir / f"{name}-backend", folder) as (url, server), MemoryWatch(server) as watch:
         started = time.perf_counter()
         report = evaluate_checkpoint(config, url)

@@ -106,12 +106,12 @@ def sampled_accuracy(
     futures = [
         sampler.sample(types.ModelInput.from_ints(list(renderer.prompt(e).tokens)), samples, params) for e in examples
     ]
-    pairs = [
-        (example, renderer.decode(sequence.tokens))
+    episodes = [
+        renderer.task.one_step(example, renderer.decode(sequence.tokens))
         for example, future in zip(examples, futures, strict=True)
         for sequence in future.result().sequences
     ]
-    marks = renderer.task.judge_batch(pairs)
+    marks = renderer.task.judge_episodes(episodes)
     return sum(marks) / len(marks)
 
 

@@ -1,9 +1,10 @@
 """What a trial asks of a task: the interface every task implements, and nothing else.
 
-Trials (`autoresearch.trials`), the tinker-cookbook environment and a task's command line render prompts and score
-completions through it only, and a study (`autoresearch`) searches a task's reward through it only, so a second task
-drops in by implementing this class and registering itself in `tasks.registry`. Names end in the shape they hold:
-`_G` one entry per completion of a group, `_B` one per item of a batch.
+Trials (`autoresearch.trials`), the tinker-cookbook environment and a task's command line render prompts and play and
+score episodes through it only (a single-turn completion is an episode of one step), and a study (`autoresearch`)
+searches a task's reward through it only, so a second task drops in by implementing this class and registering itself
+in `tasks.registry`. Names end in the shape they hold: `_G` one entry per completion of a group, `_B` one per item of
+a batch.
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ class CompletionScore(Protocol):
 
 
 class Episode(Protocol):
-    """A multi-turn attempt at one example (a task's agentic mode): the policy writes a turn, the task answers."""
+    """An attempt at one example: the policy writes a turn, the task answers, until the episode is done.
+
+    A single-turn task's episode is one step (`OneTurn`): the completion, and it is over.
+    """
 
     @property
     def example(self) -> TaskExample: ...
@@ -69,6 +73,31 @@ class Episode(Protocol):
 ExampleT = TypeVar("ExampleT", bound=TaskExample)
 # A reward spec is data (a pydantic model), so a study can propose one as JSON and store it.
 RewardSpecT = TypeVar("RewardSpecT", bound=BaseModel)
+
+
+class OneTurn(Generic[ExampleT]):
+    """The single-turn episode: one completion, and the episode is over; its transcript is the completion."""
+
+    def __init__(self, example: ExampleT) -> None:
+        self.example = example
+        self.completion: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.completion is not None
+
+    def step(self, text: str) -> None:
+        """Take the completion; the episode ends with it.
+
+        Raises:
+            TaskError: the episode already has its completion.
+        """
+        if self.done:
+            raise TaskError(f"the episode of {self.example.id} is over; it takes one turn")
+        self.completion = text
+
+    def transcript(self) -> str:
+        return self.completion or ""
 
 
 class Task(ABC, Generic[ExampleT, RewardSpecT]):
@@ -122,47 +151,54 @@ class Task(ABC, Generic[ExampleT, RewardSpecT]):
     def few_shot_examples(self, count: int, split: str) -> tuple[ExampleT, ...]:
         """`count` solved examples of `split` that prompts may show before a question."""
 
-    @abstractmethod
-    def render_prompt(self, example: ExampleT, shots: Sequence[ExampleT] = ()) -> str:
-        """The prompt the model continues to answer `example`, showing `shots` solved first."""
+    # --- episodes: a prompt, turns until the episode is done, a score. Single-turn is an episode of one step. ---
 
     @abstractmethod
-    def gold_completion(self, example: ExampleT) -> str:
-        """The continuation of the prompt that answers `example` right (what a supervised warm-up trains on)."""
+    def prompt(self, example: ExampleT, shots: Sequence[ExampleT] = (), max_turns: int = 1, chat: bool = False) -> str:
+        """The prompt the policy continues to answer `example` in an episode of at most `max_turns` turns (1: one
+        completion), showing `shots` solved first. `chat`: the prompt is a chat model's first user turn, and what
+        the task answers each turn with comes as the next user turn, so a task may word both for a conversation."""
 
     @abstractmethod
-    def score_batch(self, items_B: Sequence[tuple[ExampleT, str]], reward_spec: RewardSpecT) -> list[CompletionScore]:
-        """The score of each (example, completion) under `reward_spec`, in order."""
+    def gold_completion(self, example: ExampleT, max_turns: int = 1) -> str:
+        """The first turn that answers `example` right at once after its prompt (what a supervised warm-up trains
+        on)."""
+
+    def episode(self, example: ExampleT, max_turns: int = 1, chat: bool = False) -> Episode:
+        """A fresh episode on `example` of at most `max_turns` turns, played as a conversation when `chat` (as
+        `prompt`'s); a task of single-turn episodes refuses more.
+
+        Raises:
+            TaskError: the task has no episodes of `max_turns` turns.
+        """
+        if max_turns != 1:
+            raise TaskError(f"task {self.name!r} has no episodes of several turns")
+        return OneTurn(example)
 
     @abstractmethod
-    def judge_batch(self, items_B: Sequence[tuple[ExampleT, str]]) -> list[bool]:
-        """Whether each completion answers its example correctly by the task's held-out measure, whatever reward a
-        trial trains on, so a reward variant can only raise it by making the model answer better."""
-
-    # --- the agentic mode: episodes of several turns; a task without one refuses ---------------------------
-
-    def agentic_prompt(self, example: ExampleT, shots: Sequence[ExampleT], max_turns: int) -> str:
-        """The prompt of an episode on `example` of at most `max_turns` turns, with `shots` solved first."""
-        raise TaskError(f"task {self.name!r} has no agentic mode")
-
-    def agentic_gold_completion(self, example: ExampleT) -> str:
-        """The turn that answers `example` right at once, after its agentic prompt (a warm-up's target)."""
-        raise TaskError(f"task {self.name!r} has no agentic mode")
-
-    def episode(self, example: ExampleT, max_turns: int) -> Episode:
-        """A fresh episode on `example` of at most `max_turns` turns."""
-        raise TaskError(f"task {self.name!r} has no agentic mode")
-
     def score_episodes(self, episodes_B: Sequence[Episode], reward_spec: RewardSpecT) -> list[CompletionScore]:
-        """The reward of each finished episode under `reward_spec`."""
-        raise TaskError(f"task {self.name!r} has no agentic mode")
+        """The score of each finished episode under `reward_spec`, in order."""
 
+    @abstractmethod
     def judge_episodes(self, episodes_B: Sequence[Episode]) -> list[bool]:
-        """Whether each finished episode answered its example correctly, by the task's held-out measure."""
-        raise TaskError(f"task {self.name!r} has no agentic mode")
+        """Whether each finished episode answers its example correctly by the task's held-out measure, whatever
+        reward a trial trains on, so a reward variant can only raise it by making the model answer better."""
 
-    def report_episodes(self, split: str, episodes_B: Sequence[Episode], step: int = 0) -> HeldOutReport:
-        """The held-out report of finished episodes, each answer's completion its transcript."""
+    def one_step(self, example: ExampleT, completion: str) -> Episode:
+        """The single-turn episode on `example` that `completion` answered."""
+        episode = self.episode(example)
+        episode.step(completion)
+        return episode
+
+    def score_group(
+        self, example: ExampleT, completions_G: Sequence[str], reward_spec: RewardSpecT
+    ) -> list[CompletionScore]:
+        """The score of each completion of one example's group under `reward_spec`."""
+        return self.score_episodes([self.one_step(example, completion) for completion in completions_G], reward_spec)
+
+    def report(self, split: str, episodes_B: Sequence[Episode], step: int = 0) -> HeldOutReport:
+        """The held-out report of finished episodes, judged by `judge_episodes`; each answer's completion is its
+        episode's transcript."""
         answers = [
             HeldOutAnswer(
                 example_id=e.example.id,
@@ -184,12 +220,6 @@ class Task(ABC, Generic[ExampleT, RewardSpecT]):
     def __exit__(self, *_: object) -> None:
         self.close()
 
-    def score_group(
-        self, example: ExampleT, completions_G: Sequence[str], reward_spec: RewardSpecT
-    ) -> list[CompletionScore]:
-        """The score of each completion of one example's group under `reward_spec`."""
-        return self.score_batch([(example, completion) for completion in completions_G], reward_spec)
-
     def held_out_subset(self, split: str, size: int, seed: int) -> tuple[ExampleT, ...]:
         """A sample of `size` examples of `split` fixed by `seed`, in the split's own order.
 
@@ -201,17 +231,6 @@ class Task(ABC, Generic[ExampleT, RewardSpecT]):
             raise SplitError(f"{size} examples asked of split {split!r}, which has {len(examples)}")
         chosen = sorted(random.Random(f"held-out:{seed}").sample(range(len(examples)), size))
         return tuple(examples[i] for i in chosen)
-
-    def report(
-        self, split: str, examples_B: Sequence[ExampleT], completions_B: Sequence[str], step: int = 0
-    ) -> HeldOutReport:
-        """The held-out report of one completion per example, judged by `judge_batch`."""
-        items = list(zip(examples_B, completions_B, strict=True))
-        answers = [
-            HeldOutAnswer(example_id=e.id, difficulty=e.difficulty, form=e.form, completion=c, correct=correct)
-            for (e, c), correct in zip(items, self.judge_batch(items), strict=True)
-        ]
-        return HeldOutReport.of(answers, split, self.difficulty_levels, step)
 
 
 # A task of any example and reward-spec types, as code that only passes them between its methods sees it.

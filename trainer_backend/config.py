@@ -10,6 +10,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from trainer_backend.engine.microbatches import ACTIVATION_BUDGET_BYTES
 from trainer_backend.models.gemma import GEMMA_3_270M
+from trainer_backend.models.loading import DtypeFlag
 
 # The Tinker SDK sends only keys that start with `tml-`; a short key is one an attacker could guess.
 API_KEY_PREFIX = "tml-"
@@ -18,10 +19,6 @@ MIN_API_KEY_SECRET_CHARS = 8
 
 def default_storage_root() -> Path:
     return Path.home() / ".local" / "share" / "rl-posttrain" / "backend"
-
-
-# `--dtype`: "auto", or the name of the torch dtype the base model computes in (`torch.float32`, `torch.bfloat16`).
-DtypeFlag = Literal["auto", "float32", "bfloat16"]
 
 
 class ServerConfig(BaseSettings):

@@ -6,11 +6,6 @@ are ours. Messages name the problem so a person can act on them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
-
-from pydantic import ValidationError
-
 
 class BackendError(Exception):
     """Base class of every error the server raises on purpose."""
@@ -89,15 +84,3 @@ class DeviceUnavailableError(BackendError, ValueError):
 
     status_code = 400
     category = "user"
-
-
-def describe_validation_error(error: ValidationError | HasValidationErrors, root: str) -> str:
-    """Every bad field and what is wrong with it, without the values given (a body or a key may be secret).
-
-    Takes pydantic's error or FastAPI's for query and path parameters, which lists its problems the same way.
-    """
-    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or root}: {e['msg']}" for e in error.errors())
-
-
-class HasValidationErrors(Protocol):
-    def errors(self) -> Sequence[Mapping[str, Any]]: ...

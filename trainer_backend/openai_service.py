@@ -252,7 +252,9 @@ class OpenAIInference:
         # A checkpoint's sampling counts toward the run that saved it, as Tinker's `sample` does.
         run = None if folder is None else CheckpointPath.parse(request.model).model_id
         call = SamplerCall(folder, sampling, stop_at_eos=not request.ignore_eos)
-        submitted = self.service.submit_sampling(owner, call, f"openai:{owner}", body, key=None, run=run)
+        submitted = self.service.submit_sampling(
+            owner, call, f"openai:{owner}", body, key=None, run=run, batch_invariant=request.batch_invariant
+        )
         return PendingGeneration(
             submitted, endpoint, request.model, prompt, request.n, sampling.stop_strings, int(time.time())
         )

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainer_backend.batch_invariance import BatchInvariance
 from trainer_backend.engine.types import LoraSettings
 from trainer_backend.errors import NotFoundError
 
@@ -49,6 +50,11 @@ CREATE TABLE IF NOT EXISTS run_retention (
 CREATE TABLE IF NOT EXISTS run_metadata (
     model_id TEXT PRIMARY KEY,
     metadata TEXT NOT NULL
+);
+-- The batch invariance a session's user_metadata asked for (`batch_invariance.py`); a session without a row: off.
+CREATE TABLE IF NOT EXISTS session_batch_invariance (
+    session_id TEXT PRIMARY KEY,
+    mode TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS sampling_sessions (
     sampling_session_id TEXT PRIMARY KEY,
@@ -96,14 +102,26 @@ class RunStore:
         with self._lock:
             self._db.close()
 
-    def create_session(self, owner: str, tags: list[str]) -> str:
+    def create_session(self, owner: str, tags: list[str], batch_invariance: BatchInvariance = "off") -> str:
         session_id = f"ses-{secrets.token_hex(10)}"
         now = time.time()
         with self._lock:
             self._db.execute(
                 "INSERT INTO sessions VALUES (?, ?, ?, ?, ?, NULL)", (session_id, owner, json.dumps(tags), now, now)
             )
+            if batch_invariance != "off":
+                self._db.execute("INSERT INTO session_batch_invariance VALUES (?, ?)", (session_id, batch_invariance))
         return session_id
+
+    def batch_invariance(self, sampling_session_id: str) -> BatchInvariance:
+        """The batch invariance of the session that the sampling session belongs to."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT b.mode FROM sampling_sessions s JOIN session_batch_invariance b ON b.session_id = s.session_id"
+                " WHERE s.sampling_session_id = ?",
+                (sampling_session_id,),
+            ).fetchone()
+        return "off" if row is None else row[0]
 
     def require_session(self, owner: str, session_id: str) -> None:
         with self._lock:

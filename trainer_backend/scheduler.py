@@ -15,8 +15,9 @@ call may pause between its steps to let other tenants' short operations run. A c
 generation) takes in, between its steps, another tenant's gathered operations of its kind (`BatchCall.admit`): they
 share its steps, and each operation's result is recorded as soon as it is done (`BatchCall.finish`), so a light
 tenant's generation neither waits for a heavy tenant's to end nor runs beside it as a second batch. A batch kind may
-also nest: what the running call cannot take in runs in its pause as a batch of its own. Busy time is measured around
-each device call.
+also nest: what the running call cannot take in runs in its pause as a batch of its own. An operation may ask to run
+alone (a batch-invariant sample): its call holds it only, takes nothing in and is taken into nothing, so its result is
+what it computes alone whatever else is queued. Busy time is measured around each device call.
 """
 
 from __future__ import annotations
@@ -104,6 +105,9 @@ class Operation(Generic[PayloadT]):
     # The checkpoint folder the operation reads (sampler weights it samples, a state it loads): nothing removes a
     # checkpoint that a queued or running operation still needs.
     reads: Path | None = None
+    # Runs as a device call of its own, which takes nothing in and is taken into no other (it may still run nested in
+    # another call's pause, as its own call): its result is what it computes alone (a batch-invariant sample).
+    alone: bool = False
     enqueued_at: float = field(default_factory=time.monotonic)
     # Tokens the device processed for this operation, set by its batch runner: a batch's device time is split among
     # its operations in proportion to them (a token costs about the same whoever sent it), evenly where none are set.
@@ -376,7 +380,7 @@ class Scheduler:
         lane = self._lanes[name]
         lane.pop(first)
         lane.last_served = now
-        if first.batch_kind is None:
+        if first.batch_kind is None or first.alone:
             return [first]
         # A nested batch takes nothing from the lanes of the batch it runs in.
         mate_lanes = [name for _, name, _ in candidates if name not in paused_lanes]
@@ -413,7 +417,7 @@ class Scheduler:
             for name in list(turns):
                 lane = self._lanes[name]
                 operation = lane.next_of_kind(first.batch_kind)
-                if operation is None or used + self._share(operation) > 1.0 + 1e-9:
+                if operation is None or operation.alone or used + self._share(operation) > 1.0 + 1e-9:
                     turns.remove(name)
                     continue
                 lane.pop(operation)
@@ -427,7 +431,7 @@ class Scheduler:
     def _admit(self, call: BatchCall, accepts: Callable[[Operation], bool]) -> list[Operation]:
         """Ready operations of `call`'s kind that it takes in now: from lanes that have nothing in it, gathered for the
         kind's window, one lane at a time in turn (least recently served first) within JOIN_BUDGET_LIMIT, each one
-        `accepts` (those it does not are marked refused: they may run nested in the call's pause)."""
+        `accepts` and none that runs alone (those are marked refused: they may run nested in the call's pause)."""
         kind = call.kind
         window_s = self._batch_windows_s.get(kind, 0.0)
         with self._condition:
@@ -455,7 +459,7 @@ class Scheduler:
                     if operation is None or not fits or operation.seq_id is not None:
                         turns.remove(name)
                         continue
-                    if not accepts(operation):
+                    if operation.alone or not accepts(operation):
                         call.refused.add(operation.request_id)
                         turns.remove(name)
                         continue
@@ -549,6 +553,7 @@ class Scheduler:
                 "batch": len(call.operations),
                 "nested": call.nested,
                 "joined": started > call.started,
+                "alone": operation.alone,
             },
         )
         with self._condition:
@@ -619,6 +624,8 @@ class BatchCall:
         self.operations = list(operations)
         self.kind = operations[0].batch_kind
         self.nested = nested
+        # The call of one operation that runs alone: it takes nothing in.
+        self.alone = operations[0].alone
         self.started = time.monotonic()
         # Device seconds that other tenants' operations ran while this call paused.
         self.paused_seconds = 0.0
@@ -640,7 +647,7 @@ class BatchCall:
     def admit(self, accepts: Callable[[Operation], bool]) -> list[Operation]:
         """Other tenants' ready operations of this call's kind that it takes in now, each one `accepts` (see
         `Scheduler._admit`); the runner must return their outcomes after those of the operations it was given."""
-        if self.nested:
+        if self.nested or self.alone:
             return []
         self.admits = True
         return self._scheduler._admit(self, accepts)

@@ -1,9 +1,10 @@
 """The domain layer of the server: what each Tinker API call does, independent of HTTP.
 
 Every mutating call becomes a durable future (ledger) and an operation for the device worker (scheduler); reads
-answer at once, the registry's from `views`, the status from `status_view`. Requests arrive as wire types and are
-converted to the engine's at this edge. Every lookup goes through the caller's owner, so one API key never reaches
-another's runs, sampling sessions or checkpoints.
+answer at once, the registry's from `views`, the status from `status_view`. What a key may hold (its runs' metadata
+and retention, its storage quota) is `tenancy`'s to say. Requests arrive as wire types and are converted to the
+engine's at this edge. Every lookup goes through the caller's owner, so one API key never reaches another's runs,
+sampling sessions or checkpoints.
 """
 
 from __future__ import annotations
@@ -13,33 +14,31 @@ import functools
 import hashlib
 import json
 import logging
-import re
 import secrets
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
+from trainer_backend.batch_invariance import runs_alone, session_batch_invariance
 from trainer_backend.checkpoints import (
     CheckpointInfo,
     CheckpointKind,
     CheckpointPath,
     CheckpointStore,
-    folder_bytes,
     validate_name,
 )
 from trainer_backend.config import ServerConfig
 from trainer_backend.duty_cycle import DutyCycle, TokenCounts
 from trainer_backend.engine.adapters import saved_adapter_settings
 from trainer_backend.engine.model_engine import ModelEngine
-from trainer_backend.engine.types import ForwardBackwardCall, LoraSettings, SamplerCall, SamplingResult
+from trainer_backend.engine.types import ForwardBackwardCall, SamplerCall, SamplingResult
 from trainer_backend.errors import (
     BackendError,
     NotFoundError,
     OverloadedError,
-    QuotaExceededError,
     ServerError,
     UserInputError,
 )
@@ -52,12 +51,14 @@ from trainer_backend.samplers.builtin import BuiltinSampler
 from trainer_backend.samplers.interface import SampleJob
 from trainer_backend.samplers.routing import build_sampler
 from trainer_backend.scheduler import Operation, Outcome, PauseCallback, Scheduler
+from trainer_backend.server_state import BUSY_WINDOWS_S, AdapterCounts, ServerState
 from trainer_backend.status_view import server_status
-from trainer_backend.tenant_usage import TenantUsage, TokenPhase, tenant_label
+from trainer_backend.tenancy import EPHEMERAL_TTL_S, TenancyPolicy
+from trainer_backend.tenant_usage import TenantUsage, TokenPhase
 from trainer_backend.views import RegistryViews
 from trainer_backend.wire import schemas
 from trainer_backend.wire.proto import ForwardBackwardBatch, encode_forward_backward_output
-from trainer_backend.wire.status import KeyUsage, RunUsage, ServerStatus
+from trainer_backend.wire.status import ServerStatus
 
 log = logging.getLogger(__name__)
 
@@ -76,13 +77,6 @@ INTERLEAVING_KINDS = frozenset(
         RequestKind.SAVE_WEIGHTS_FOR_SAMPLER,
     }
 )
-# Ephemeral sampler weights (save_weights_and_get_sampling_client) are deleted after this long.
-EPHEMERAL_TTL_S = 24 * 3600
-# The training run's user_metadata key that says how many checkpoints of each kind it keeps (the most recent).
-KEEP_CHECKPOINTS_KEY = "keep_checkpoints"
-# A run's user_metadata is kept (the status shows it beside the run's usage) up to this size as JSON: enough for
-# names and tags, not a way to store data on the server.
-MAX_USER_METADATA_CHARS = 4096
 
 
 def body_hash(body: bytes) -> str:
@@ -171,6 +165,15 @@ class TrainingService:
         self.tokens_processed = TokenCounts()
         self.usage = TenantUsage()
         self.scheduler.on_device_time(self._count_device_time)
+        self.tenancy = TenancyPolicy(
+            self.runs,
+            self.checkpoints,
+            self.scheduler.folders_in_use,
+            loaded.name,
+            config.max_storage_bytes_per_key,
+            config.keep_checkpoints_per_run,
+            config.max_queued_per_key,
+        )
         self.views = RegistryViews(self.runs, self.checkpoints, self.engine.has_adapter, loaded)
         answers = SampleAnswers(self.ledger, self.tokens_processed, self.usage)
         builtin = BuiltinSampler(self.engine, self.scheduler, answers, config.max_generation_batch_tokens)
@@ -251,36 +254,33 @@ class TrainingService:
             raise NotFoundError(f"unknown request {request_id!r}")
         return record
 
+    def state(self) -> ServerState:
+        """One reading of the server's state, which the status route and /metrics show."""
+        stats = self.scheduler.stats()
+        in_flight = tuple(self.ledger.in_flight())
+        now, wall_now = time.monotonic(), time.time()
+        return ServerState(
+            base_model=self.loaded.name,
+            read_at=now,
+            read_at_wall=wall_now,
+            device=stats,
+            busy_fraction={w: self.duty_cycle.busy_fraction(w, stats.running_since, now) for w in BUSY_WINDOWS_S},
+            in_flight=in_flight,
+            futures_by_state=self.ledger.counts_by_state(),
+            adapters=AdapterCounts(loaded=self.engine.residency.loaded, spilled=self.engine.residency.spilled),
+            tokens_by_phase=self.tokens_processed.snapshot(),
+            sampler=self.sampler.status(),
+            weight_checks=self.engine.weight_checks.snapshot(),
+            tenants=self.usage.tenants(now),
+        )
+
     def status(self, owner: str) -> ServerStatus:
         """The device's recent busy fraction, the caller's unfinished futures with their ages, what its key holds
         against the per-key limits and has used, and its recently active runs with their share of the device."""
-        sampler = self.sampler.status()
-        used = self.usage.tenant(owner)
-        usage = KeyUsage(
-            tenant=tenant_label(owner),
-            queued=self.scheduler.queued_by(owner),
-            max_queued=self.config.max_queued_per_key,
-            storage_bytes=self.checkpoints.usage_bytes(owner),
-            max_storage_bytes=self.config.max_storage_bytes_per_key,
-            device_seconds=round(used.device_seconds, 3),
-            tokens_sampled=used.tokens_sampled,
-            tokens_trained=used.tokens_trained,
-        )
-        runs = [
-            RunUsage(
-                model_id=run.model_id,
-                user_metadata=self.runs.metadata(run.model_id),
-                device_seconds=round(run.device_seconds, 3),
-                device_share_1m=round(run.device_share_1m, 4),
-                tokens_sampled=run.tokens_sampled,
-                tokens_trained=run.tokens_trained,
-            )
-            for run in self.usage.runs_of(owner)
-        ]
-        stats = self.scheduler.stats()
-        return server_status(
-            owner, self.loaded.name, self.ledger.in_flight(), stats, self.duty_cycle, usage, runs, sampler
-        )
+        state = self.state()
+        usage = self.tenancy.key_usage(owner, state)
+        runs = self.tenancy.run_usage(self.usage.runs_of(owner, state.read_at))
+        return server_status(owner, state, usage, runs)
 
     def _count_device_time(self, operation: Operation, seconds: float) -> None:
         if operation.owner is not None:
@@ -293,7 +293,7 @@ class TrainingService:
     # --- sessions -----------------------------------------------------------------------------------------
 
     def create_session(self, owner: str, request: schemas.CreateSessionRequest) -> str:
-        return self.runs.create_session(owner, request.tags)
+        return self.runs.create_session(owner, request.tags, session_batch_invariance(request.user_metadata))
 
     def heartbeat(self, owner: str, session_id: str) -> None:
         self.runs.heartbeat(owner, session_id)
@@ -330,7 +330,7 @@ class TrainingService:
                 f"lora_config.rank must be between 1 and this server's limit of {self.config.max_lora_rank} "
                 f"(--max-lora-rank), got {lora.rank}"
             )
-        run = self._create_run(owner, request.session_id, request.model_seq_id, lora, request.user_metadata)
+        run = self.tenancy.create_run(owner, request.session_id, request.model_seq_id, lora, request.user_metadata)
 
         def work() -> tuple[bytes, ResultFormat]:
             if not self.engine.has_adapter(run.model_id):
@@ -403,48 +403,16 @@ class TrainingService:
         )
         return Submitted(record, model_id=request.model_id)
 
-    def _create_run(
-        self,
-        owner: str,
-        session_id: str,
-        model_seq_id: int,
-        lora: LoraSettings,
-        user_metadata: Mapping[str, Any] | None,
-    ) -> TrainingRun:
-        """A new training run with what its user_metadata asks for (how many checkpoints it keeps) and keeps (the
-        metadata itself); metadata that cannot be honoured is refused before the run exists."""
-        keep = self._checkpoints_to_keep(user_metadata)
-        metadata = _kept_metadata(user_metadata)
-        run = self.runs.create_training_run(owner, session_id, model_seq_id, self.loaded.name, lora)
-        if keep is not None:
-            self.runs.set_retention(run.model_id, keep)
-        if metadata:
-            self.runs.set_metadata(run.model_id, metadata)
-        return run
-
-    def _checkpoints_to_keep(self, metadata: Mapping[str, Any] | None) -> int | None:
-        """How many checkpoints of each kind a new run keeps: its user_metadata's `keep_checkpoints`, else the
-        server's `--keep-checkpoints-per-run`; None keeps them all."""
-        value = (metadata or {}).get(KEEP_CHECKPOINTS_KEY)
-        if value is None:
-            return self.config.keep_checkpoints_per_run
-        if not re.fullmatch(r"\d+", str(value).strip()) or int(value) < 1:
-            raise UserInputError(
-                f"user_metadata {KEEP_CHECKPOINTS_KEY} must be a whole number of at least 1, got {value!r}"
-            )
-        return int(value)
-
     def _save(
         self, owner: str, model_id: str, kind: CheckpointKind, name: str, ttl_s: float | None, overwrite: bool
     ) -> CheckpointInfo:
         """Runs on the worker: write the adapter (and optimizer) into a checkpoint folder, within the key's storage
         quota; then the run's older checkpoints past what it keeps are removed."""
         path = CheckpointPath(model_id, kind, validate_name(name))
-        keep = self.runs.retention(model_id)
         staging = self.checkpoints.prepare(path, overwrite=overwrite)
         try:
             self.engine.save(model_id, staging, include_optimizer=kind is CheckpointKind.TRAINING)
-            self._check_storage_quota(owner, path, staging, keep)
+            self.tenancy.check_storage_quota(owner, path, staging)
             info = self.checkpoints.commit(path, staging, owner, self.loaded.name, ttl_s)
         except BaseException as error:
             # A failed save leaves nothing half-written behind, and the checkpoint it would have replaced stays.
@@ -454,29 +422,8 @@ class TrainingService:
                     f"checkpoint {path} was not saved: the server's disk is full; earlier checkpoints are intact"
                 ) from error
             raise
-        if keep is not None:
-            removed = self.checkpoints.prune(model_id, kind, keep, self.scheduler.folders_in_use())
-            if removed:
-                log.info("removed %d checkpoints of %s past the %d it keeps", len(removed), model_id, keep)
+        self.tenancy.apply_retention(path)
         return info
-
-    def _check_storage_quota(self, owner: str, path: CheckpointPath, staging: Path, keep: int | None) -> None:
-        """Refuse a checkpoint that would take the key past `--max-storage-bytes-per-key`, counting neither the
-        checkpoint it replaces nor those its run's retention removes once it lands."""
-        limit = self.config.max_storage_bytes_per_key
-        if limit is None:
-            return
-        size = folder_bytes(staging)
-        used = self.checkpoints.usage_bytes(owner, replacing=path)
-        if keep is not None:
-            leaving = self.checkpoints.prunable(path.model_id, path.kind, keep - 1, self.scheduler.folders_in_use())
-            used -= sum(info.size_bytes for info in leaving if info.path != str(path))
-        if used + size > limit:
-            raise QuotaExceededError(
-                f"checkpoint {path} was not saved: it takes {size:,} bytes and this API key's checkpoints already "
-                f"take {used:,}, past this server's limit of {limit:,} bytes per key (--max-storage-bytes-per-key); "
-                "delete checkpoints the key no longer needs. Its saved checkpoints are intact"
-            )
 
     @releases_seq_id_on_refusal
     def save_weights(self, owner: str, request: schemas.SaveWeightsRequest, body: bytes, key: str | None) -> Submitted:
@@ -541,7 +488,7 @@ class TrainingService:
             self._check_base_model(request.base_model)
             source = self.runs.training_run(owner, path.model_id) if self._known_run(owner, path.model_id) else None
             lora = source.lora if source else saved_adapter_settings(folder)
-            run = self._create_run(owner, request.session_id, request.model_seq_id, lora, request.user_metadata)
+            run = self.tenancy.create_run(owner, request.session_id, request.model_seq_id, lora, request.user_metadata)
             model_id, seq_id = run.model_id, 0
             self.scheduler.expect_sequence(model_id, 0)
 
@@ -582,7 +529,9 @@ class TrainingService:
         call = request.to_engine(None if model_path is None else self.checkpoints.folder(model_path))
         lane = request.sampling_session_id or f"base:{owner}"
         run = None if model_path is None else model_path.model_id
-        return self.submit_sampling(owner, call, lane, body, key, request.prompt_logprobs_last_n, run)
+        session = request.sampling_session_id
+        alone = session is not None and runs_alone(self.runs.batch_invariance(session), call.request)
+        return self.submit_sampling(owner, call, lane, body, key, request.prompt_logprobs_last_n, run, alone)
 
     def submit_sampling(
         self,
@@ -593,11 +542,12 @@ class TrainingService:
         key: str | None,
         prompt_logprobs_last_n: int | None = None,
         run: str | None = None,
+        batch_invariant: bool = False,
     ) -> Submitted:
         """Record one sampling request (Tinker's `sample`, or an OpenAI-compatible completion) and hand it to the
         sampler; its future resolves to the encoded `SampleResponse`, and `Submitted.sampled` to the engine's result.
         `lane`: the queue it waits in. `run`: the training run whose sampler weights it reads, which its usage counts
-        toward."""
+        toward. `batch_invariant`: answered as if alone on the server (`batch_invariance.py`)."""
         samples = call.request.num_samples
         if samples > self.config.max_num_samples:
             raise UserInputError(
@@ -610,7 +560,7 @@ class TrainingService:
         ids = [f"{record.request_id}-{i}" for i in range(samples)]
         if not created:
             return Submitted(record, sample_sequence_ids=ids)
-        job = SampleJob(record.request_id, owner, lane, run, call, prompt_logprobs_last_n)
+        job = SampleJob(record.request_id, owner, lane, run, call, prompt_logprobs_last_n, batch_invariant)
         self._start(record, lambda: self.sampler.submit(job))
         return Submitted(record, sample_sequence_ids=ids, sampled=job.result)
 
@@ -629,16 +579,3 @@ class TrainingService:
         parsed = CheckpointPath.parse(path)
         self.checkpoints.info(owner, parsed)
         return parsed
-
-
-def _kept_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """A new run's user_metadata as it is kept; raises UserInputError past `MAX_USER_METADATA_CHARS`."""
-    if not metadata:
-        return None
-    size = len(json.dumps(metadata))
-    if size > MAX_USER_METADATA_CHARS:
-        raise UserInputError(
-            f"user_metadata takes {size:,} characters as JSON, more than the {MAX_USER_METADATA_CHARS:,} this "
-            "server keeps for a run"
-        )
-    return dict(metadata)

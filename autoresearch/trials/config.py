@@ -20,8 +20,8 @@ from pydantic import (
 )
 
 from autoresearch.errors import ConfigurationError
-from tasks.errors import describe_validation_error
 from tasks.registry import registered_task, task_class
+from validation_errors import describe_validation_error
 
 LossName = Literal["importance_sampling", "ppo", "cispo", "dro"]
 
@@ -134,6 +134,11 @@ class TrialConfig(BaseModel):
     eval_size: int = Field(32, ge=1, description="questions in the fixed held-out subset")
     eval_interval: int = Field(10, ge=0, description="evaluate every this many steps (and at the end); 0 = end only")
     eval_seed: int = Field(0, ge=0, description="picks the held-out subset; shared by a study's trials")
+    eval_batch_invariant: bool = Field(
+        True,
+        description="answer each held-out question as if alone on the backend (its greedy requests in generation "
+        "batches of their own), so a score does not depend on what else the backend runs; slower. False: batched",
+    )
 
     @property
     def warmup_examples(self) -> int:

@@ -3,28 +3,15 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal
 
 from autoresearch.errors import ConfigurationError
-from autoresearch.trials.modes import SINGLE_TURN, Mode
+from autoresearch.trials.config import TrialConfig
+from tasks.chat_template import ChatMessage, ChatTemplate, ChatTemplateError, Tokenizer
 from tasks.errors import SplitError
-from tasks.interface import AnyTask, TaskExample
-
-
-class Tokenizer(Protocol):
-    """The part of a Hugging Face tokenizer a trial uses (the SDK's `get_tokenizer()` returns one)."""
-
-    chat_template: str | None
-    eos_token_id: int | None
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
-
-    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
-
-    def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: object) -> object: ...
-
+from tasks.interface import AnyTask, Episode, TaskExample
 
 PromptFormat = Literal["auto", "chat", "plain"]
 
@@ -88,11 +75,15 @@ def held_out_subset(task: AnyTask, split: str, size: int, seed: int) -> tuple[Ta
 
 
 class PromptRenderer:
-    """Renders questions with the task's prompt and few-shot examples, and tokenizes prompts and answers.
+    """Renders questions with the task's prompt for episodes of `max_turns` turns (1: single-turn completions) and
+    its few-shot examples, and tokenizes prompts, answers and what the task answers a turn with.
 
     In the chat format the task's prompt is the user turn of the model's chat template with the generation prompt
-    after it, and a gold answer is the assistant's turn as the template closes it (its end-of-turn token is what
-    ends a sampled answer); in the plain format the prompt is the text itself, which the model continues.
+    after it, a gold answer is the assistant's turn through the token that ends it, and an episode is a conversation:
+    each observation closes the assistant's turn, is the next user turn and opens the assistant's next one, so an
+    episode's tokens are what the template renders of the whole conversation (`tasks.chat_template`, the renderer the
+    cookbook environment uses too). In the plain format the prompt is the text itself, which the model continues, and
+    an episode's turns and observations follow it as one transcript.
     """
 
     def __init__(
@@ -101,19 +92,23 @@ class PromptRenderer:
         tokenizer: Tokenizer,
         few_shot: int,
         shots_split: str,
-        mode: Mode = SINGLE_TURN,
+        max_turns: int = 1,
         prompt_format: PromptFormat = "plain",
     ) -> None:
-        """`mode` says which of the task's prompts it renders (the agentic one, for episodes) and in which format.
-
-        Raises ConfigurationError for a format the mode or the tokenizer cannot render.
-        """
+        """Raises ConfigurationError for a format the tokenizer cannot render."""
         split_of(task, shots_split, "train_split")
         self.task = task
         self.tokenizer = tokenizer
-        self.mode = mode
+        self.max_turns = max_turns
         self.shots = task.few_shot_examples(few_shot, shots_split)
-        self.format = mode.prompt_format(prompt_format, tokenizer)
+        self.format = _prompt_format(prompt_format, tokenizer)
+        self._chat = _chat_template(tokenizer) if self.format == "chat" else None
+
+    @classmethod
+    def of_trial(cls, task: AnyTask, tokenizer: Tokenizer, config: TrialConfig) -> PromptRenderer:
+        """The renderer of a trial of `config`; the one place a trial reads `config.mode`."""
+        max_turns = config.max_turns if config.mode == "agentic" else 1
+        return cls(task, tokenizer, config.few_shot, config.train_split, max_turns, config.prompt_format)
 
     @property
     def shot_ids(self) -> frozenset[str]:
@@ -122,44 +117,79 @@ class PromptRenderer:
 
     def prompt(self, example: TaskExample) -> Prompt:
         text = self._prompt_text(example)
-        if self.format == "plain":
+        if self._chat is None:
             return Prompt(example=example, tokens=tuple(self.tokenizer.encode(text)))
-        return Prompt(example=example, tokens=self._chat_tokens(text, add_generation_prompt=True))
+        return Prompt(example=example, tokens=self._chat.generation_prompt([_user(text)]))
 
     def gold_completion(self, example: TaskExample) -> tuple[int, ...]:
-        """The tokens of the mode's gold completion, as the model should continue the prompt; in the chat format,
+        """The tokens of the task's gold first turn, as the model should continue the prompt; in the chat format,
         through the end of the assistant's turn."""
-        text = self.mode.gold_text(self.task, example)
-        if self.format == "plain":
+        text = self.task.gold_completion(example, self.max_turns)
+        if self._chat is None:
             return tuple(self.tokenizer.encode(text, add_special_tokens=False))
-        prompt = self.prompt(example).tokens
-        # An assistant turn starts on its own line: the plain format's leading space (after "SQL:") has no place.
-        whole = self._chat_tokens(self._prompt_text(example), answer=text.strip())
-        if whole[: len(prompt)] != prompt:
+        try:
+            # An assistant turn starts on its own line: the plain format's leading space (after "SQL:") has no place.
+            return self._chat.reply(_user(self._prompt_text(example)), text.strip())
+        except ChatTemplateError as error:
             raise ConfigurationError(
-                "prompt_format: chat: the model's chat template renders a user turn followed by an answer "
-                "differently from the user turn alone, so its answers cannot be trained on; use prompt_format: plain"
-            )
-        answer = whole[len(prompt) :]
-        # What the template writes after the end-of-turn token (a newline) is never sampled: a sample ends there.
-        end = self.tokenizer.eos_token_id
-        return answer[: answer.index(end) + 1] if end in answer else answer
+                f"prompt_format: chat: {error}, so its answers cannot be trained on; use prompt_format: plain"
+            ) from None
 
-    def _prompt_text(self, example: TaskExample) -> str:
-        return self.mode.prompt_text(self.task, example, self.shots)
+    def episode(self, example: TaskExample) -> Episode:
+        """A fresh episode of the task's on `example`, played in this renderer's format."""
+        return self.task.episode(example, self.max_turns, chat=self._chat is not None)
 
-    def _chat_tokens(
-        self, user: str, add_generation_prompt: bool = False, answer: str | None = None
-    ) -> tuple[int, ...]:
-        conversation = [{"role": "user", "content": user}]
-        if answer is not None:
-            conversation.append({"role": "assistant", "content": answer})
-        rendered = self.tokenizer.apply_chat_template(
-            conversation, add_generation_prompt=add_generation_prompt, tokenize=True
-        )
-        # Tokenizers of transformers 5 answer with a BatchEncoding, earlier ones with the ids.
-        ids = rendered["input_ids"] if isinstance(rendered, Mapping) else rendered
-        return tuple(int(token) for token in ids)
+    def observation(self, text: str, turn: Sequence[int]) -> tuple[int, ...]:
+        """What the task answered the sampled `turn` with, as the tokens that follow the turn in the episode.
+
+        In the chat format: the end of the assistant's turn (its end-of-turn token, unless the turn was sampled
+        through it rather than cut at a stop string), `text` as the next user turn, and the assistant's next turn
+        opened, each as the chat template writes it.
+        """
+        if self._chat is None:
+            return tuple(self.tokenizer.encode(text, add_special_tokens=False))
+        closing = () if turn and turn[-1] == self._chat.end_of_turn else (self._chat.end_of_turn,)
+        reply: ChatMessage = {"role": "assistant", "content": self.decode(turn)}
+        answer = _user(text)
+        try:
+            user_turn = self._chat.turn(answer, reply, first=False)
+        except ChatTemplateError as error:
+            raise ConfigurationError(
+                f"prompt_format: chat: {error}, so an episode's turns cannot be rendered; use prompt_format: plain"
+            ) from None
+        return (*closing, *user_turn.header, *user_turn.output, *self._chat.generation_suffix(answer))
 
     def decode(self, tokens: Sequence[int]) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    def _prompt_text(self, example: TaskExample) -> str:
+        return self.task.prompt(example, self.shots, self.max_turns, chat=self._chat is not None)
+
+
+def _prompt_format(requested: PromptFormat, tokenizer: Tokenizer) -> Literal["chat", "plain"]:
+    """`chat` or `plain`: "auto" is chat exactly when the tokenizer has a chat template.
+
+    Raises:
+        ConfigurationError: chat was asked for, and the tokenizer has no chat template.
+    """
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if requested == "chat" and not has_template:
+        raise ConfigurationError(
+            "prompt_format: chat was asked for, but the base model's tokenizer has no chat template; use "
+            "prompt_format: plain, or serve the model with one (trainer_backend serve --chat-template FILE)"
+        )
+    if requested == "auto":
+        return "chat" if has_template else "plain"
+    return requested
+
+
+def _user(text: str) -> ChatMessage:
+    return {"role": "user", "content": text}
+
+
+def _chat_template(tokenizer: Tokenizer) -> ChatTemplate:
+    """The model's chat template, read turn by turn; raises ConfigurationError when it cannot be."""
+    try:
+        return ChatTemplate(tokenizer)
+    except ChatTemplateError as error:
+        raise ConfigurationError(f"prompt_format: chat: {error}; use prompt_format: plain") from None

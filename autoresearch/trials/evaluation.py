@@ -15,10 +15,20 @@ from tinker import types
 from autoresearch.trials.backend import api_key as default_api_key
 from autoresearch.trials.config import TrialConfig
 from autoresearch.trials.data import PromptRenderer, held_out_subset
-from autoresearch.trials.modes import mode_of
+from autoresearch.trials.rollouts import sample_groups
 from tasks.interface import AnyTask, TaskExample
 from tasks.registry import open_task
 from tasks.report import HeldOutReport
+
+
+def session_metadata(config: TrialConfig) -> dict[str, str] | None:
+    """The user_metadata of a trial's Tinker session (`tinker.ServiceClient(user_metadata=…)`).
+
+    With `eval_batch_invariant` it asks the backend to answer the session's greedy requests, the held-out
+    evaluation's, as if each were alone on it (docs/server.md, "Answers that do not depend on the batch"), so their
+    answers do not depend on what else the backend runs; the rollouts sample at a temperature above 0 and batch.
+    """
+    return {"batch_invariant": "greedy"} if config.eval_batch_invariant else None
 
 
 def evaluate_sampler(
@@ -30,10 +40,12 @@ def evaluate_sampler(
     stop: Sequence[str],
     step: int,
 ) -> HeldOutReport:
-    """Greedy (temperature 0) answers to every example in the renderer's mode (completions, or episodes whose
-    transcripts are the answers), judged by the task."""
+    """Greedy (temperature 0) episodes on every example, all requests in flight at once, judged by the task; each
+    answer's completion is its episode's transcript (a single-turn episode's: the completion)."""
     params = types.SamplingParams(max_tokens=max_tokens, temperature=0.0, stop=list(stop))
-    return renderer.mode.held_out_report(sampler, renderer, examples, split, params, step)
+    prompts = [renderer.prompt(e) for e in examples]
+    groups = sample_groups(sampler, prompts, 1, [params] * len(prompts), renderer)
+    return renderer.task.report(split, [group.episodes[0] for group in groups], step)
 
 
 def evaluate_checkpoint(
@@ -50,7 +62,9 @@ def evaluate_checkpoint(
     the config's data source, as its trials open it.
     """
     with (
-        tinker.ServiceClient(base_url=backend_url, api_key=api_key or default_api_key()) as service,
+        tinker.ServiceClient(
+            base_url=backend_url, api_key=api_key or default_api_key(), user_metadata=session_metadata(config)
+        ) as service,
         nullcontext(task) if task is not None else open_task(config.task, config.data) as opened,
     ):
         # The SDK hands out the served tokenizer through a training client only (a sampling client guesses it
@@ -60,8 +74,6 @@ def evaluate_checkpoint(
             sampler = service.create_sampling_client(base_model=config.base_model).result()
         else:
             sampler = service.create_sampling_client(model_path=model_path).result()
-        renderer = PromptRenderer(
-            opened, tokenizer, config.few_shot, config.train_split, mode_of(config), config.prompt_format
-        )
+        renderer = PromptRenderer.of_trial(opened, tokenizer, config)
         examples = held_out_subset(opened, config.eval_split, config.eval_size, config.eval_seed)
         return evaluate_sampler(sampler, renderer, examples, config.eval_split, config.max_tokens, config.stop, step=0)

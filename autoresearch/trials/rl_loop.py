@@ -26,13 +26,12 @@ from autoresearch.trials.backend import TRIAL_METADATA_KEY, api_key, backend_for
 from autoresearch.trials.config import InitialState, TrialConfig
 from autoresearch.trials.data import PromptRenderer, TrainingOrder, held_out_subset, split_of
 from autoresearch.trials.datums import supervised_datum
-from autoresearch.trials.evaluation import evaluate_sampler
+from autoresearch.trials.evaluation import evaluate_sampler, session_metadata
 from autoresearch.trials.metrics import StepMetrics, summarize_groups
-from autoresearch.trials.modes import mode_of
 from autoresearch.trials.paired import compare, compare_by_form
 from autoresearch.trials.plot import plot_run
 from autoresearch.trials.progress import TrialProgress
-from autoresearch.trials.rollouts import derived_seed
+from autoresearch.trials.rollouts import derived_seed, sample_groups, score_groups
 from autoresearch.trials.run_dir import RunDirectory, RunState, TrialResult
 from autoresearch.trials.training_batch import build_training_batch, select_samples
 from tasks.interface import AnyTask
@@ -89,7 +88,9 @@ def run_trial(
         try:
             with (
                 backend_for(config.base_model, backend_url, directory.backend_root) as url,
-                tinker.ServiceClient(base_url=url, api_key=api_key()) as service,
+                tinker.ServiceClient(
+                    base_url=url, api_key=api_key(), user_metadata=session_metadata(config)
+                ) as service,
                 open_task(config.task, config.data) as task,
                 TrialProgress(str(config.run_id), progress) as view,
             ):
@@ -207,10 +208,7 @@ class _Trial:
         self.task = task
         self.view = view
         self.on_eval = on_eval
-        self.mode = mode_of(config)
-        self.renderer = PromptRenderer(
-            task, training.get_tokenizer(), config.few_shot, config.train_split, self.mode, config.prompt_format
-        )
+        self.renderer = PromptRenderer.of_trial(task, training.get_tokenizer(), config)
         view.note(f"prompts in the {self.renderer.format} format ({_FORMAT_MEANING[self.renderer.format]})")
         train_examples = split_of(task, config.train_split, "train_split")
         self.order = TrainingOrder([e for e in train_examples if e.id not in self.renderer.shot_ids], config.seed)
@@ -310,8 +308,13 @@ class _Trial:
             )
             for i in range(len(prompts))
         ]
-        sampled = self.mode.sample(sampler, prompts, params, self.renderer, config)
-        groups = sampled.groups
+        sampling_started = time.monotonic()
+        # DRO's penalty also acts on prompt positions, so they need the sampler's own log-probs (datums.rl_datum).
+        groups = sample_groups(
+            sampler, prompts, config.group_size, params, self.renderer, include_prompt_logprobs=config.loss == "dro"
+        )
+        sampling_s = time.monotonic() - sampling_started
+        groups = score_groups(groups, self.task, config.reward_spec)
         samples = select_samples(groups, config.normalize_advantages)
         base_logprobs = self._base_logprobs([(s.group.prompt.tokens, s.completion.tokens) for s in samples])
         batch = build_training_batch(samples, base_logprobs, config.kl_coef)
@@ -338,9 +341,9 @@ class _Trial:
             loss=loss,
             kl=batch.kl,
             completion_tokens_mean=summary.completion_tokens / summary.completions,
-            tokens_per_s=summary.completion_tokens / sampled.sampling_s if sampled.sampling_s > 0 else 0.0,
+            tokens_per_s=summary.completion_tokens / sampling_s if sampling_s > 0 else 0.0,
             step_time_s=time.monotonic() - step_started,
-            turns_mean=self.mode.turns_mean(summary),
+            turns_mean=summary.turns_mean if self.renderer.max_turns > 1 else None,
         )
         return metrics, sampler
 

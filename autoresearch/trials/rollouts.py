@@ -1,21 +1,25 @@
-"""Sampling groups of completions from the current policy and scoring them with the task under a reward spec."""
+"""Rollouts: every prompt's episodes played by the current policy, then scored by the task under a reward spec.
+
+Single-turn completions are episodes of one step, so there is one rollout path. An episode's tokens after the
+prompt are its turns and the task's observations, in order; only the turns were sampled, so only they are trained
+(`Completion.trained`), and the observations stay in the sequence as context (in the chat format an observation is
+the rest of the assistant's turn, the next user turn and the opening of the assistant's next one). The first turn
+of a group is one request with `num_samples` sequences, since every episode of a group starts from the same prompt;
+all episodes' later turns are in flight at once.
+"""
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field, replace
 
 import tinker
 from tinker import types
 
 from autoresearch.errors import BackendResponseError
-from tasks.interface import AnyTask, CompletionScore
-
-if TYPE_CHECKING:
-    # The renderer holds its trial's mode, which samples with this module: names for annotations only.
-    from autoresearch.trials.data import Prompt, PromptRenderer
+from autoresearch.trials.data import Prompt, PromptRenderer
+from tasks.interface import AnyTask, CompletionScore, Episode
 
 
 def derived_seed(*parts: object) -> int:
@@ -55,10 +59,40 @@ class Group:
     scores: tuple[CompletionScore, ...] = ()
     # The sampler's log-probs of the prompt tokens (first None), when asked for.
     prompt_logprobs: tuple[float | None, ...] | None = None
+    # The finished episode of each completion, in order, which the task scores.
+    episodes: tuple[Episode, ...] = ()
 
     @property
     def rewards(self) -> list[float]:
         return [score.reward for score in self.scores]
+
+
+@dataclass
+class EpisodeRollout:
+    """One episode and the tokens it has added after the prompt: sampled turns and the task's observations."""
+
+    episode: Episode
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    trained: list[bool] = field(default_factory=list)
+
+    def take_turn(self, tokens: Sequence[int], logprobs: Sequence[float] | None, renderer: PromptRenderer) -> None:
+        """Add a sampled turn (its tokens and their sampling log-probs, zeros if the sampler gave none) and give it
+        to the episode; the observation it gets back follows it."""
+        self.tokens += [int(t) for t in tokens]
+        self.logprobs += [float(lp) for lp in logprobs] if logprobs else [0.0] * len(tokens)
+        self.trained += [True] * len(tokens)
+        observation = self.episode.step(renderer.decode(tokens))
+        if observation is not None:
+            observed = renderer.observation(observation, tokens)
+            self.tokens += observed
+            self.logprobs += [0.0] * len(observed)
+            self.trained += [False] * len(observed)
+
+    def completion(self) -> Completion:
+        # Trained throughout (one turn, no observation): None, as for any completion the policy wrote whole.
+        trained = None if all(self.trained) else tuple(self.trained)
+        return Completion(tuple(self.tokens), tuple(self.logprobs), self.episode.transcript(), trained)
 
 
 def sample_groups(
@@ -69,34 +103,56 @@ def sample_groups(
     renderer: PromptRenderer,
     include_prompt_logprobs: bool = False,
 ) -> list[Group]:
-    """Sample `num_samples` completions for every prompt, all requests in flight at once.
+    """`num_samples` episodes of at most `renderer.max_turns` turns for every prompt, played to their end, unscored.
 
-    `params[i]` are the sampling parameters of prompt i (each with its own seed).
+    `params[i]` samples prompt i's episodes (each later turn with a seed derived from its own, so a seeded run
+    plays the same episodes again).
     """
-    futures = [
+    rollouts = [[EpisodeRollout(renderer.episode(p.example)) for _ in range(num_samples)] for p in prompts]
+    first = [
         sampler.sample(
-            types.ModelInput.from_ints(list(prompt.tokens)),
+            types.ModelInput.from_ints(list(p.tokens)),
             num_samples,
             prompt_params,
             include_prompt_logprobs=include_prompt_logprobs,
         )
-        for prompt, prompt_params in zip(prompts, params, strict=True)
+        for p, prompt_params in zip(prompts, params, strict=True)
     ]
-    groups = []
-    for prompt, future in zip(prompts, futures, strict=True):
+    prompt_logprobs = []
+    for group, future in zip(rollouts, first, strict=True):
         response = future.result()
         if include_prompt_logprobs and response.prompt_logprobs is None:
             raise BackendResponseError("the backend returned no prompt log-probs although they were asked for")
-        completions = tuple(
-            Completion(tuple(s.tokens), tuple(s.logprobs or ()), renderer.decode(s.tokens)) for s in response.sequences
+        prompt_logprobs.append(tuple(response.prompt_logprobs) if response.prompt_logprobs is not None else None)
+        for rollout, turn in zip(group, response.sequences, strict=True):
+            rollout.take_turn(turn.tokens, turn.logprobs, renderer)
+    for turn_index in range(1, renderer.max_turns):
+        live = [(i, j) for i, group in enumerate(rollouts) for j, r in enumerate(group) if not r.episode.done]
+        if not live:
+            break
+        futures = []
+        for i, j in live:
+            seed = params[i].seed
+            turn_params = params[i].model_copy(
+                update={"seed": None if seed is None else derived_seed(seed, j, turn_index)}
+            )
+            context = [*prompts[i].tokens, *rollouts[i][j].tokens]
+            futures.append(sampler.sample(types.ModelInput.from_ints(context), 1, turn_params))
+        for (i, j), future in zip(live, futures, strict=True):
+            turn = future.result().sequences[0]
+            rollouts[i][j].take_turn(turn.tokens, turn.logprobs, renderer)
+    return [
+        Group(
+            prompt=prompt,
+            completions=tuple(r.completion() for r in group),
+            prompt_logprobs=logprobs,
+            episodes=tuple(r.episode for r in group),
         )
-        prompt_logprobs = tuple(response.prompt_logprobs) if response.prompt_logprobs is not None else None
-        groups.append(Group(prompt=prompt, completions=completions, prompt_logprobs=prompt_logprobs))
-    return groups
+        for prompt, group, logprobs in zip(prompts, rollouts, prompt_logprobs, strict=True)
+    ]
 
 
 def score_groups(groups: Sequence[Group], task: AnyTask, reward_spec: object) -> list[Group]:
-    """The groups with every completion scored by the task under `reward_spec`, all in one batch."""
-    items = [(group.prompt.example, c.text) for group in groups for c in group.completions]
-    scores = iter(task.score_batch(items, reward_spec))
-    return [replace(group, scores=tuple(next(scores) for _ in group.completions)) for group in groups]
+    """The groups with every episode scored by the task under `reward_spec`, all in one batch."""
+    scores = iter(task.score_episodes([e for group in groups for e in group.episodes], reward_spec))
+    return [replace(group, scores=tuple(next(scores) for _ in group.episodes)) for group in groups]

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from tasks.errors import SplitError, TaskError, describe_validation_error
+from tasks.errors import SplitError, TaskError
 from tasks.report import HeldOutReport
 from tasks.text2sql.bundled import load_bundled
 from tasks.text2sql.data_source import DataSource, SourceKind
@@ -23,6 +23,7 @@ from tasks.text2sql.prompts import tables_used
 from tasks.text2sql.rewards import DEFAULT_REWARD_SPEC, RewardSpec
 from tasks.text2sql.synthesis.command import build_data_command
 from tasks.text2sql.task import Text2SqlTask
+from validation_errors import describe_validation_error
 
 # Click's plain help, not rich's: rich's option table cuts long flag names at 80 columns (issue 41).
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, rich_markup_mode=None)
@@ -152,7 +153,7 @@ def _agentic_demo(task: Text2SqlTask, example: Example, spec: RewardSpec) -> Non
     """Scripted policies through the agentic environment: their transcripts and rewards."""
     max_turns = 3
     console.rule("an agentic prompt (one solved example, which explores once)")
-    console.print(task.agentic_prompt(example, task.few_shot_examples(1, "train"), max_turns), markup=False)
+    console.print(task.prompt(example, task.few_shot_examples(1, "train"), max_turns), markup=False)
     table = sorted(tables_used(example.gold_sql))[0]
     policies = {
         "explores, then answers": [f"Explore: SELECT * FROM {table} LIMIT 3;", f"Answer: {example.gold_sql};"],
@@ -203,7 +204,7 @@ def demo(
     example = dataset.split("dev")[0]
     with Text2SqlTask(dataset) as task:
         console.rule("a prompt (one few-shot example)")
-        console.print(task.render_prompt(example, task.few_shot_examples(1, "train")), markup=False)
+        console.print(task.prompt(example, task.few_shot_examples(1, "train")), markup=False)
         console.rule(f"rewards under {spec.to_json()}")
         candidates = {
             "gold": f"{example.gold_sql};",

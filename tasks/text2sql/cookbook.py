@@ -2,8 +2,10 @@
 
 Any cookbook recipe trains on it by passing `Text2SqlDatasetBuilder` as `rl.train.Config.dataset_builder`. Each
 env shows the task's own prompt (instruction, schema, question) through a cookbook renderer and scores the
-completion with a `RewardSpec`, so the cookbook's loop optimises exactly the reward our own loops do. With
-`agentic=True` each env is a multi-turn episode: exploratory queries, their results as user turns, then an answer.
+episode with a `RewardSpec`, so the cookbook's loop optimises exactly the reward our own loops do. Each env is one of
+the task's episodes: of one step (the completion) by default, and with `agentic=True` of several turns: exploratory
+queries, their results as user turns, then an answer (for a chat model, a conversation in which every query it writes
+is run and shown, and its last query is the answer).
 
 Needs the optional `cookbook` extra, which pip cannot resolve on its own (see INSTALL_HINT).
 """
@@ -24,7 +26,6 @@ from tasks.text2sql.dataset import Database, Example, Text2SqlDataset
 from tasks.text2sql.errors import CookbookSetupError
 from tasks.text2sql.rewards import DEFAULT_REWARD_SPEC, RewardSpec
 from tasks.text2sql.sandbox import ExecutionStatus
-from tasks.text2sql.scoring import Score
 from tasks.text2sql.task import Text2SqlTask
 
 INSTALL_HINT = (
@@ -36,6 +37,7 @@ try:
     import chz
     from tinker_cookbook import renderers
     from tinker_cookbook.completers import StopCondition
+    from tinker_cookbook.renderers.role_colon import RoleColonRenderer
     from tinker_cookbook.rl.types import (
         Action,
         ActionExtra,
@@ -77,57 +79,10 @@ def shared_task(database: Database) -> Text2SqlTask:
     return Text2SqlTask(Text2SqlDataset(name=database.db_id, splits={}, databases={database.db_id: database}))
 
 
-def _episode_end(renderer: renderers.Renderer, score: Score, metrics: Metrics, logs: dict[str, str]) -> StepResult:
-    """The step that ends an episode with its score as the reward."""
-    return StepResult(
-        reward=score.reward,
-        episode_done=True,
-        next_observation=tinker.ModelInput.empty(),
-        next_stop_condition=renderer.get_stop_sequences(),
-        metrics=metrics,
-        logs=logs,
-    )
-
-
 class Text2SqlEnv(Env):
-    """One question, answered in one turn: the reward is the spec's weighted sum over the completion."""
-
-    def __init__(
-        self, example: Example, prompt: str, database: Database, renderer: renderers.Renderer, reward_spec: RewardSpec
-    ) -> None:
-        self.example = example
-        self.prompt = prompt
-        self.database = database
-        self.renderer = renderer
-        self.reward_spec = reward_spec
-
-    async def initial_observation(self) -> tuple[Observation, StopCondition]:
-        """The task's prompt as the user turn, rendered for generation, and the renderer's stop sequences."""
-        observation = self.renderer.build_generation_prompt([{"role": "user", "content": self.prompt}])
-        return observation, self.renderer.get_stop_sequences()
-
-    async def step(self, action: Action, *, extra: ActionExtra | None = None) -> StepResult:
-        """Score the sampled completion; the episode always ends here.
-
-        Metrics: `execution_match` (0/1, under the spec's database setting), `reward/<kind>` for each weighted
-        component, and `status/<status>` one-hot for how the SQL ran.
-        """
-        message, _ = self.renderer.parse_response(action)
-        # The assistant message without the renderer's stop text: that is the completion the reward is defined on.
-        completion = renderers.get_text_content(message)
-        # Execution can take up to the sandbox's time limit; off the event loop, the other rollouts keep sampling.
-        task = shared_task(self.database)
-        [score] = await asyncio.to_thread(task.score_group, self.example, [completion], self.reward_spec)
-        metrics: Metrics = {"execution_match": float(score.correct)}
-        metrics.update({f"reward/{kind}": value for kind, value in score.components.items()})
-        metrics.update({f"status/{status.value}": float(score.status is status) for status in ExecutionStatus})
-        logs = {"example": self.example.id, "sql": score.sql, "gold_sql": self.example.gold_sql}
-        return _episode_end(self.renderer, score, metrics, logs)
-
-
-class Text2SqlAgenticEnv(Env):
-    """One question over several turns: the policy may run exploratory queries and read their results (each as a
-    user turn) before it answers; the reward comes at the end (agentic/episode.py has the rules)."""
+    """One question as an episode of the task's: a single-turn env (`max_turns` 1) answers in one turn; an agentic
+    one may run exploratory queries and read their results (each as a user turn) before it answers
+    (agentic/episode.py has the rules). The reward is the spec's weighted sum over the episode, at its end."""
 
     def __init__(
         self,
@@ -136,29 +91,34 @@ class Text2SqlAgenticEnv(Env):
         database: Database,
         renderer: renderers.Renderer,
         reward_spec: RewardSpec,
-        max_turns: int,
+        max_turns: int = 1,
+        chat: bool = False,
     ) -> None:
         self.example = example
+        # The prompt ends where the policy's first turn starts; in a chat the renderer adds that break itself.
+        self.prompt = prompt.rstrip("\n")
         self.database = database
         self.renderer = renderer
         self.reward_spec = reward_spec
-        # The prompt ends where the policy's first turn starts; in a chat the renderer adds that break itself.
-        self.messages: list[renderers.Message] = [{"role": "user", "content": prompt.rstrip("\n")}]
-        self.episode = shared_task(database).episode(example, max_turns)
+        self.messages: list[renderers.Message] = [{"role": "user", "content": self.prompt}]
+        self.episode = shared_task(database).episode(example, max_turns, chat=chat)
 
     async def initial_observation(self) -> tuple[Observation, StopCondition]:
-        """The task's agentic prompt as the user turn, rendered for generation."""
+        """The task's prompt as the user turn, rendered for generation, and the renderer's stop sequences."""
         return self.renderer.build_generation_prompt(self.messages), self.renderer.get_stop_sequences()
 
     async def step(self, action: Action, *, extra: ActionExtra | None = None) -> StepResult:
-        """Take one turn: an exploration's result comes back as the next user turn; an answer, a malformed turn or
-        the turn limit ends the episode with its reward.
+        """Take one turn: an exploration's result comes back as the next user turn; an answer (a single-turn env's
+        every completion), a malformed turn or the turn limit ends the episode with its reward.
 
-        Metrics at the end: `execution_match`, `reward/<kind>` for each weighted component, `turns`,
-        `failed_explorations` and `answered`.
+        Metrics at the end: `execution_match` (0/1, under the spec's database setting), `reward/<kind>` for each
+        weighted component, `status/<status>` one-hot for how the final SQL ran, `turns`, `failed_explorations`
+        and `answered`.
         """
         message, _ = self.renderer.parse_response(action)
-        # An exploratory query runs for up to the sandbox's time limit: off the event loop.
+        # The assistant message without the renderer's stop text: that is the turn the reward is defined on. An
+        # exploratory query runs for up to the sandbox's time limit: off the event loop, so the other rollouts
+        # keep sampling.
         observation = await asyncio.to_thread(self.episode.step, renderers.get_text_content(message))
         if observation is not None:
             self.messages += [message, {"role": "user", "content": observation.strip()}]
@@ -178,8 +138,21 @@ class Text2SqlAgenticEnv(Env):
             "answered": float(facts.answered),
         }
         metrics.update({f"reward/{kind}": value for kind, value in score.components.items()})
-        logs = {"example": self.example.id, "transcript": self.episode.transcript()}
-        return _episode_end(self.renderer, score, metrics, logs)
+        metrics.update({f"status/{status.value}": float(score.status is status) for status in ExecutionStatus})
+        logs = {
+            "example": self.example.id,
+            "sql": score.sql,
+            "gold_sql": self.example.gold_sql,
+            "transcript": self.episode.transcript(),
+        }
+        return StepResult(
+            reward=score.reward,
+            episode_done=True,
+            next_observation=tinker.ModelInput.empty(),
+            next_stop_condition=self.renderer.get_stop_sequences(),
+            metrics=metrics,
+            logs=logs,
+        )
 
 
 @dataclass(frozen=True)
@@ -192,20 +165,18 @@ class Text2SqlGroupBuilder(EnvGroupBuilder):
     renderer: renderers.Renderer
     reward_spec: RewardSpec
     group_size: int
-    # The agentic environment's turn limit; None for single-turn envs.
-    agentic_turns: int | None = None
+    # Turns an episode may take: 1 for single-turn envs, more for the agentic environment.
+    max_turns: int = 1
+    # Whether the policy is a chat model (any renderer but the base models' role_colon): its agentic episodes are then
+    # worded as a conversation (tasks/text2sql/agentic/conversation.py).
+    chat: bool = False
 
     async def make_envs(self) -> Sequence[Env]:
         """`group_size` fresh envs for this builder's question."""
-        if self.agentic_turns is not None:
-            return [
-                Text2SqlAgenticEnv(
-                    self.example, self.prompt, self.database, self.renderer, self.reward_spec, self.agentic_turns
-                )
-                for _ in range(self.group_size)
-            ]
         return [
-            Text2SqlEnv(self.example, self.prompt, self.database, self.renderer, self.reward_spec)
+            Text2SqlEnv(
+                self.example, self.prompt, self.database, self.renderer, self.reward_spec, self.max_turns, self.chat
+            )
             for _ in range(self.group_size)
         ]
 
@@ -231,10 +202,12 @@ class Text2SqlRLDataset(RLDataset):
         reward_spec: RewardSpec,
         few_shot: Sequence[Example] = (),
         few_shot_count: int = 0,
-        agentic_turns: int | None = None,
+        max_turns: int = 1,
+        chat: bool = False,
     ) -> None:
         self.task = task
-        self.agentic_turns = agentic_turns
+        self.max_turns = max_turns
+        self.chat = chat
         self.examples = tuple(examples)
         self.batch_size = batch_size
         self.group_size = group_size
@@ -254,18 +227,15 @@ class Text2SqlRLDataset(RLDataset):
     def _group_builder(self, example: Example) -> Text2SqlGroupBuilder:
         # A question never appears among its own solved examples.
         shots = [shot for shot in self.few_shot if shot.id != example.id][: self.few_shot_count]
-        if self.agentic_turns is not None:
-            prompt = self.task.agentic_prompt(example, shots, self.agentic_turns)
-        else:
-            prompt = self.task.render_prompt(example, shots)
         return Text2SqlGroupBuilder(
             example=example,
-            prompt=prompt,
+            prompt=self.task.prompt(example, shots, self.max_turns, chat=self.chat),
             database=self.task.dataset.database(example.db_id),
             renderer=self.renderer,
             reward_spec=self.reward_spec,
             group_size=self.group_size,
-            agentic_turns=self.agentic_turns,
+            max_turns=self.max_turns,
+            chat=self.chat,
         )
 
 
@@ -318,8 +288,6 @@ class Text2SqlDatasetBuilder(RLDatasetBuilder):
         # One more than asked, so that a question drawn as a shot can be left out of its own prompt.
         shots = task.few_shot_examples(self.few_shot + 1, "train") if self.few_shot else ()
 
-        agentic_turns = self.max_turns if self.agentic else None
-
         def rl_dataset(examples: Sequence[Example], group_size: int) -> Text2SqlRLDataset:
             return Text2SqlRLDataset(
                 task,
@@ -330,7 +298,9 @@ class Text2SqlDatasetBuilder(RLDatasetBuilder):
                 self.reward_spec,
                 shots,
                 self.few_shot,
-                agentic_turns,
+                self.max_turns if self.agentic else 1,
+                # A chat model's agentic episodes are a conversation; the base models' format is a transcript.
+                not isinstance(renderer, RoleColonRenderer),
             )
 
         if self.eval_split is None:

@@ -50,10 +50,10 @@ def evaluate(
     with Progress(disable=not show_progress, transient=True) as progress:
         bar = progress.add_task(f"evaluating on {split}", total=len(examples))
         for start in range(0, len(examples), batch_size):
-            batch = [PromptedExample(e, task.render_prompt(e, shots)) for e in examples[start : start + batch_size]]
+            batch = [PromptedExample(e, task.prompt(e, shots)) for e in examples[start : start + batch_size]]
             completions += model(batch)
             progress.advance(bar, len(batch))
-    return task.report(split, examples, completions)
+    return task.report(split, [task.one_step(e, c) for e, c in zip(examples, completions, strict=True)])
 
 
 def gold_model(batch: Sequence[PromptedExample]) -> list[str]:

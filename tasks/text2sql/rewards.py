@@ -10,6 +10,7 @@ getting the answer right.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -17,8 +18,12 @@ from typing import Annotated, Literal, Protocol, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from tasks.errors import describe_validation_error
+from tasks.reward_code.admission import VALUE_RANGE
+from tasks.reward_code.loading import CodeReference, sandbox_for
 from tasks.text2sql.errors import RewardSpecError
+from validation_errors import describe_validation_error
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,9 @@ class Evidence(Protocol):
 
     def schema_overlap(self) -> float:
         """Jaccard overlap of the tables and columns the SQL names with those the gold query names."""
+
+    def code_inputs(self) -> tuple[str, dict[str, object], dict[str, object]]:
+        """(completion, example, execution) as a reward function written as code receives them (`reward_code`)."""
 
 
 class _Component(BaseModel, ABC):
@@ -216,6 +224,28 @@ class Unanswered(_Component):
         return 0.0 if evidence.episode.answered else -1.0
 
 
+class CodeReward(_Component):
+    """A reward function written as code (`tasks.text2sql.reward_code` gives its signature), admitted by the gate,
+    stored as an Optuna artifact and loaded by its sha256; it runs in a sandboxed worker. Its value is clipped to
+    [-1, 1], and a call that fails (an error, a limit) is worth 0.
+
+    Gaming: whatever the function pays for; the gate only checks that right answers score above wrong ones on a
+    probe batch, so keep its weight below ExecutionMatch's. Not searched by weight: a study adds it from an LLM's
+    proposal (`search_space.reward.code`).
+    """
+
+    kind: Literal["code"] = "code"
+    code: CodeReference
+
+    def value(self, evidence: Evidence) -> float:
+        outcome = sandbox_for(self.code).call_many([evidence.code_inputs()])[0]
+        if outcome.value is None:
+            log.warning("reward code %s failed on a completion, worth 0: %s", self.code.sha256[:12], outcome.error)
+            return 0.0
+        low, high = VALUE_RANGE
+        return min(max(outcome.value, low), high)
+
+
 RewardComponent = Annotated[
     ExecutionMatch
     | ResultOverlap
@@ -226,7 +256,8 @@ RewardComponent = Annotated[
     | SchemaLinking
     | TurnPenalty
     | FailedExploration
-    | Unanswered,
+    | Unanswered
+    | CodeReward,
     Field(discriminator="kind"),
 ]
 ComponentKind = Literal[

@@ -17,6 +17,7 @@ from sqlglot import exp
 from tasks.text2sql.dataset import Example, Text2SqlDataset
 from tasks.text2sql.matching import Comparable, MatchOutcome, gold_is_ordered, match_on_databases, result_overlap
 from tasks.text2sql.prompts import ParsedCompletion, parse_completion
+from tasks.text2sql.reward_code import code_inputs
 from tasks.text2sql.rewards import SINGLE_TURN, EpisodeFacts, ExecutionMatch, ResultOverlap, RewardSpec
 from tasks.text2sql.sandbox import ExecutionResult, ExecutionStatus, SandboxLimits, is_utf8
 from tasks.text2sql.sandbox_workers import IsolatedSandbox
@@ -161,7 +162,13 @@ class Scorer:
     def score_many(
         self, items: Sequence[tuple[Example, str]], spec: RewardSpec, episodes: Sequence[EpisodeFacts] | None = None
     ) -> list[Score]:
-        """Score several completions; `episodes` says how each was reached (single turns when None).
+        """Score several completions; `episodes` says how each was reached (single turns when None)."""
+        return [self._score(evidence, spec) for evidence in self.evidence_many(items, spec, episodes)]
+
+    def evidence_many(
+        self, items: Sequence[tuple[Example, str]], spec: RewardSpec, episodes: Sequence[EpisodeFacts] | None = None
+    ) -> list[CompletionEvidence]:
+        """What the reward components of `spec` read of each completion (a gate reads it for code rewards).
 
         Their queries run as two batches in the sandbox's workers: every completion's SQL on its primary database,
         then, for those that match there, on the variant databases. A batch crosses to each worker once, which is
@@ -186,8 +193,8 @@ class Scorer:
             [key for plan, wanted in zip(plans, wants_variants, strict=True) if wanted for key in plan.variant_keys]
         )
         return [
-            self._finish(
-                plan, primary, on_primary, [variants[k] for k in plan.variant_keys] if wanted else None, spec, fact
+            self._evidence(
+                plan, primary, on_primary, [variants[k] for k in plan.variant_keys] if wanted else None, fact
             )
             for plan, primary, on_primary, wanted, fact in zip(
                 plans, primary_of, matched, wants_variants, facts, strict=True
@@ -201,37 +208,43 @@ class Scorer:
         # Matching only needs to know that a result is larger than the gold one, but overlap needs its rows.
         needs_rows = any(isinstance(c, ResultOverlap) for c in spec.components)
         cap = None if needs_rows else max(g.size for g in gold) + 1
-        # `correct` follows the spec's ExecutionMatch setting, and test-suite matching when it has none.
-        needs_all = spec.needs_all_databases() or not any(isinstance(c, ExecutionMatch) for c in spec.components)
-        return _Plan(example, completion, parsed, gold, paths, gold_is_ordered(example.gold_sql), cap, needs_all)
+        ordered = gold_is_ordered(example.gold_sql)
+        return _Plan(example, completion, parsed, gold, paths, ordered, cap, _needs_all_databases(spec))
 
-    def _finish(
-        self,
+    @staticmethod
+    def _evidence(
         plan: _Plan,
         primary: Comparable,
         on_primary: MatchOutcome,
         variants: list[Comparable] | None,
-        spec: RewardSpec,
         episode: EpisodeFacts,
-    ) -> Score:
+    ) -> CompletionEvidence:
         correct_all = on_primary.correct if len(plan.paths) == 1 else False
         if variants is not None:
             correct_all = match_on_databases(plan.gold, [primary, *variants], plan.ordered).correct
-        correct = correct_all if plan.needs_all else on_primary.correct
-        evidence = _CompletionEvidence(
+        return CompletionEvidence(
             plan.example, plan.completion, plan.parsed, plan.gold[0], primary, on_primary.correct, correct_all, episode
         )
+
+    @staticmethod
+    def _score(evidence: CompletionEvidence, spec: RewardSpec) -> Score:
         values = {component.kind: component.weight * component.value(evidence) for component in spec.components}
         return Score(
             reward=sum(values.values()),
             components=values,
-            correct=correct,
-            status=primary.result.status,
-            sql=plan.parsed.sql,
+            correct=evidence.correct_all if _needs_all_databases(spec) else evidence.correct_primary,
+            status=evidence.predicted.result.status,
+            sql=evidence.parsed.sql,
         )
 
 
 _QueryKey = tuple[Path, str, int | None]
+
+
+def _needs_all_databases(spec: RewardSpec) -> bool:
+    """Whether `correct` means a match on every database variant: as the spec's ExecutionMatch says, and test-suite
+    matching when it has none."""
+    return spec.needs_all_databases() or not any(isinstance(c, ExecutionMatch) for c in spec.components)
 
 
 @dataclass(frozen=True)
@@ -261,7 +274,7 @@ def _no_sql() -> ExecutionResult:
 
 
 @dataclass(frozen=True)
-class _CompletionEvidence:
+class CompletionEvidence:
     """What reward components ask of one scored completion (`rewards.Evidence`); each fact is computed only when a
     component of the spec asks for it."""
 
@@ -295,3 +308,13 @@ class _CompletionEvidence:
 
     def schema_overlap(self) -> float:
         return _jaccard(schema_items(self.parsed.sql), schema_items(self.example.gold_sql))
+
+    def code_inputs(self) -> tuple[str, dict[str, object], dict[str, object]]:
+        return code_inputs(
+            self.completion,
+            self.example,
+            self.parsed.sql,
+            self.predicted.result,
+            self.gold.result,
+            self.correct_primary,
+        )

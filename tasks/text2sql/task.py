@@ -7,8 +7,12 @@ import logging
 from collections.abc import Mapping, Sequence
 
 from tasks.errors import SplitError
-from tasks.interface import Task
-from tasks.text2sql.agentic.episode import Episode as Text2SqlEpisode
+from tasks.interface import OneTurn, Task
+from tasks.reward_code.admission import Verdict
+from tasks.reward_code.loading import CodeReference
+from tasks.reward_code.sandbox import CodeSandbox
+from tasks.text2sql.agentic.conversation import chat_demonstration, render_chat_prompt
+from tasks.text2sql.agentic.episode import Episode as AgenticEpisode
 from tasks.text2sql.agentic.episode import EpisodeLimits
 from tasks.text2sql.agentic.prompts import demonstration, render_agentic_prompt
 from tasks.text2sql.agentic.turns import ANSWER
@@ -16,10 +20,32 @@ from tasks.text2sql.data_source import DataSource
 from tasks.text2sql.dataset import Difficulty, Example, Text2SqlDataset
 from tasks.text2sql.errors import Text2SqlError
 from tasks.text2sql.prompts import FewShot, render_prompt
-from tasks.text2sql.rewards import COMPONENT_KINDS, DEFAULT_REWARD_SPEC, ExecutionMatch, RewardSpec
+from tasks.text2sql.reward_code import SIGNATURE, gate
+from tasks.text2sql.rewards import (
+    COMPONENT_KINDS,
+    DEFAULT_REWARD_SPEC,
+    SINGLE_TURN,
+    EpisodeFacts,
+    ExecutionMatch,
+    RewardSpec,
+)
 from tasks.text2sql.scoring import Score, Scorer
 
 logger = logging.getLogger(__name__)
+
+
+class OneTurnEpisode(OneTurn[Example]):
+    """A single-turn answer as an episode: the completion is the final answer, reached in one turn."""
+
+    def final_completion(self) -> str:
+        return self.transcript()
+
+    def facts(self) -> EpisodeFacts:
+        return SINGLE_TURN
+
+
+# What the reward scores of an episode: its final answer as a completion, and how it went.
+Text2SqlEpisode = OneTurnEpisode | AgenticEpisode
 
 
 class Text2SqlTask(Task[Example, RewardSpec]):
@@ -47,8 +73,9 @@ class Text2SqlTask(Task[Example, RewardSpec]):
     def __init__(self, dataset: Text2SqlDataset) -> None:
         self.dataset = dataset
         self._scorer: Scorer | None = None
-        # Each solved example's demonstration, by (example id, max_turns): it runs a query, and every prompt shows it.
-        self._demonstrations: dict[tuple[str, int], str] = {}
+        # Each solved example's demonstration, by (example id, max_turns, chat): it runs a query, and every prompt
+        # shows it.
+        self._demonstrations: dict[tuple[str, int, bool], str] = {}
 
     @classmethod
     def open(cls, source: DataSource) -> Text2SqlTask:
@@ -77,6 +104,23 @@ class Text2SqlTask(Task[Example, RewardSpec]):
         added = [{"kind": kind, "weight": weight} for kind, weight in sorted(weights.items()) if weight > 0]
         return RewardSpec.parse({"components": [ExecutionMatch(weight=1.0, databases="all"), *added]})
 
+    # --- reward components written as code (tasks.reward_code.admission.CodeRewardTask) ---------------------
+
+    reward_code_signature = SIGNATURE
+
+    def probe_reward_code(self, sandbox: CodeSandbox) -> Verdict:
+        return gate(self, sandbox)
+
+    @classmethod
+    def reward_spec_with_code(cls, reward_spec: RewardSpec, code: CodeReference, weight: float) -> RewardSpec:
+        """`reward_spec` with the referenced code as its `code` component, at `weight`.
+
+        Raises:
+            RewardSpecError: the weight is outside the components' bounds, or the spec already has code.
+        """
+        added = {"kind": "code", "code": code.model_dump(), "weight": weight}
+        return RewardSpec.parse({"components": [*reward_spec.model_dump()["components"], added]})
+
     @property
     def split_names(self) -> tuple[str, ...]:
         return tuple(self.dataset.splits)
@@ -103,39 +147,39 @@ class Text2SqlTask(Task[Example, RewardSpec]):
         ordered = [e for round_ in itertools.zip_longest(*pools) for e in round_ if e is not None]
         return tuple(ordered[:count])
 
-    def render_prompt(self, example: Example, shots: Sequence[Example] = ()) -> str:
-        few_shot = [FewShot(shot, self.dataset.database(shot.db_id).path) for shot in shots]
-        return render_prompt(example, self.dataset.database(example.db_id).path, few_shot)
-
-    def gold_completion(self, example: Example) -> str:
-        # As the few-shot blocks show it: after 'SQL:', a space, the query and the ';' that stops sampling.
-        return f" {example.gold_sql};"
-
-    def score_batch(self, items_B: Sequence[tuple[Example, str]], reward_spec: RewardSpec) -> list[Score]:
-        return self.scorer.score_many(items_B, reward_spec)
-
-    def judge_batch(self, items_B: Sequence[tuple[Example, str]]) -> list[bool]:
-        return [score.correct for score in self.score_batch(items_B, DEFAULT_REWARD_SPEC)]
-
-    # --- the agentic environment: episodes of exploratory queries, then an answer ---------------------------
-
-    def agentic_prompt(self, example: Example, shots: Sequence[Example], max_turns: int) -> str:
-        """The prompt of an episode on `example`: the format, `shots` solved by exploring once, the question."""
+    def prompt(self, example: Example, shots: Sequence[Example] = (), max_turns: int = 1, chat: bool = False) -> str:
+        """One turn: the schema, `shots` answered, the question, and 'SQL:'. More: the agentic format, `shots`
+        solved by exploring once, the question; in a chat (`chat`), the conversation's instructions (every query is
+        run and shown, then revised or confirmed), `shots` solved that way, the question."""
+        db_path = self.dataset.database(example.db_id).path
+        if max_turns == 1:
+            return render_prompt(example, db_path, [FewShot(s, self.dataset.database(s.db_id).path) for s in shots])
         limits = EpisodeLimits(max_turns=max_turns)
         for shot in shots:
-            if (shot.id, max_turns) not in self._demonstrations:
+            if (shot.id, max_turns, chat) not in self._demonstrations:
                 path = self.dataset.database(shot.db_id).path
-                self._demonstrations[shot.id, max_turns] = demonstration(shot, path, self.scorer.sandbox, limits)
-        shown = [self._demonstrations[shot.id, max_turns] for shot in shots]
-        return render_agentic_prompt(example, self.dataset.database(example.db_id).path, shown, limits)
+                self._demonstrations[shot.id, max_turns, chat] = (
+                    chat_demonstration(shot, path, self.scorer.sandbox, limits.rows_fetched, limits.observation)
+                    if chat
+                    else demonstration(shot, path, self.scorer.sandbox, limits)
+                )
+        shown = [self._demonstrations[shot.id, max_turns, chat] for shot in shots]
+        if chat:
+            return render_chat_prompt(example, db_path, shown, max_turns, limits.observation)
+        return render_agentic_prompt(example, db_path, shown, limits)
 
-    def agentic_gold_completion(self, example: Example) -> str:
-        return f"{ANSWER} {example.gold_sql};"
+    def gold_completion(self, example: Example, max_turns: int = 1) -> str:
+        # One turn: as the few-shot blocks show it, after 'SQL:', a space, the query and the ';' that stops
+        # sampling. More: the answer at once, in the turn format.
+        return f" {example.gold_sql};" if max_turns == 1 else f"{ANSWER} {example.gold_sql};"
 
-    def episode(self, example: Example, max_turns: int) -> Text2SqlEpisode:
-        """A fresh episode on `example`; its explorations run in the reward's sandbox on the primary database."""
+    def episode(self, example: Example, max_turns: int = 1, chat: bool = False) -> Text2SqlEpisode:
+        """A fresh episode on `example`; an agentic one's explorations run in the reward's sandbox on the primary
+        database, and in a chat (`chat`) every query the model writes is run and its last one is the answer."""
+        if max_turns == 1:
+            return OneTurnEpisode(example)
         path = self.dataset.database(example.db_id).path
-        return Text2SqlEpisode(example, path, self.scorer.sandbox, EpisodeLimits(max_turns=max_turns))
+        return AgenticEpisode(example, path, self.scorer.sandbox, EpisodeLimits(max_turns=max_turns), chat)
 
     def score_episodes(self, episodes_B: Sequence[Text2SqlEpisode], reward_spec: RewardSpec) -> list[Score]:
         """Each finished episode's reward: its final answer scored as a completion, and how the episode went."""

@@ -12,9 +12,8 @@ from autoresearch.errors import ConfigurationError
 from autoresearch.trials.backend import api_key
 from autoresearch.trials.config import TrialConfig, parse_trial_config
 from autoresearch.trials.data import PromptRenderer
-from autoresearch.trials.episodes import EpisodeRollout
-from autoresearch.trials.modes import Episodes
 from autoresearch.trials.rl_loop import run_trial
+from autoresearch.trials.rollouts import EpisodeRollout
 from autoresearch.trials.run_dir import RunDirectory
 from tasks.text2sql.task import Text2SqlTask
 
@@ -23,7 +22,7 @@ from tasks.text2sql.task import Text2SqlTask
 def renderer(backend_url: str, text2sql: Text2SqlTask) -> PromptRenderer:
     with tinker.ServiceClient(base_url=backend_url, api_key=api_key()) as service:
         tokenizer = service.create_lora_training_client(base_model="tiny-gemma3", rank=1).result().get_tokenizer()
-    return PromptRenderer(text2sql, tokenizer, few_shot=1, shots_split="train", mode=Episodes(max_turns=3))
+    return PromptRenderer(text2sql, tokenizer, few_shot=1, shots_split="train", max_turns=3)
 
 
 def test_an_episode_rollout_holds_its_turns_and_the_observations_between_them(

@@ -25,10 +25,10 @@ from autoresearch.trials.rl_loop import run_trial
 from autoresearch.trials.run_dir import RunDirectory, TrialResult
 from tasks import registry
 from tasks.report import HeldOutReport
-from tasks.text2sql.dataset import Example, Text2SqlDataset
+from tasks.text2sql.dataset import Text2SqlDataset
 from tasks.text2sql.rewards import RewardSpec
 from tasks.text2sql.scoring import Score
-from tasks.text2sql.task import Text2SqlTask
+from tasks.text2sql.task import Text2SqlEpisode, Text2SqlTask
 
 TINY_SPEC = Path(__file__).resolve().parents[2] / "experiments" / "text2sql_tiny.yaml"
 TRAIN_IDS = {f"spider-train-{i}" for i in range(len(SHOP_QUESTIONS))}
@@ -45,9 +45,9 @@ class ScoredTask(Text2SqlTask):
         self.scored: list[str] = []
         ScoredTask.opened.append(self)
 
-    def score_batch(self, items_B: Sequence[tuple[Example, str]], reward_spec: RewardSpec) -> list[Score]:
-        self.scored += [example.id for example, _ in items_B]
-        return super().score_batch(items_B, reward_spec)
+    def score_episodes(self, episodes_B: Sequence[Text2SqlEpisode], reward_spec: RewardSpec) -> list[Score]:
+        self.scored += [episode.example.id for episode in episodes_B]
+        return super().score_episodes(episodes_B, reward_spec)
 
 
 def spider_spec(tmp_path: Path, release: Path, **trial: object) -> Path:

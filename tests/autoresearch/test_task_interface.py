@@ -17,7 +17,7 @@ from autoresearch.trials.rl_loop import run_trial
 from autoresearch.trials.run_dir import RunDirectory
 from tasks import registry
 from tasks.errors import SplitError, TaskError
-from tasks.interface import Task
+from tasks.interface import Episode, Task
 
 WORDS = ("apple", "river", "stone", "cloud", "tiger", "maple", "ocean", "piano", "lemon", "ember", "frost", "grape")
 
@@ -91,19 +91,21 @@ class EchoTask(Task[Word, EchoReward]):
     def few_shot_examples(self, count: int, split: str) -> tuple[Word, ...]:
         return self.split(split)[:count]
 
-    def render_prompt(self, example: Word, shots: Sequence[Word] = ()) -> str:
+    def prompt(self, example: Word, shots: Sequence[Word] = (), max_turns: int = 1, chat: bool = False) -> str:
         solved = "".join(f"Repeat: {shot.word}\nAnswer:{self.gold_completion(shot)}\n" for shot in shots)
         return f"{solved}Repeat: {example.word}\nAnswer:"
 
-    def gold_completion(self, example: Word) -> str:
+    def gold_completion(self, example: Word, max_turns: int = 1) -> str:
         return f" {example.word};"
 
-    def score_batch(self, items_B: Sequence[tuple[Word, str]], reward_spec: EchoReward) -> list[EchoScore]:
+    def score_episodes(self, episodes_B: Sequence[Episode], reward_spec: EchoReward) -> list[EchoScore]:
+        items_B = [(e.example, e.transcript()) for e in episodes_B]
         self.scored += [(e.id, c) for e, c in items_B]
         marks = [c.strip().rstrip(";").strip() == e.word for e, c in items_B]
         return [EchoScore(reward_spec.exact * m, m, {"exact": reward_spec.exact * m}) for m in marks]
 
-    def judge_batch(self, items_B: Sequence[tuple[Word, str]]) -> list[bool]:
+    def judge_episodes(self, episodes_B: Sequence[Episode]) -> list[bool]:
+        items_B = [(e.example, e.transcript()) for e in episodes_B]
         self.judged += [(e.id, c) for e, c in items_B]
         return [c.strip().rstrip(";").strip() == e.word for e, c in items_B]
 
@@ -168,3 +170,15 @@ def test_a_trial_configs_reward_spec_is_its_tasks_own(monkeypatch: pytest.Monkey
     refused = r"reward_spec\.components: unknown field; reward component kinds: exact"
     with pytest.raises(ConfigurationError, match=refused):
         parse_trial_config({"task": "echo", "reward_spec": text2sql_reward})
+
+
+def test_a_single_turn_episode_takes_one_step_and_a_task_without_longer_ones_refuses_them() -> None:
+    task = EchoTask()
+    word = task.split("dev")[0]
+    episode = task.one_step(word, f" {word.word};")
+    assert episode.done and episode.transcript() == f" {word.word};"
+    assert task.judge_episodes([episode]) == [True]
+    with pytest.raises(TaskError, match="it takes one turn"):
+        episode.step(" again;")
+    with pytest.raises(TaskError, match="task 'echo' has no episodes of several turns"):
+        task.episode(word, max_turns=3)

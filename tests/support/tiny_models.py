@@ -1,26 +1,17 @@
-"""Random two-layer models, built in memory for tests of the engine and the losses: a bare Gemma 3 config at toy
-width, Gemma 3 and Qwen2 models whose next-token distributions are peaked, and LoRA adapters on them that change
-their answers."""
+"""Random two-layer models, built in memory for tests of the engine: Gemma 3 and Qwen2 models whose next-token
+distributions are peaked, and LoRA adapters on them that change their answers. Their configs are the tiny models'
+(trainer_backend/models/tiny.py), half as wide."""
 
 from __future__ import annotations
 
 import torch
 from peft import PeftModel
-from transformers import Gemma3ForCausalLM, Gemma3TextConfig, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
+from transformers import Gemma3ForCausalLM, PreTrainedModel, Qwen2ForCausalLM
 
+from trainer_backend.models.tiny import tiny_gemma3_config, tiny_qwen2_config
 
-def tiny_gemma3_config(vocab_size: int, **changes: object) -> Gemma3TextConfig:
-    """Two Gemma 3 layers 32 wide, two query heads of 16 sharing one key/value head; `changes` set the rest."""
-    return Gemma3TextConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        **changes,
-    )
+# Half the tiny models' width: engine tests build many models and run them many times.
+WIDTH = 32
 
 
 def peaked_tiny_gemma(vocab_size: int, context: int, sliding_window: int) -> Gemma3ForCausalLM:
@@ -32,9 +23,9 @@ def peaked_tiny_gemma(vocab_size: int, context: int, sliding_window: int) -> Gem
     torch.manual_seed(0)
     config = tiny_gemma3_config(
         vocab_size,
+        WIDTH,
         max_position_embeddings=context,
         sliding_window=sliding_window,
-        layer_types=["sliding_attention", "full_attention"],
         initializer_range=0.3,
         tie_word_embeddings=False,
     )
@@ -45,17 +36,7 @@ def peaked_tiny_qwen2(vocab_size: int, context: int) -> Qwen2ForCausalLM:
     """A two-layer random Qwen2 (biases on q/k/v, an untied head, no sliding window) for engine tests, in eval mode;
     peaked as `peaked_tiny_gemma` is."""
     torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=context,
-        initializer_range=0.3,
-        tie_word_embeddings=False,
-    )
+    config = tiny_qwen2_config(vocab_size, WIDTH, max_position_embeddings=context, initializer_range=0.3)
     model = Qwen2ForCausalLM(config).eval()
     # Nonzero q/k/v biases, so a path that dropped them would show.
     with torch.no_grad():

@@ -157,7 +157,7 @@ def test_the_prompt_demonstrates_an_exploration_as_the_policy_will_see_it(
     text2sql: Text2SqlTask, flights: Example
 ) -> None:
     shots = text2sql.few_shot_examples(2, "train")
-    prompt = text2sql.agentic_prompt(flights, shots, 4)
+    prompt = text2sql.prompt(flights, shots, 4)
     assert "up to 3 exploratory queries" in prompt
     assert prompt.endswith(f"Question: {flights.question}\n")
     for shot in shots:

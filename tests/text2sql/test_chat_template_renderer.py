@@ -45,7 +45,7 @@ def renderer(chatml: Tokenizer) -> ChatTemplateRenderer:
 @pytest.fixture(scope="module")
 def task_prompt() -> str:
     task = Text2SqlTask.bundled()
-    return task.render_prompt(task.split("dev")[0], ())
+    return task.prompt(task.split("dev")[0], ())
 
 
 def template_tokens(tokenizer: Tokenizer, messages: Sequence[Message], add_generation_prompt: bool) -> list[int]:

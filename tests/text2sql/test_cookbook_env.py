@@ -30,7 +30,6 @@ from tinker_cookbook.tokenizer_utils import Tokenizer, register_tokenizer, unreg
 from tasks.errors import SplitError
 from tasks.text2sql.cookbook import (
     BASE_MODEL_RENDERER,
-    Text2SqlAgenticEnv,
     Text2SqlDatasetBuilder,
     Text2SqlEnv,
     Text2SqlGroupBuilder,
@@ -142,7 +141,7 @@ def test_an_agentic_env_shows_each_exploration_as_a_user_turn_and_rewards_the_an
     spec = RewardSpec.parse({"components": [{"kind": "execution_match"}, {"kind": "turn_penalty", "weight": 0.1}]})
     group = build(agentic=True, max_turns=3, few_shot=1, reward_spec=spec)[0].get_batch(0)[0]
     [env, _] = asyncio.run(group.make_envs())
-    assert isinstance(env, Text2SqlAgenticEnv)
+    assert isinstance(env, Text2SqlEnv) and env.episode.limits.max_turns == 3
     observation, _ = asyncio.run(env.initial_observation())
     prompt = tokenizer.decode(observation.to_ints())
     assert "up to 2 exploratory queries" in prompt and "Explore: SELECT * FROM" in prompt
@@ -158,6 +157,23 @@ def test_an_agentic_env_shows_each_exploration_as_a_user_turn_and_rewards_the_an
     assert answered.episode_done and answered.reward == pytest.approx(1.0 - 0.1)
     assert answered.metrics["turns"] == 2.0 and answered.metrics["answered"] == 1.0
     assert answered.logs["transcript"].startswith("Explore: SELECT COUNT(*)")
+
+
+def test_a_chat_models_agentic_env_is_a_conversation_whose_last_query_answers(chat_tokenizer: Tokenizer) -> None:
+    group = build(model_name_for_tokenizer=CHAT_TOKENIZER, agentic=True, max_turns=2)[0].get_batch(0)[0]
+    [env, _] = asyncio.run(group.make_envs())
+    assert group.chat and env.prompt.startswith("Answer the question with one DuckDB SQL query. You can check")
+    end_of_turn = chat_tokenizer.convert_tokens_to_ids(IM_END)
+    # A bare query, as a coder model writes it, is run and shown; with the turns spent, it is the answer.
+    draft = [*chat_tokenizer.encode(f"{env.example.gold_sql};", add_special_tokens=False), end_of_turn]
+    shown = asyncio.run(env.step(draft))
+    assert not shown.episode_done
+    assert chat_tokenizer.decode(shown.next_observation.to_ints()).endswith(
+        f"This is your last reply: write `Answer:` followed by your final query.{IM_END}\n<|im_start|>assistant\n"
+    )
+    answered = asyncio.run(env.step([*chat_tokenizer.encode("It is right.", add_special_tokens=False), end_of_turn]))
+    assert answered.episode_done and answered.metrics["execution_match"] == 1.0 and answered.metrics["turns"] == 2.0
+    assert not build(agentic=True, max_turns=2)[0].get_batch(0)[0].chat  # role_colon: the base models' transcript
 
 
 def test_the_held_out_split_is_the_test_dataset_with_one_rollout_per_question(tokenizer: Tokenizer) -> None:

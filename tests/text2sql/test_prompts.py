@@ -67,7 +67,7 @@ def test_few_shot_blocks_show_only_the_tables_their_query_uses(text2sql: Text2Sq
     shots = text2sql.few_shot_examples(4, "train")
     assert len({s.difficulty for s in shots}) == 4
     assert all(s in text2sql.split("train") for s in shots)
-    prompt = text2sql.render_prompt(example, shots)
+    prompt = text2sql.prompt(example, shots)
     for shot in shots:
         assert f"SQL: {shot.gold_sql};" in prompt
     first_block = prompt.split("Question:")[0]

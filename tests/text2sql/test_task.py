@@ -24,8 +24,9 @@ def test_a_group_is_scored_as_the_scorer_scores_each_completion(text2sql: Text2S
 def test_held_out_answers_are_judged_by_execution_on_every_variant(text2sql: Text2SqlTask) -> None:
     examples = text2sql.split("dev")[:6]
     completions = [f"{e.gold_sql};" if i % 2 == 0 else "SELECT 0;" for i, e in enumerate(examples)]
-    assert text2sql.judge_batch(list(zip(examples, completions, strict=True))) == [True, False] * 3
-    report = text2sql.report("dev", examples, completions, step=7)
+    episodes = [text2sql.one_step(e, c) for e, c in zip(examples, completions, strict=True)]
+    assert text2sql.judge_episodes(episodes) == [True, False] * 3
+    report = text2sql.report("dev", episodes, step=7)
     assert (report.step, report.split, report.accuracy) == (7, "dev", 0.5)
     assert list(report.accuracy_by_difficulty) == list(Difficulty)
     for difficulty in Difficulty:
@@ -38,7 +39,7 @@ def test_held_out_answers_are_judged_by_execution_on_every_variant(text2sql: Tex
 def test_a_prompt_shows_its_shots_answered_as_the_gold_completion_answers(text2sql: Text2SqlTask) -> None:
     example = text2sql.split("dev")[0]
     shots = text2sql.few_shot_examples(2, "train")
-    prompt = text2sql.render_prompt(example, shots)
+    prompt = text2sql.prompt(example, shots)
     for shot in shots:
         assert f"Question: {shot.question}\nSQL:{text2sql.gold_completion(shot)}" in prompt
     assert prompt.endswith(f"Question: {example.question}\nSQL:")
@@ -59,8 +60,8 @@ def test_the_registry_opens_tasks_by_name_and_names_the_ones_it_has() -> None:
     with open_task("text2sql") as task:
         assert isinstance(task, Text2SqlTask) and set(task.split_names) == {"train", "dev", "test"}
         example = task.split("dev")[0]
-        assert task.judge_batch([(example, f"{example.gold_sql};")]) == [True]
-        assert task.score_batch([(example, "SELECT")], DEFAULT_REWARD_SPEC)[0].reward == 0.0
+        assert task.judge_episodes([task.one_step(example, f"{example.gold_sql};")]) == [True]
+        assert task.score_episodes([task.one_step(example, "SELECT")], DEFAULT_REWARD_SPEC)[0].reward == 0.0
     with pytest.raises(UnknownTaskError, match="no task 'chess'; tasks: text2sql") as error:
         open_task("chess")
     assert isinstance(error.value, TaskError)

@@ -132,3 +132,29 @@ def test_a_generation_takes_in_only_what_fits_its_cache(model: PeftModel) -> Non
     (room,) = rooms
     assert room.capacity == 2 * (len(PROMPT) + RUNNING.request.max_tokens)
     assert len(outcomes) == 1 + len(JOINING)
+
+
+def test_positions_no_running_row_reads_are_dropped_so_later_requests_still_fit(model: PeftModel) -> None:
+    # The running rows fill 40 positions of a room of 80. A request joins at step 20 (right-aligned at 30 positions,
+    # 20 of them padding in front of its prompt) and runs past the first request's end (step 30). At step 35 the
+    # batch spans 45 positions, the first 20 read by no row; a request of 30 + 40 positions fits only once they go.
+    later = SamplingJob(SamplingRequest(prompt_tokens=PROMPT, max_tokens=30, seed=2, temperature=0.9), "other", ())
+    last = SamplingJob(SamplingRequest(prompt_tokens=LONG_PROMPT, max_tokens=40, temperature=0), "default", ())
+    schedule = {20: [later], 35: [last]}
+    rooms: list[JoinRoom] = []
+    steps = iter(range(1, 1000))
+
+    def admit(room: JoinRoom) -> list[SamplingJob]:
+        jobs = schedule.get(next(steps), [])
+        if jobs:
+            rooms.append(room)
+        return [job for job in jobs if room.accepts(job.request)]
+
+    outcomes = sample_batch(model, [RUNNING], letters, CONTEXT, joining=Joining(admit, lambda index, outcome: None))
+
+    assert [room.capacity for room in rooms] == [80, 80]
+    assert rooms[1].length < 20 + 15  # the unread positions went before the room was offered
+    assert len(outcomes) == 3
+    for job, outcome in zip([RUNNING, later, last], outcomes, strict=True):
+        (alone,) = sample_batch(model, [job], letters, CONTEXT)
+        assert_answered_alike(outcome, alone)

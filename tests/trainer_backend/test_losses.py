@@ -11,12 +11,12 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from support.tiny_models import tiny_gemma3_config
 from transformers import Gemma3ForCausalLM
 
 from trainer_backend.engine.logprobs import target_logprobs
 from trainer_backend.engine.losses import LOSSES, LossInputError, UnknownLossError, compute_loss
 from trainer_backend.errors import UserInputError
+from trainer_backend.models.tiny import tiny_gemma3_config
 
 P = [-1.0, -0.5]
 Q = [-1.2, -0.4]
@@ -146,7 +146,7 @@ def test_two_dimensional_targets_share_the_shape_of_every_input() -> None:
 @pytest.mark.parametrize("loss_fn", ["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"])
 def test_tiny_gemma_logprobs_feed_every_loss_with_finite_gradients(loss_fn: str) -> None:
     torch.manual_seed(0)
-    config = tiny_gemma3_config(100, final_logit_softcapping=30.0)
+    config = tiny_gemma3_config(100, width=32, final_logit_softcapping=30.0)
     model = Gemma3ForCausalLM(config)
     tokens_BT = torch.randint(0, 100, (2, 9))
     input_BT, targets_BT = tokens_BT[:, :-1], tokens_BT[:, 1:]

@@ -27,12 +27,13 @@ from trainer_backend.api.caller import FutureWaiters, IdempotencyKey, Owner, par
 from trainer_backend.api.metrics import ServiceCollector
 from trainer_backend.api.openai_routes import add_openai_routes
 from trainer_backend.auth import KeyPolicy
-from trainer_backend.errors import BackendError, describe_validation_error
+from trainer_backend.errors import BackendError
 from trainer_backend.ledger import FutureState, ResultFormat
 from trainer_backend.openai_service import OpenAIInference
 from trainer_backend.service import Submitted, TrainingService
 from trainer_backend.wire import schemas
 from trainer_backend.wire.proto import PROTOBUF_CONTENT_TYPE, WireFormatError, decode_forward_backward_request
+from validation_errors import describe_validation_error
 
 log = logging.getLogger(__name__)
 # The most training runs one page of the listing holds.
@@ -94,7 +95,7 @@ def create_app(service: TrainingService, policy: KeyPolicy, long_poll_s: float =
 
     @app.exception_handler(RequestValidationError)
     async def invalid_parameters(request: Request, error: RequestValidationError) -> JSONResponse:
-        problems = describe_validation_error(error, "request")
+        problems = describe_validation_error(error, root="request")
         return error_response(request, f"invalid request: {problems}", "user", 400)
 
     @app.exception_handler(HTTPException)

@@ -11,9 +11,10 @@ from typing import Annotated, TypeVar
 from fastapi import Depends, Header, Request
 from pydantic import BaseModel, ValidationError
 
-from trainer_backend.errors import UserInputError, describe_validation_error
+from trainer_backend.errors import UserInputError
 from trainer_backend.ledger import FutureRecord
 from trainer_backend.service import TrainingService
+from validation_errors import describe_validation_error
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -60,7 +61,9 @@ def parse(model: type[Model], body: bytes) -> Model:
     try:
         return model.model_validate_json(body or b"{}")
     except ValidationError as error:
-        raise UserInputError(f"invalid {model.__name__}: {describe_validation_error(error, 'body')}") from None
+        raise UserInputError(
+            f"invalid {model.__name__}: {describe_validation_error(error, model, root='body')}"
+        ) from None
 
 
 def _owner(request: Request, x_api_key: Annotated[str | None, Header()] = None) -> str:

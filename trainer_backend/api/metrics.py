@@ -1,4 +1,4 @@
-"""Prometheus metrics of the server, read from the service at scrape time."""
+"""Prometheus metrics of the server: one reading of its state (`server_state.py`) at scrape time."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from trainer_backend.scheduler import SchedulerStats
+from trainer_backend.server_state import BUSY_WINDOWS_S, ServerState
 from trainer_backend.service import TrainingService
 from trainer_backend.tenant_usage import tenant_series
 
@@ -30,7 +30,8 @@ class ServiceCollector(Collector):
         self._storage_lock = threading.Lock()
 
     def collect(self) -> Iterator[Metric]:
-        stats = self.service.scheduler.stats()
+        state = self.service.state()
+        stats = state.device
         queued = GaugeMetricFamily("trainer_queue_depth", "Operations waiting for the device", labels=["lane"])
         queued.add_metric(["all"], stats.queued)
         yield queued
@@ -44,30 +45,30 @@ class ServiceCollector(Collector):
         busy = GaugeMetricFamily(
             "trainer_device_busy_fraction", "Share of a recent window the device was busy", labels=["window"]
         )
-        for window_s in (10, 60):
-            busy.add_metric([f"{window_s}s"], self.service.duty_cycle.busy_fraction(window_s, stats.running_since))
+        for window_s in BUSY_WINDOWS_S:
+            busy.add_metric([f"{window_s:.0f}s"], state.busy_fraction[window_s])
         yield busy
         yield CounterMetricFamily(
             "trainer_batched_operations",
             "Operations that ran in a device call with others",
             value=stats.batched_operations,
         )
-        in_flight = self.service.ledger.in_flight()
-        oldest = max((time.time() - record.created_at for record in in_flight), default=0.0)
         yield GaugeMetricFamily(
-            "trainer_oldest_future_age_seconds", "Age of the oldest queued or running future", value=oldest
+            "trainer_oldest_future_age_seconds",
+            "Age of the oldest queued or running future",
+            value=state.oldest_future_age_s(),
         )
         adapters = GaugeMetricFamily(
             "trainer_training_adapters", "Training adapters by where they are", labels=["state"]
         )
-        adapters.add_metric(["loaded"], self.service.engine.residency.loaded)
-        adapters.add_metric(["spilled"], self.service.engine.residency.spilled)
+        adapters.add_metric(["loaded"], state.adapters.loaded)
+        adapters.add_metric(["spilled"], state.adapters.spilled)
         yield adapters
         tokens = CounterMetricFamily("trainer_tokens", "Tokens processed", labels=["phase"])
-        for phase, count in sorted(self.service.tokens_processed.snapshot().items()):
+        for phase, count in sorted(state.tokens_by_phase.items()):
             tokens.add_metric([phase], count)
         yield tokens
-        sampler = self.service.sampler.status()
+        sampler = state.sampler
         if sampler is not None:
             yield GaugeMetricFamily("trainer_vllm_in_flight", "Sampling requests in vLLM now", value=sampler.in_flight)
             yield CounterMetricFamily(
@@ -85,48 +86,22 @@ class ServiceCollector(Collector):
             for reason, count in sorted(sampler.builtin_requests.items()):
                 builtin.add_metric([reason], count)
             yield builtin
-        yield from self._weight_check_metrics()
+        yield from _weight_check_metrics(state)
         futures = GaugeMetricFamily("trainer_futures", "Futures in the ledger by state", labels=["state"])
-        for state, count in sorted(self.service.ledger.counts_by_state().items()):
-            futures.add_metric([state.value], count)
+        for future_state, count in sorted(state.futures_by_state.items()):
+            futures.add_metric([future_state.value], count)
         yield futures
-        yield from self._tenant_metrics(stats)
+        yield from self._tenant_metrics(state)
 
-    def _weight_check_metrics(self) -> Iterator[Metric]:
-        """Loads of sampler weights shown applied, refused (by reason), and the time the checks took, by engine."""
-        counts = self.service.engine.weight_checks.snapshot()
-        passed = CounterMetricFamily(
-            "trainer_sampler_weights_checked",
-            "Loads of sampler weights shown to be the saved ones, applied",
-            labels=["engine"],
-        )
-        for engine, count in sorted(counts.passed.items()):
-            passed.add_metric([engine], count)
-        refused = CounterMetricFamily(
-            "trainer_sampler_weights_refused",
-            "Loads of sampler weights refused, by reason (Refusal in trainer_backend/engine/weights_proof.py)",
-            labels=["engine", "reason"],
-        )
-        for (engine, reason), count in sorted(counts.refused.items()):
-            refused.add_metric([engine, reason], count)
-        seconds = CounterMetricFamily(
-            "trainer_sampler_weights_check_seconds",
-            "Seconds spent checking loads of sampler weights",
-            labels=["engine"],
-        )
-        for engine, total in sorted(counts.seconds.items()):
-            seconds.add_metric([engine], total)
-        yield from (passed, refused, seconds)
-
-    def _tenant_metrics(self, stats: SchedulerStats) -> Iterator[Metric]:
+    def _tenant_metrics(self, state: ServerState) -> Iterator[Metric]:
         """The series of the `--metrics-top-tenants` busiest tenants by recent device time, and "other".
 
         A tenant that enters or leaves the named ones moves its totals out of or into "other", which Prometheus
         reads as a counter reset of "other"; the tenants' own counters only grow.
         """
         series = tenant_series(
-            self.service.usage.tenants(),
-            stats.queued_by_owner,
+            state.tenants,
+            state.device.queued_by_owner,
             self._storage_by_owner(),
             self.service.config.metrics_top_tenants,
         )
@@ -162,3 +137,30 @@ class ServiceCollector(Collector):
                 self._storage = self.service.checkpoints.usage_by_owner()
                 self._storage_read_at = time.monotonic()
             return self._storage
+
+
+def _weight_check_metrics(state: ServerState) -> Iterator[Metric]:
+    """Loads of sampler weights shown applied, refused (by reason), and the time the checks took, by engine."""
+    counts = state.weight_checks
+    passed = CounterMetricFamily(
+        "trainer_sampler_weights_checked",
+        "Loads of sampler weights shown to be the saved ones, applied",
+        labels=["engine"],
+    )
+    for engine, count in sorted(counts.passed.items()):
+        passed.add_metric([engine], count)
+    refused = CounterMetricFamily(
+        "trainer_sampler_weights_refused",
+        "Loads of sampler weights refused, by reason (Refusal in trainer_backend/engine/weights_proof.py)",
+        labels=["engine", "reason"],
+    )
+    for (engine, reason), count in sorted(counts.refused.items()):
+        refused.add_metric([engine, reason], count)
+    seconds = CounterMetricFamily(
+        "trainer_sampler_weights_check_seconds",
+        "Seconds spent checking loads of sampler weights",
+        labels=["engine"],
+    )
+    for engine, total in sorted(counts.seconds.items()):
+        seconds.add_metric([engine], total)
+    yield from (passed, refused, seconds)

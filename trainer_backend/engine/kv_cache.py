@@ -85,6 +85,14 @@ class _PreallocatedLayer(DynamicLayer):
             setattr(self, name, joined)
         self._views(length)
 
+    def drop_leading(self, count: int) -> None:
+        """Forget the first `count` positions of every row: the rest move to the front of the same buffers."""
+        length = self.keys.shape[-2]
+        for buffer in (self._key_buffer, self._value_buffer):
+            # A copy first: the source and the destination overlap.
+            buffer[:, :, : length - count] = buffer[:, :, count:length].clone()
+        self._views(length - count)
+
     def batch_repeat_interleave(self, repeats: int) -> None:
         if self.is_initialized:
             length = self.keys.shape[-2]
@@ -111,6 +119,10 @@ class _PreallocatedWindowLayer(_PreallocatedLayer, DynamicSlidingWindowLayer):
     def append_rows(self, other: _PreallocatedLayer, length: int) -> None:
         _PreallocatedLayer.append_rows(self, other, length)
         self.cumulative_length = length
+
+    def drop_leading(self, count: int) -> None:
+        _PreallocatedLayer.drop_leading(self, count)
+        self.cumulative_length -= count
 
 
 def preallocated_cache(config: PretrainedConfig, capacity: int) -> DynamicCache:
@@ -147,6 +159,13 @@ def append_rows(cache: Cache, other: Cache) -> int:
     for mine, theirs in zip(cache.layers, other.layers, strict=True):
         mine.append_rows(theirs, length)
     return length
+
+
+def drop_leading_positions(cache: Cache, count: int) -> None:
+    """Forget the first `count` positions of every row of a joinable cache (`joinable_capacity`), which no row's
+    attention mask may let in: positions of rows that have left, padding before the rows that joined later."""
+    for layer in cache.layers:
+        layer.drop_leading(count)
 
 
 def repeated_cache(cache: Cache, repeats: int) -> Cache:

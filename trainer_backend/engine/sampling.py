@@ -45,7 +45,12 @@ from transformers import Cache, PretrainedConfig, PreTrainedModel
 
 from trainer_backend.engine.adapters import routed_rows
 from trainer_backend.engine.drawing import draw_from_hidden, draw_from_logits
-from trainer_backend.engine.kv_cache import append_rows, joinable_capacity, preallocated_cache
+from trainer_backend.engine.kv_cache import (
+    append_rows,
+    drop_leading_positions,
+    joinable_capacity,
+    preallocated_cache,
+)
 from trainer_backend.engine.output_head import cap, linear_output_head
 from trainer_backend.engine.prefixes import plan_shared_prefill
 from trainer_backend.engine.types import (
@@ -96,6 +101,9 @@ class SamplingJob:
 # jobs need (prompt and completion), within the model's context and any sliding window (a cache past a window is
 # transformers' own, which takes in nothing). Positions a generation never fills cost no memory (`kv_cache.py`).
 JOIN_HEADROOM = 2
+# A running generation drops the positions no row reads any more once they are this share of its cache's room: often
+# enough that the room does not fill, rarely enough that copying the cache costs little beside the decode steps.
+UNREAD_SHARE_TO_DROP = 1 / 8
 
 
 class JoinRoom:
@@ -729,6 +737,7 @@ def _take_in(
     capacity = joinable_capacity(cache)
     if capacity is None:
         return next_R
+    _drop_unread_positions(cache, rows, capacity)
     length = rows.mask_RT.shape[1]
     remaining = max(
         draws[j].job.request.max_tokens - len(draws[j].tokens[s]) for j, s in zip(rows.job, rows.sample, strict=True)
@@ -745,6 +754,21 @@ def _take_in(
     rows.append(joining, len(draws), append_rows(cache, joining_cache))
     draws += [_JobDraws.start(job, device) for job in jobs]
     return next_R.joined(next_J.rows(joining.prompt_index_R))
+
+
+def _drop_unread_positions(cache: Cache, rows: _Rows, capacity: int) -> None:
+    """Drop the cache's first positions once no running row reads them and they are worth a copy of the cache.
+
+    Rows that join are right-aligned at the batch's length, so without this the batch's length only grows: a long
+    run of joining requests filled the cache's room within a few hundred steps, and every request after that ran in
+    a batch of its own (on Gemma 3 270M, whose sliding window bounds the room to 511 positions, 261 of an
+    evaluation's 332 requests, beside another tenant's RL steps: docs/performance.md).
+    """
+    read_T = rows.mask_RT.any(dim=0)
+    unread = int(read_T.int().argmax())
+    if unread > 0 and unread >= UNREAD_SHARE_TO_DROP * capacity:
+        drop_leading_positions(cache, unread)
+        rows.mask_RT = rows.mask_RT[:, unread:]
 
 
 def _draw(

@@ -5,12 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import get_args
+from typing import Literal, get_args
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from trainer_backend.config import DtypeFlag
 from trainer_backend.errors import DeviceUnavailableError
 from trainer_backend.models.registry import ResolvedModel
 
@@ -63,6 +62,8 @@ def select_device(flag: str = "auto") -> torch.device:
     raise DeviceUnavailableError(f"device {flag!r} is not supported; use {_DEVICE_FORMS}")
 
 
+# `--dtype`: "auto", or the name of the torch dtype the base model computes in (`torch.float32`, `torch.bfloat16`).
+DtypeFlag = Literal["auto", "float32", "bfloat16"]
 DTYPES = {name: getattr(torch, name) for name in get_args(DtypeFlag) if name != "auto"}
 
 

@@ -109,42 +109,43 @@ def train_tiny_chatml_tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
-def tiny_qwen2_config(vocab_size: int) -> Qwen2Config:
-    """Qwen2's architecture (grouped KV heads, q/k/v biases, an untied head) at toy size."""
-    return Qwen2Config(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=False,
-        pad_token_id=_CHATML_SPECIAL_TOKENS.index(ENDOFTEXT),
-        eos_token_id=_CHATML_SPECIAL_TOKENS.index(IM_END),
-        bos_token_id=None,
-    )
+# The toy size of both architectures, here and in the engine's tests (tests/support/tiny_models.py): two layers,
+# `width` wide, an MLP twice as wide.
+TINY_WIDTH = 64
 
 
-def tiny_model_config(vocab_size: int) -> Gemma3TextConfig:
-    """Gemma 3's architecture (sliding and full attention layers, grouped KV heads, tied embeddings) at toy size."""
-    return Gemma3TextConfig(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        query_pre_attn_scalar=32,
-        sliding_window=64,
-        layer_types=["sliding_attention", "full_attention"],
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        pad_token_id=_SPECIAL_TOKENS.index(PAD),
-        eos_token_id=_SPECIAL_TOKENS.index(EOS),
-        bos_token_id=_SPECIAL_TOKENS.index(BOS),
-    )
+def tiny_qwen2_config(vocab_size: int, width: int = TINY_WIDTH, **changes: object) -> Qwen2Config:
+    """Qwen2's architecture (grouped KV heads, q/k/v biases, an untied head) at toy size; `changes` set the rest."""
+    shape: dict[str, object] = {
+        "hidden_size": width,
+        "intermediate_size": 2 * width,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": False,
+    }
+    return Qwen2Config(vocab_size=vocab_size, **(shape | changes))
+
+
+def tiny_gemma3_config(vocab_size: int, width: int = TINY_WIDTH, **changes: object) -> Gemma3TextConfig:
+    """Gemma 3's architecture (a sliding and a full attention layer, two query heads sharing one key/value head, tied
+    embeddings) at toy size; `changes` set the rest."""
+    head_dim = width // 2
+    shape: dict[str, object] = {
+        "hidden_size": width,
+        "intermediate_size": 2 * width,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": head_dim,
+        "query_pre_attn_scalar": head_dim,
+        "sliding_window": 64,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": True,
+    }
+    return Gemma3TextConfig(vocab_size=vocab_size, **(shape | changes))
 
 
 def build_tiny_model(folder: Path, seed: int = 0, architecture: str = TINY_MODEL_NAME) -> Path:
@@ -155,10 +156,16 @@ def build_tiny_model(folder: Path, seed: int = 0, architecture: str = TINY_MODEL
     # A private generator state: building must not move the caller's random stream.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
+        # The tokenizer's own ids of its special tokens (Qwen2's has no BOS: None).
+        ids = {
+            "pad_token_id": tokenizer.pad_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+            "bos_token_id": tokenizer.bos_token_id,
+        }
         if qwen2:
-            model = Qwen2ForCausalLM(tiny_qwen2_config(len(tokenizer)))
+            model = Qwen2ForCausalLM(tiny_qwen2_config(len(tokenizer), **ids))
         else:
-            model = Gemma3ForCausalLM(tiny_model_config(len(tokenizer)))
+            model = Gemma3ForCausalLM(tiny_gemma3_config(len(tokenizer), **ids))
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder

@@ -59,6 +59,7 @@ class BuiltinSampler:
                 owner=job.owner,
                 run=job.run,
                 reads=job.call.weights_folder,
+                alone=job.batch_invariant,
             )
         )
 
@@ -93,7 +94,10 @@ class BuiltinSampler:
             outcomes[index] = self._outcome(running[index], result)
             call.finish(running[index], outcomes[index])
 
-        self.engine.sample_batch([op.payload.call for op in running], call, admit, finished)
+        # A batch-invariant request runs as it would alone: not even room to take requests in, which would widen its
+        # cache and with it the sums of its attention.
+        joins = None if call.alone else admit
+        self.engine.sample_batch([op.payload.call for op in running], call, joins, finished)
         return [outcomes[index] for index in range(len(running))]
 
     def _outcome(self, operation: Operation[SampleJob], result: SampleOutcome) -> Outcome:

@@ -21,8 +21,9 @@ class SampleJob:
     """A sampling request whose future is recorded, as a sampler receives it.
 
     `lane`: the queue it waits in (its sampling session, or the caller's base-model lane) with a queued engine.
-    `run`: the training run whose sampler weights it reads, which its usage counts toward. `result` resolves with
-    the engine's own result when the future completes, for callers in this process (the OpenAI layer).
+    `run`: the training run whose sampler weights it reads, which its usage counts toward. `batch_invariant`: answered
+    as if alone on the server, in a generation batch of its own (`batch_invariance.py`). `result` resolves with the
+    engine's own result when the future completes, for callers in this process (the OpenAI layer).
     """
 
     request_id: str
@@ -31,6 +32,7 @@ class SampleJob:
     run: str | None
     call: SamplerCall
     prompt_logprobs_last_n: int | None = None
+    batch_invariant: bool = False
     result: Future[SamplingResult] = field(default_factory=Future, compare=False)
 
 

@@ -19,6 +19,9 @@ from trainer_backend.samplers.vllm_client import VllmClient
 from trainer_backend.samplers.vllm_process import VllmSettings
 from trainer_backend.wire.status import SamplerStatus
 
+# Why a request went to the built-in engine although vLLM runs: it asked to be answered as if alone.
+BATCH_INVARIANT = "batch-invariant (answered as if alone on the server)"
+
 
 class RoutedSampler:
     """`preferred` for what it serves, `builtin` for the rest, counted by reason in the status."""
@@ -42,6 +45,12 @@ class RoutedSampler:
         return self.builtin
 
     def submit(self, job: SampleJob) -> None:
+        if job.batch_invariant:
+            # vLLM batches whatever it holds; only the built-in engine runs a request in a batch of its own.
+            with self._lock:
+                self._fallbacks[BATCH_INVARIANT] += 1
+            self.builtin.submit(job)
+            return
         self.engine_for(job.call).submit(job)
 
     def weights_saved(self, folder: Path, lora: LoraSettings) -> None:

@@ -58,6 +58,9 @@ class GenerationRequest(BaseModel):
     response_format: ResponseFormat | None = None
     # vLLM's extension: go on past EOS until max_tokens or a stop string.
     ignore_eos: bool = False
+    # This server's extension: answered as if alone on the server, the same bit for bit whatever else it runs
+    # (trainer_backend/batch_invariance.py); the openai client sends it with extra_body={"batch_invariant": True}.
+    batch_invariant: bool = False
 
     def unsupported_fields(self) -> list[str]:
         """The fields given that this server cannot honour: unknown ones, and known ones away from neutral."""

@@ -42,7 +42,8 @@ class SamplerStatus(BaseModel):
     builtin_requests: dict[str, int] = Field(
         default_factory=dict,
         description="sampling requests the built-in engine served instead, because vLLM cannot serve them exactly, "
-        "by reason (an adapter that trains the unembedding, structured output other than a JSON schema)",
+        "by reason (an adapter that trains the unembedding, structured output other than a JSON schema, a "
+        "batch-invariant request)",
     )
 
 

@@ -3,6 +3,9 @@
 The episode ends at a final answer, at a malformed turn, or when the policy has used `max_turns` turns without
 answering. Exploratory queries run in the reward's own sandbox (read-only, its time, memory and row limits) on the
 question's primary database; a refused or failing query is shown as an error and the episode goes on.
+
+A chat episode (`chat=True`) is a conversation with a chat model (agentic/conversation.py): every query it writes is
+run and shown, its answer is the last query it wrote, and a query repeated unchanged confirms it.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tasks.text2sql.agentic.conversation import parse_reply, reply_observation
 from tasks.text2sql.agentic.turns import ObservationLimits, ParsedTurn, TurnKind, parse_turn, render_result
 from tasks.text2sql.dataset import Example
 from tasks.text2sql.errors import Text2SqlError
@@ -51,11 +55,14 @@ class Turn:
 class Episode:
     """The state of one episode; `step` takes the policy's next turn and returns what it reads next."""
 
-    def __init__(self, example: Example, db_path: Path, sandbox: QueryRunner, limits: EpisodeLimits) -> None:
+    def __init__(
+        self, example: Example, db_path: Path, sandbox: QueryRunner, limits: EpisodeLimits, chat: bool = False
+    ) -> None:
         self.example = example
         self.db_path = db_path
         self.sandbox = sandbox
         self.limits = limits
+        self.chat = chat
         self.turns: list[Turn] = []
 
     @property
@@ -66,9 +73,13 @@ class Episode:
 
     @property
     def answer(self) -> str | None:
-        """The final answer's SQL; None while running, or when the episode ended without one."""
+        """The final answer's SQL; None while running, or when the episode ended without one (in a chat episode:
+        without any query)."""
         if self.turns and self.turns[-1].parsed.kind is TurnKind.ANSWER:
             return self.turns[-1].parsed.sql
+        if self.chat and self.done:
+            queries = [t.parsed.sql for t in self.turns if t.parsed.kind is TurnKind.EXPLORE]
+            return queries[-1] if queries else None
         return None
 
     def step(self, text: str) -> str | None:
@@ -79,16 +90,31 @@ class Episode:
         """
         if self.done:
             raise Text2SqlError(f"the episode of {self.example.id} is over; it takes no more turns")
-        parsed = parse_turn(text)
+        parsed = parse_reply(text) if self.chat else parse_turn(text)
+        if self.chat and parsed.kind is TurnKind.EXPLORE and self._repeats_last_query(parsed.sql):
+            parsed = ParsedTurn(TurnKind.ANSWER, self.turns[-1].parsed.sql)
         if parsed.kind is not TurnKind.EXPLORE:
             self.turns.append(Turn(text, parsed))
             return None
         result = self.sandbox.execute(self.db_path, parsed.sql, max_rows=self.limits.rows_fetched)
-        observation = render_result(result, self.limits.observation)
-        if len(self.turns) + 2 == self.limits.max_turns:
-            observation += "\n" + LAST_TURN_CUE
+        shown = render_result(result, self.limits.observation)
+        replies_left = self.limits.max_turns - len(self.turns) - 1
+        if self.chat:
+            observation = reply_observation(shown, result.ok, replies_left)
+        else:
+            observation = shown + ("\n" + LAST_TURN_CUE if replies_left == 1 else "")
         self.turns.append(Turn(text, parsed, observation, result.status))
-        return None if self.done else f"\n{observation}\n"
+        if self.done:
+            return None
+        # A chat observation is a user turn of its own; a plain one continues the transcript on lines of its own.
+        return observation if self.chat else f"\n{observation}\n"
+
+    def _repeats_last_query(self, sql: str) -> bool:
+        """Whether `sql` is the query of the turn before, but for whitespace: a model that writes its query again
+        after reading the result has confirmed it."""
+        if not self.turns or self.turns[-1].parsed.kind is not TurnKind.EXPLORE:
+            return False
+        return sql.split() == self.turns[-1].parsed.sql.split()
 
     def facts(self) -> EpisodeFacts:
         """How the episode went, for the reward's episode components."""
