@@ -136,23 +136,22 @@ def running_server(config: ServerConfig) -> Iterator[RunningServer]:
     serve` in a process of its own)."""
     policy = KeyPolicy(frozenset(config.api_keys))
     policy.check_bind(config.host)
-    listener = reserve_port(config.host, config.port)
-    port = listener.getsockname()[1]
-    service = build_service(config)
-    app = create_app(service, policy, config.long_poll_s)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host=config.host, port=port, log_level="warning", http=JsonErrorH11Protocol)
-    )
-    thread = threading.Thread(target=server.run, args=([listener],), name="uvicorn", daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            if not thread.is_alive():
-                raise RuntimeError("the server failed to start; see the log above")
-            threading.Event().wait(0.02)
-        yield RunningServer(f"http://{config.host}:{port}", service)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        service.close()
-        listener.close()
+    with reserve_port(config.host, config.port) as listener:
+        port = listener.getsockname()[1]
+        service = build_service(config)
+        app = create_app(service, policy, config.long_poll_s)
+        server = uvicorn.Server(
+            uvicorn.Config(app, host=config.host, port=port, log_level="warning", http=JsonErrorH11Protocol)
+        )
+        thread = threading.Thread(target=server.run, args=([listener],), name="uvicorn", daemon=True)
+        thread.start()
+        try:
+            while not server.started:
+                if not thread.is_alive():
+                    raise RuntimeError("the server failed to start; see the log above")
+                threading.Event().wait(0.02)
+            yield RunningServer(f"http://{config.host}:{port}", service)
+        finally:
+            server.should_exit = True
+            thread.join(timeout=30)
+            service.close()

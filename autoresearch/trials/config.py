@@ -135,9 +135,10 @@ class TrialConfig(BaseModel):
     eval_interval: int = Field(10, ge=0, description="evaluate every this many steps (and at the end); 0 = end only")
     eval_seed: int = Field(0, ge=0, description="picks the held-out subset; shared by a study's trials")
     eval_batch_invariant: bool = Field(
-        True,
+        False,
         description="answer each held-out question as if alone on the backend (its greedy requests in generation "
-        "batches of their own), so a score does not depend on what else the backend runs; slower. False: batched",
+        "batches of their own), so a score does not depend on what else the backend runs; about 8 times slower on "
+        "a CPU (docs/trials.md). False: batched",
     )
 
     @property

@@ -165,7 +165,7 @@ class Text2SqlTask(Task[Example, RewardSpec]):
                 )
         shown = [self._demonstrations[shot.id, max_turns, chat] for shot in shots]
         if chat:
-            return render_chat_prompt(example, db_path, shown, max_turns, limits.observation)
+            return render_chat_prompt(example, db_path, shown)
         return render_agentic_prompt(example, db_path, shown, limits)
 
     def gold_completion(self, example: Example, max_turns: int = 1) -> str:

@@ -134,7 +134,7 @@ def test_auto_renders_agentic_episodes_in_the_chat_format_of_a_tokenizer_with_a_
     renderer = PromptRenderer(text2sql, chatml, few_shot=0, shots_split="train", max_turns=3, prompt_format="auto")
     assert renderer.format == "chat"
     text = chatml.decode(renderer.prompt(flights).tokens)
-    assert "<|im_start|>user\nAnswer the question with one DuckDB SQL query. You can check" in text
+    assert "<|im_start|>user\nWrite one DuckDB SQL query that answers the question." in text
     assert text.endswith(f"{IM_END}\n<|im_start|>assistant\n")
     assert chatml.decode(renderer.gold_completion(flights)) == f"Answer: {flights.gold_sql};{IM_END}"
 

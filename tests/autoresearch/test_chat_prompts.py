@@ -138,7 +138,7 @@ def test_an_agentic_trial_on_a_chat_model_plays_its_episodes_as_conversations(
     texts = [tokenizer.decode(prompt) for prompt in sampled_prompts]
     first = [text for text in texts if text.count(USER_TURN) == 1]
     later = [text for text in texts if text.count(USER_TURN) > 1]
-    opening = USER_TURN + "Answer the question with one DuckDB SQL query."
+    opening = USER_TURN + "Write one DuckDB SQL query that answers the question."
     assert first and all(text.startswith(opening) for text in first)
     # Each later turn's prompt is the conversation so far: the query's result as a user turn, the reply opened.
     assert later and all(text.endswith(GENERATION_PROMPT) for text in texts)

@@ -162,7 +162,7 @@ def test_an_agentic_env_shows_each_exploration_as_a_user_turn_and_rewards_the_an
 def test_a_chat_models_agentic_env_is_a_conversation_whose_last_query_answers(chat_tokenizer: Tokenizer) -> None:
     group = build(model_name_for_tokenizer=CHAT_TOKENIZER, agentic=True, max_turns=2)[0].get_batch(0)[0]
     [env, _] = asyncio.run(group.make_envs())
-    assert group.chat and env.prompt.startswith("Answer the question with one DuckDB SQL query. You can check")
+    assert group.chat and env.prompt.startswith("Write one DuckDB SQL query that answers the question.")
     end_of_turn = chat_tokenizer.convert_tokens_to_ids(IM_END)
     # A bare query, as a coder model writes it, is run and shown; with the turns spent, it is the answer.
     draft = [*chat_tokenizer.encode(f"{env.example.gold_sql};", add_special_tokens=False), end_of_turn]

@@ -219,8 +219,16 @@ def _start_build(llm: SqlWriterLlm, cache_root: Path, out: Path) -> subprocess.P
         "--out", str(out),
     ]  # fmt: skip
     environment = {**os.environ, "TEXT2SQL_CACHE_DIR": str(cache_root)}
+    # Ctrl-C as a terminal delivers it, even where this test runs in a shell's background job, which ignores SIGINT
+    # and passes that on to its children.
     return subprocess.Popen(
-        command, cwd=REPOSITORY, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command,
+        cwd=REPOSITORY,
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 

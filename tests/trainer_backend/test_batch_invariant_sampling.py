@@ -275,14 +275,14 @@ def test_an_openai_completion_asks_for_batch_invariance_in_its_body(
     assert invariant.choices[0].text == batched.choices[0].text
 
 
-def test_a_trials_held_out_evaluation_runs_alone_unless_its_config_says_otherwise(
+def test_a_trials_held_out_evaluation_runs_alone_when_its_config_says_so(
     server: RunningServer, text2sql: Text2SqlTask, samples_run: Callable[[int], list[logging.LogRecord]]
 ) -> None:
     config = load_trial_config(REPOSITORY / "experiments" / "trials" / "text2sql_tiny.yaml")
     config = config.model_copy(update={"eval_size": 3})
-    assert config.eval_batch_invariant, "on by default"
+    assert not config.eval_batch_invariant, "off by default"
+    invariant = config.model_copy(update={"eval_batch_invariant": True})
+    evaluate_checkpoint(invariant, server.url, api_key=EVALUATOR_KEY, task=text2sql)
     evaluate_checkpoint(config, server.url, api_key=EVALUATOR_KEY, task=text2sql)
-    batched = config.model_copy(update={"eval_batch_invariant": False})
-    evaluate_checkpoint(batched, server.url, api_key=EVALUATOR_KEY, task=text2sql)
 
     assert [r.alone for r in samples_run(6)] == [True] * 3 + [False] * 3
