@@ -1,5 +1,5 @@
-"""The agentic episode as a conversation with a chat model: the instructions, how a reply is read, and what the task
-answers in its user turn.
+"""The agentic episode as a conversation with a chat model: its opening user turn, how a reply is read, and what the
+task answers in its next user turn.
 
 A chat model (an instruct coder model above all) answers a question with one query and stops, so the conversation is
 built around that habit rather than against it: every query the model writes is run and its result shown, whatever
