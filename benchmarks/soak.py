@@ -9,7 +9,8 @@ the `tinker` SDK, two evaluating through the OpenAI-compatible /v1/completions w
 first on the base model, the second on an adapter it saved, and so on alternately), and one saving, loading and
 deleting checkpoints against its key's storage quota. At `--kill-at` of the run the backend is killed (SIGKILL) and
 started again on the same storage root and port: the RL tenants resume from their last saved state, the others carry
-on, each retrying connection errors while the backend is down.
+on, each retrying connection errors while the backend is down. The outage does not count toward `--minutes`: the
+tenants stop that long after they started plus the time from the kill to the restarted backend's health.
 
 Before the soak, on a first start of the same server: one save measures a training state's bytes (the storage quota,
 `--max-storage-bytes-per-key`, is set to QUOTA_STATES of them, then the server is restarted with it), and one
@@ -52,6 +53,7 @@ from benchmarks.against_commit import start_server
 from benchmarks.process_tree import tree_rss_bytes
 from benchmarks.soak_tenants import (
     LORA_RANK,
+    Deadline,
     EvalShape,
     Outcome,
     Request,
@@ -394,7 +396,7 @@ def run_soak(settings: SoakSettings, status: Callable[[str], None] = lambda _: N
             status(f"one evaluating tenant alone for {alone_s:.0f} s")
             alone = TenantLog("eval-alone", "eval-alone", "tml-soak-eval-alone")
             alone_began = time.time()
-            evaluating_tenant(alone, backend.url, base_model, eval_shape, alone_began + alone_s)
+            evaluating_tenant(alone, backend.url, base_model, eval_shape, Deadline(alone_began + alone_s))
             alone_tokens = sum(r.tokens for r in alone.requests if r.outcome is Outcome.ANSWERED)
             alone_tokens_per_s = alone_tokens / (time.time() - alone_began)
 
@@ -406,7 +408,7 @@ def run_soak(settings: SoakSettings, status: Callable[[str], None] = lambda _: N
             models |= {t.name: saved_adapter(t, backend.url, base_model) for t in tenants if t.role == "eval-adapter"}
 
             started = time.time()
-            until = started + duration
+            until = Deadline(started + duration)
             targets: list[tuple[TenantLog, Callable[[], None]]] = []
             for seed, tenant in enumerate(tenants):
                 if tenant.role == "rl":
@@ -421,10 +423,15 @@ def run_soak(settings: SoakSettings, status: Callable[[str], None] = lambda _: N
             time.sleep(max(0.0, started + settings.kill_at * duration - time.time()))
             steps_at_kill = {t.name: t.step for t in tenants if t.role == "rl"}
             watch.read_device()  # the killed life's last reading
+            # The soak serves `duration` seconds however long the restart takes.
+            until.pause()
             killed_at = time.time()
             backend.kill()
             status("the backend was killed; restarting it")
-            backend.start()
+            try:
+                backend.start()
+            finally:  # a restart that fails must not leave the tenants running on
+                until.resume()
             kill = Kill(killed_at, time.time(), steps_at_kill)
             status("tenants carrying on after the restart")
             for thread in threads:
@@ -434,7 +441,7 @@ def run_soak(settings: SoakSettings, status: Callable[[str], None] = lambda _: N
             settings=settings,
             tenants=tenants,
             started=started,
-            until=until,
+            until=until.at,
             kill=kill,
             alone_tokens_per_s=alone_tokens_per_s,
             quota_bytes=quota,

@@ -50,6 +50,27 @@ LORA_RANK = 8
 LEARNING_RATE = 1e-5
 
 
+class Deadline:
+    """When the tenants stop: a moment that stands still while the soak has it paused (the backend's outage), so
+    that a restart slowed by a busy machine neither ends the tenants while the backend is down nor eats the time they
+    have to show they carried on."""
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+        self._paused_at: float | None = None
+
+    def ahead(self) -> bool:
+        return self._paused_at is not None or time.time() < self.at
+
+    def pause(self) -> None:
+        self._paused_at = time.time()
+
+    def resume(self) -> None:
+        if self._paused_at is not None:
+            self.at += time.time() - self._paused_at
+            self._paused_at = None
+
+
 class Outcome(StrEnum):
     ANSWERED = "answered"
     REFUSED = "refused"  # a 4xx or a future failed as the caller's fault: an answer (a quota said no)
@@ -130,9 +151,9 @@ def outcome_of(error: BaseException) -> Outcome:
     return Outcome.LOST
 
 
-def session(log: TenantLog, url: str, until: float) -> tinker.ServiceClient | None:
+def session(log: TenantLog, url: str, until: Deadline) -> tinker.ServiceClient | None:
     """An SDK session for the tenant's key, retrying while the backend cannot be reached; None once `until` passes."""
-    while time.time() < until:
+    while until.ahead():
         try:
             return tinker.ServiceClient(base_url=url, api_key=log.key)
         except tinker.APIConnectionError:
@@ -157,7 +178,7 @@ def reward(tokens: list[int]) -> float:
     return sum(1 for token in tokens if token % 2 == 0) / max(1, len(tokens))
 
 
-def rl_tenant(log: TenantLog, url: str, base_model: str, shape: RlShape, seed: int, until: float) -> None:
+def rl_tenant(log: TenantLog, url: str, base_model: str, shape: RlShape, seed: int, until: Deadline) -> None:
     """RL steps until `until`; after an interruption, from the last saved state, in a new run. A run keeps its two
     newest states (`keep_checkpoints`), but a run left behind keeps its own: once the new run has saved, the tenant
     deletes them, or each restart would leave its key's storage quota a run's checkpoints fuller."""
@@ -165,7 +186,7 @@ def rl_tenant(log: TenantLog, url: str, base_model: str, shape: RlShape, seed: i
     checkpoint: tuple[int, str] | None = None  # (step, tinker path)
     left_behind: list[str] = []  # model ids of the tenant's runs it went on without
     current: str | None = None
-    while time.time() < until:
+    while until.ahead():
         service = session(log, url, until)
         if service is None:
             return
@@ -189,7 +210,7 @@ def rl_tenant(log: TenantLog, url: str, base_model: str, shape: RlShape, seed: i
                     log.resumes.append(Resume(time.time(), step))
                 current = training.model_id
                 tokenizer = training.get_tokenizer()
-                while time.time() < until:
+                while until.ahead():
                     rl_step(log, training, tokenizer, shape)
                     log.step += 1
                     if log.step % shape.checkpoint_every == 0:
@@ -249,14 +270,14 @@ def train_once(log: TenantLog, training: tinker.TrainingClient) -> None:
     log.result("optim_step", training.optim_step(types.AdamParams(learning_rate=LEARNING_RATE)))
 
 
-def checkpoint_tenant(log: TenantLog, url: str, base_model: str, period_s: float, until: float) -> None:
+def checkpoint_tenant(log: TenantLog, url: str, base_model: str, period_s: float, until: Deadline) -> None:
     """Save every `period_s`, a training state and sampler weights by turns; every third save, load one of the saved
     sampler weights and sample from them; when the key's storage quota refuses a save, delete the oldest save and go
     on. After an interruption, from its newest training state."""
     saved: list[str] = []  # tinker paths, oldest first
     rng = random.Random(0)
     count = 0
-    while time.time() < until:
+    while until.ahead():
         service = session(log, url, until)
         if service is None:
             return
@@ -273,7 +294,7 @@ def checkpoint_tenant(log: TenantLog, url: str, base_model: str, period_s: float
                     training = log.result("create", created)
                     train_once(log, training)
                 prompt = types.ModelInput.from_ints(training.get_tokenizer().encode("SELECT"))
-                while time.time() < until:
+                while until.ahead():
                     count += 1
                     name = f"save-{count:05d}"
                     save = training.save_state(name) if count % 2 else training.save_weights_for_sampler(name)
@@ -309,7 +330,7 @@ class EvalShape:
     max_tokens: int
 
 
-def evaluating_tenant(log: TenantLog, url: str, model: str, shape: EvalShape, until: float) -> None:
+def evaluating_tenant(log: TenantLog, url: str, model: str, shape: EvalShape, until: Deadline) -> None:
     """`shape.in_flight` clients, each sending a /v1/completions request as soon as its last one was answered, until
     `until`."""
     limits = httpx.Limits(max_connections=shape.in_flight, max_keepalive_connections=shape.in_flight)
@@ -321,7 +342,7 @@ def evaluating_tenant(log: TenantLog, url: str, model: str, shape: EvalShape, un
 
         def loop(slot: int) -> None:
             number = 0
-            while time.time() < until:
+            while until.ahead():
                 number += 1
                 completion(log, client, model, shape.max_tokens, seed=slot * 1_000_000 + number)
 

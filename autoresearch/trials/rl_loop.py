@@ -134,6 +134,9 @@ def _start_or_resume(
         training = service.create_training_client_from_state_with_optimizer(
             state.checkpoint_path, user_metadata=metadata
         ).result()
+        earlier = types.ParsedCheckpointTinkerPath.from_tinker_path(state.checkpoint_path).training_run_id
+        if earlier != training.model_id and earlier not in state.left_behind:
+            state = state.model_copy(update={"left_behind": (*state.left_behind, earlier)})
         return training, state
     if config.init_from is not None:
         training = _from_initial_state(service, config, config.init_from)
@@ -204,6 +207,7 @@ class _Trial:
     ) -> None:
         self.config = config
         self.directory = directory
+        self.service = service
         self.training = training
         self.task = task
         self.view = view
@@ -246,8 +250,7 @@ class _Trial:
                 checkpoint = training.save_state(_checkpoint_name(step))
             state = state.model_copy(update={"step": step, "data_position": state.data_position + config.batch_size})
             if checkpoint is not None:
-                state = state.model_copy(update={"checkpoint_path": checkpoint.result().path})
-                directory.save_state(state)
+                state = self._checkpointed(state.model_copy(update={"checkpoint_path": checkpoint.result().path}))
             if stopped_early:
                 break
         if last_report is None or last_report.step != state.step:
@@ -286,9 +289,26 @@ class _Trial:
             )
             self.view.warmup_step(step, loss)
         checkpoint = training.save_state(f"warmup-{config.warmup_steps:06d}").result().path
-        state = state.model_copy(
-            update={"warmup_steps_done": config.warmup_steps, "data_position": position, "checkpoint_path": checkpoint}
+        return self._checkpointed(
+            state.model_copy(
+                update={
+                    "warmup_steps_done": config.warmup_steps,
+                    "data_position": position,
+                    "checkpoint_path": checkpoint,
+                }
+            )
         )
+
+    def _checkpointed(self, state: RunState) -> RunState:
+        """Record `state`, whose checkpoint this run has just saved; then the runs it left behind are of no more use,
+        and their checkpoints go (on a backend with a storage quota they would fill it, a run per interruption). A
+        deletion that fails is tried again at the next checkpoint."""
+        self.directory.save_state(state)
+        if not state.left_behind:
+            return state
+        rest = self.service.create_rest_client()
+        remaining = tuple(run for run in state.left_behind if not _deleted_checkpoints_of(rest, run))
+        state = state.model_copy(update={"left_behind": remaining})
         self.directory.save_state(state)
         return state
 
@@ -414,6 +434,20 @@ class _Trial:
         directory.write_result(result)
         directory.save_state(state.model_copy(update={"finished": True, "sampler_path": sampler_path}))
         return result
+
+
+def _deleted_checkpoints_of(rest: tinker.RestClient, run: str) -> bool:
+    """Delete every checkpoint of the backend's run `run`; whether none is left (a run the backend no longer knows
+    has none)."""
+    try:
+        for checkpoint in rest.list_checkpoints(run).result().checkpoints:
+            rest.delete_checkpoint_from_tinker_path(checkpoint.tinker_path).result()
+    except tinker.NotFoundError:
+        return True
+    except tinker.TinkerError as error:
+        logger.warning("could not delete the checkpoints of the run %s left behind: %s", run, error)
+        return False
+    return True
 
 
 _FORMAT_MEANING = {

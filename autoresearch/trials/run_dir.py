@@ -43,6 +43,9 @@ class RunState(BaseModel):
     finished: bool = False
     # tinker://…/sampler_weights/… of the final weights, once finished.
     sampler_path: str | None = None
+    # The backend's ids of this trial's earlier runs: a resume from a checkpoint trains on in a new run, and the
+    # earlier run's checkpoints are deleted once the new run has saved one of its own.
+    left_behind: tuple[str, ...] = ()
 
 
 class TrialResult(BaseModel):

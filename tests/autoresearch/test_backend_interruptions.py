@@ -91,3 +91,9 @@ def test_a_trial_survives_a_backend_killed_mid_forward_backward(tmp_path: Path) 
     with sqlite3.connect(ledger) as db:
         state, error = db.execute("SELECT state, error FROM futures WHERE request_id = ?", (cut_off,)).fetchone()
     assert state == "failed" and "the server restarted" in error
+    # The resume trained on in a new run; once it had saved, the killed run's training states were deleted (each
+    # interruption would otherwise leave a run's worth of checkpoints against the key's storage).
+    runs_with_states = {p.parent.parent.name for p in (storage_root / "checkpoints" / "runs").glob("*/weights/*")}
+    final_run = result["checkpoint_path"].removeprefix("tinker://").split("/")[0]
+    assert runs_with_states == {final_run.replace(":", "__")}
+    assert directory.load_state().left_behind == ()
