@@ -67,10 +67,12 @@ def measure_vllm(device: str, tokens: int, vllm_python: Path) -> dict:
         try:
             rates = {}
             for samples in (1, 8):
-                request = SamplingRequest(prompt, num_samples=samples, max_tokens=tokens // 4, temperature=1.0, seed=0)
-                sampler.sample(SamplingRequest(prompt, max_tokens=2), None, stop_at_eos=False)  # warm-up
+                request = SamplingRequest(
+                    prompt, num_samples=samples, max_tokens=tokens // 4, temperature=1.0, seed=0, stop_at_eos=False
+                )
+                sampler.sample(SamplingRequest(prompt, max_tokens=2, stop_at_eos=False))  # warm-up
                 start = time.perf_counter()
-                result = sampler.sample(request, None, stop_at_eos=False)
+                result = sampler.sample(request)
                 elapsed = time.perf_counter() - start
                 rates[f"batch {samples}"] = sum(len(s.tokens) for s in result.sequences) / elapsed
         finally:
@@ -95,10 +97,12 @@ def measure(kind: str, device: str, batch: int, tokens: int, repeats: int) -> di
         prompt = tuple(torch.randint(10, 20_000, (32,), generator=generator).tolist())
         rates = {}
         for samples in (1, 8):
-            request = SamplingRequest(prompt, num_samples=samples, max_tokens=tokens // 4, temperature=1.0, seed=0)
-            engine.sample(None, SamplingRequest(prompt, max_tokens=2), stop_at_eos=False)  # warm-up
+            request = SamplingRequest(
+                prompt, num_samples=samples, max_tokens=tokens // 4, temperature=1.0, seed=0, stop_at_eos=False
+            )
+            engine.sample(SamplingRequest(prompt, max_tokens=2, stop_at_eos=False))  # warm-up
             start = time.perf_counter()
-            result = engine.sample(None, request, stop_at_eos=False)
+            result = engine.sample(request)
             elapsed = time.perf_counter() - start
             rates[f"batch {samples}"] = sum(len(s.tokens) for s in result.sequences) / elapsed
         return {"tokens_per_s": rates}

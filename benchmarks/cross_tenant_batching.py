@@ -34,7 +34,6 @@ from trainer_backend.engine.types import (
     DecodedDatum,
     ForwardBackwardCall,
     LoraSettings,
-    SamplerCall,
     SamplingRequest,
 )
 from trainer_backend.engine.weights_proof import WeightChecks, probe_tokens
@@ -85,8 +84,10 @@ def vllm_rates(loaded, folders: list[Path], prompts: list, args, scratch: Path):
         adapters = folders
 
         def request(index: int, prompt: tuple[int, ...], adapter: Path) -> int:
-            sampling = SamplingRequest(prompt, num_samples=2, max_tokens=args.new_tokens, seed=index)
-            return sum(len(s.tokens) for s in sampler.sample(sampling, adapter, False).sequences)
+            sampling = SamplingRequest(
+                prompt, num_samples=2, max_tokens=args.new_tokens, seed=index, stop_at_eos=False, weights_folder=adapter
+            )
+            return sum(len(s.tokens) for s in sampler.sample(sampling).sequences)
 
         def at_once(chosen: list[Path]) -> Callable[[], int]:
             def run() -> int:
@@ -143,22 +144,24 @@ def main() -> None:
         ]
 
         def sampling(weights: list[Path]) -> Callable[[], int]:
-            calls = [
-                SamplerCall(folder, SamplingRequest(p, num_samples=2, max_tokens=args.new_tokens, seed=i), False)
+            requests = [
+                SamplingRequest(
+                    p, num_samples=2, max_tokens=args.new_tokens, seed=i, stop_at_eos=False, weights_folder=folder
+                )
                 for i, (p, folder) in enumerate(zip(prompts, weights, strict=True))
             ]
 
             def together() -> int:
-                return sum(len(s.tokens) for r in engine.sample_batch(calls) for s in r.sequences)
+                return sum(len(s.tokens) for r in engine.sample_batch(requests) for s in r.sequences)
 
             return together
 
         def sampling_one_at_a_time() -> int:
-            calls = [
-                SamplerCall(folders[i % ADAPTERS], SamplingRequest(p, 2, args.new_tokens), False)
+            requests = [
+                SamplingRequest(p, 2, args.new_tokens, stop_at_eos=False, weights_folder=folders[i % ADAPTERS])
                 for i, p in enumerate(prompts)
             ]
-            return sum(len(s.tokens) for c in calls for s in engine.sample_batch([c])[0].sequences)
+            return sum(len(s.tokens) for r in requests for s in engine.sample_batch([r])[0].sequences)
 
         sample_one = best_rate(sampling([folders[0]] * len(prompts)), args.repeats)
         sample_mixed = best_rate(sampling([folders[i % ADAPTERS] for i in range(len(prompts))]), args.repeats)

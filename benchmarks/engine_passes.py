@@ -42,7 +42,7 @@ def _worker(model: str, group_size: int, max_tokens: int) -> dict:
     from autoresearch.trials.data import PromptRenderer, TrainingOrder, split_of
     from tasks.text2sql.task import Text2SqlTask
     from trainer_backend.engine.model_engine import ModelEngine
-    from trainer_backend.engine.types import DecodedDatum, LoraSettings, SamplerCall, SamplingRequest
+    from trainer_backend.engine.types import DecodedDatum, LoraSettings, SamplingRequest
     from trainer_backend.models.loading import load_base_model, select_dtype
     from trainer_backend.models.registry import default_cache_root, resolve_base_model
 
@@ -57,8 +57,8 @@ def _worker(model: str, group_size: int, max_tokens: int) -> dict:
 
     folder = Path(tempfile.mkdtemp(prefix="engine-passes-"))
     engine.save("bench", folder, False)
-    calls = [
-        SamplerCall(folder, SamplingRequest(tuple(p), group_size, max_tokens, temperature=1.0, seed=i), True)
+    requests = [
+        SamplingRequest(tuple(p), group_size, max_tokens, temperature=1.0, seed=i, weights_folder=folder)
         for i, p in enumerate(prompts)
     ]
     generator = torch.Generator().manual_seed(0)
@@ -79,8 +79,8 @@ def _worker(model: str, group_size: int, max_tokens: int) -> dict:
             times.append(time.perf_counter() - started)
         return times[1:]
 
-    sampled = engine.sample_batch(calls)
-    sampling = timed(lambda: engine.sample_batch(calls))
+    sampled = engine.sample_batch(requests)
+    sampling = timed(lambda: engine.sample_batch(requests))
     forward_backward = timed(lambda: engine.forward_backward("bench", datums, "importance_sampling", None, False))
     shutil.rmtree(folder)
     return {

@@ -54,7 +54,8 @@ from trainer_backend.ledger import Ledger, ResultFormat
 from trainer_backend.models.gemma import GEMMA_3_270M
 from trainer_backend.models.qwen import QWEN_2_5_CODER_0_5B_INSTRUCT
 from trainer_backend.models.registry import default_cache_root, resolve_base_model
-from trainer_backend.scheduler import Operation, Scheduler, SchedulingPolicy
+from trainer_backend.operations import Operation
+from trainer_backend.scheduler import Scheduler, SchedulingPolicy
 
 TINY_TRIAL = ROOT / "experiments" / "trials" / "text2sql_tiny.yaml"
 DEV_QUESTIONS = 332

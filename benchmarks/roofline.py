@@ -201,10 +201,14 @@ def main() -> None:
         sampling.add_column(column, justify="right")
     with console.status("sampling at 1, 16 and 32 rows"):
         for rows in (1, 16, 32):
-            prefill = SamplingRequest(prompts[0], num_samples=rows, max_tokens=1, temperature=1.0, seed=0)
-            request = SamplingRequest(prompts[0], num_samples=rows, max_tokens=args.new_tokens, temperature=1.0, seed=0)
-            prefill_s = best_seconds(lambda: engine.sample(None, prefill, stop_at_eos=False), repeats=2)  # noqa: B023
-            total_s = best_seconds(lambda: engine.sample(None, request, stop_at_eos=False), repeats=2)  # noqa: B023
+            prefill = SamplingRequest(
+                prompts[0], num_samples=rows, max_tokens=1, temperature=1.0, seed=0, stop_at_eos=False
+            )
+            request = SamplingRequest(
+                prompts[0], num_samples=rows, max_tokens=args.new_tokens, temperature=1.0, seed=0, stop_at_eos=False
+            )
+            prefill_s = best_seconds(lambda: engine.sample(prefill), repeats=2)  # noqa: B023
+            total_s = best_seconds(lambda: engine.sample(request), repeats=2)  # noqa: B023
             rate = rows * (args.new_tokens - 1) / (total_s - prefill_s)
             context = len(prompts[0]) + args.new_tokens // 2
             bound = decode_bound(rows, context, linear_params, config, peak, bandwidth["read"], dtype.itemsize)

@@ -7,11 +7,13 @@ Run: python -m benchmarks.scheduler_variants VARIANT serve [the flags of python 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from collections.abc import Callable
 
 from trainer_backend import scheduler
+from trainer_backend.batches import BatchKind
 from trainer_backend.engine import sampling
 from trainer_backend.samplers import builtin
 
@@ -22,12 +24,12 @@ def _no_joining() -> None:
 
 
 def _no_nesting() -> None:
-    add_batch_kind = scheduler.Scheduler.add_batch_kind
+    register = scheduler.Scheduler.register
 
-    def without_nesting(self: scheduler.Scheduler, *arguments: object, **options: object) -> None:
-        add_batch_kind(self, *arguments, **{**options, "nests": False})
+    def without_nesting(self: scheduler.Scheduler, kind: BatchKind) -> None:
+        register(self, dataclasses.replace(kind, nests=False))
 
-    scheduler.Scheduler.add_batch_kind = without_nesting
+    scheduler.Scheduler.register = without_nesting
 
 
 def _no_pause_share_limit() -> None:

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from transformers import PreTrainedTokenizerBase
 
 from trainer_backend.checkpoints import CheckpointKind, CheckpointPath
-from trainer_backend.engine.types import DEFAULT_MAX_TOKENS, SampledSequence, SamplerCall, SamplingRequest
+from trainer_backend.engine.types import DEFAULT_MAX_TOKENS, SampledSequence, SamplingRequest
 from trainer_backend.errors import NotFoundError, ServerError, UserInputError
 from trainer_backend.models.loading import LoadedModel
 from trainer_backend.service import Submitted, TrainingService
@@ -236,6 +236,9 @@ class OpenAIInference:
         unsupported = request.unsupported_fields()
         if unsupported:
             raise UserInputError(f"not supported by this server: {', '.join(unsupported)}")
+        # The constraint is made first: a bad response_format is named before an unknown model.
+        constraint = self._constraint(request.response_format)
+        folder = self._weights_folder(owner, request.model)
         sampling = SamplingRequest(
             prompt_tokens=tuple(prompt.tokens),
             num_samples=request.n,
@@ -244,16 +247,16 @@ class OpenAIInference:
             top_k=request.top_k,
             top_p=request.top_p,
             seed=request.seed,
+            stop_at_eos=not request.ignore_eos,
             stop_strings=request.stop_strings(),
-            constraint=self._constraint(request.response_format),
+            constraint=constraint,
             on_token=on_token,
+            weights_folder=folder,
         )
-        folder = self._weights_folder(owner, request.model)
         # A checkpoint's sampling counts toward the run that saved it, as Tinker's `sample` does.
         run = None if folder is None else CheckpointPath.parse(request.model).model_id
-        call = SamplerCall(folder, sampling, stop_at_eos=not request.ignore_eos)
         submitted = self.service.submit_sampling(
-            owner, call, f"openai:{owner}", body, key=None, run=run, batch_invariant=request.batch_invariant
+            owner, sampling, f"openai:{owner}", body, key=None, run=run, batch_invariant=request.batch_invariant
         )
         return PendingGeneration(
             submitted, endpoint, request.model, prompt, request.n, sampling.stop_strings, int(time.time())

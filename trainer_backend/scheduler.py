@@ -1,23 +1,22 @@
 """The device worker: one thread runs every device operation, in each training client's seq_id order.
 
-Requests arrive on the HTTP loop and become `Operation`s. For a training client, operation n+1 never runs
-before operation n (the SDK numbers them and relies on it; chunks of one batch may even arrive out of order). A
-gap that stays open longer than `gap_timeout_s` fails the waiting operations with a message, instead of leaving
-their futures hanging. Across tenants the worker serves the least recently served one first, so a tenant with
-a deep queue cannot starve the others. Operations of a kind that has a batch runner (sampling, training passes) run
-together: the worker takes ready ones of that kind from all tenants (for a training client only its next in order)
-into one device call, one tenant at a time in turn, least recently served first, while the kind's budget has room (a
-generation batch's rows and tokens), so a tenant with hundreds of queued requests gets a share of each call, not the
-whole of it, and others' requests join the next call. A batch kind may have a gathering window: its oldest ready
-operation waits until it is that old before the batch is formed, so that requests a client sends together (an RL
-step's prompts, a few milliseconds apart) run as one batch instead of the first alone and the rest behind it. A long
-call may pause between its steps to let other tenants' short operations run. A call that runs step by step (a
-generation) takes in, between its steps, another tenant's gathered operations of its kind (`BatchCall.admit`): they
-share its steps, and each operation's result is recorded as soon as it is done (`BatchCall.finish`), so a light
-tenant's generation neither waits for a heavy tenant's to end nor runs beside it as a second batch. A batch kind may
-also nest: what the running call cannot take in runs in its pause as a batch of its own. An operation may ask to run
-alone (a batch-invariant sample): its call holds it only, takes nothing in and is taken into nothing, so its result is
-what it computes alone whatever else is queued. Busy time is measured around each device call.
+Requests arrive on the HTTP loop and become `Operation`s, which wait in their tenant's lane (`lanes.py`): a training
+client's run in seq_id order, and a gap that stays open longer than `gap_timeout_s` fails the operations waiting behind
+it. Across tenants the worker serves the least recently served one first, so a tenant with a deep queue cannot starve
+the others. Operations of a registered batch kind (`batches.py`: sampling, training passes) run together: the worker
+takes ready ones of that kind from all tenants (for a training client only its next in order) into one device call, one
+tenant at a time in turn, least recently served first, while the kind's budget has room (a generation batch's rows and
+tokens), so a tenant with hundreds of queued requests gets a share of each call, not the whole of it, and others'
+requests join the next call. A batch kind may have a gathering window: its oldest ready operation waits until it is that
+old before the batch is formed, so that requests a client sends together (an RL step's prompts, a few milliseconds
+apart) run as one batch instead of the first alone and the rest behind it. A long call may pause between its steps to
+let other tenants' short operations run. A call that runs step by step (a generation) takes in, between its steps,
+another tenant's gathered operations of its kind (`BatchCall.admit`): they share its steps, and each operation's result
+is recorded as soon as it is done (`BatchCall.finish`), so a light tenant's generation neither waits for a heavy
+tenant's to end nor runs beside it as a second batch. A batch kind may also nest: what the running call cannot take in
+runs in its pause as a batch of its own. An operation may ask to run alone (a batch-invariant sample): its call holds it
+only, takes nothing in and is taken into nothing, so its result is what it computes alone whatever else is queued. Busy
+time is measured around each device call.
 """
 
 from __future__ import annotations
@@ -25,34 +24,23 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Literal
 
-from trainer_backend.errors import BackendError, ConflictError, OverloadedError, ServerError
-from trainer_backend.ledger import Ledger, ResultFormat
-from trainer_backend.request_kinds import RequestKind
+from trainer_backend.batches import BatchCall, BatchKind, CallHooks
+from trainer_backend.errors import BackendError, OverloadedError, ServerError
+from trainer_backend.lanes import ExpiredGap, Lane
+from trainer_backend.ledger import Ledger
+from trainer_backend.operations import Operation, Outcome
 
 log = logging.getLogger(__name__)
 
-# What an operation returns: the result bytes and how they are encoded.
-Work = Callable[[], tuple[bytes, ResultFormat]]
-# One operation's outcome in a batch: its result, or the error that failed it.
-Outcome = tuple[bytes, ResultFormat] | BackendError
-# A long call may call its pause callback between its steps: the scheduler then runs other tenants' ready operations
-# that may interleave (their results do not depend on the long call) before the call goes on.
-PauseCallback = Callable[[], None]
-# Runs several operations of one batch kind in one device call, given the call (`BatchCall`, which is its pause
-# callback): one outcome per operation of the call (those it was given, then those it admitted), in order; the
-# outcomes of operations it finished early are not read.
-BatchRunner = Callable[[Sequence["Operation[Any]"], "BatchCall"], Sequence[Outcome]]
 # Which tenant's ready operation runs next: the least recently served tenant's (the server's policy), or the one that
 # arrived first (kept to measure what the policy buys: benchmarks/fairness.py).
 SchedulingPolicy = Literal["least_recently_served", "fifo"]
-# Operations handed to a batch runner at once; the runner may still split them by its own limits.
-MAX_BATCH_OPERATIONS = 64
 # A running batch lets other tenants' work run in its pauses while that work has taken at most this many times the
 # batch's own device time, so a long generation keeps a third of the device however busy the others are. Measured
 # with Gemma 3 270M (benchmarks.fairness --engine, docs/performance.md): with no bound, a tenant's RL steps beside
@@ -64,100 +52,6 @@ PAUSE_SHARE_LIMIT = 2.0
 # second), never more than twice the budget in all: what a batch and a batch nested in its pause held before calls
 # took operations in.
 JOIN_BUDGET_LIMIT = 2.0
-
-
-@dataclass(frozen=True)
-class BatchBudget:
-    """How much of one device call an operation of a batch kind takes (its payload's share, e.g. the larger of its
-    rows and its tokens as fractions of a generation batch's limits) and how much one call may hold. An operation
-    larger than the whole capacity still runs, alone."""
-
-    share: Callable[[Any], float]
-    capacity: float = 1.0
-
-
-PayloadT = TypeVar("PayloadT")
-
-
-@dataclass
-class Operation(Generic[PayloadT]):
-    """One queued request; a batch kind's operations carry a payload of that kind's type for its runner."""
-
-    request_id: str
-    kind: RequestKind
-    # The tenant whose order and fairness this operation counts toward: a model id or a sampling session.
-    lane: str
-    # What to run; None for an operation of a batch kind, which its batch runner runs from `payload`.
-    work: Work | None
-    # Position in the lane's order; None for operations that need no ordering (sampling).
-    seq_id: int | None = None
-    batch_kind: str | None = None
-    # What the batch kind's runner runs (a ForwardBackwardCall, a SampleJob); None with `work`.
-    payload: PayloadT | None = None
-    # May run while a long batch pauses (a training step may run inside a long generation; nothing that adds or
-    # removes adapters may).
-    interleaves: bool = False
-    # The API key's owner whose open work this operation counts toward (`max_queued_per_owner`).
-    owner: str | None = None
-    # The training run (model id) whose device time this counts toward: a training client's own, or the run whose
-    # sampler weights a sample reads; None for the base model.
-    run: str | None = None
-    # The checkpoint folder the operation reads (sampler weights it samples, a state it loads): nothing removes a
-    # checkpoint that a queued or running operation still needs.
-    reads: Path | None = None
-    # Runs as a device call of its own, which takes nothing in and is taken into no other (it may still run nested in
-    # another call's pause, as its own call): its result is what it computes alone (a batch-invariant sample).
-    alone: bool = False
-    enqueued_at: float = field(default_factory=time.monotonic)
-    # Tokens the device processed for this operation, set by its batch runner: a batch's device time is split among
-    # its operations in proportion to them (a token costs about the same whoever sent it), evenly where none are set.
-    processed_tokens: int = 0
-
-
-@dataclass
-class _Lane:
-    next_seq: int = 1
-    waiting: dict[int, Operation] = field(default_factory=dict)
-    # seq_ids of requests refused before they were queued: nothing runs for them, and nothing waits for them.
-    skipped: set[int] = field(default_factory=set)
-    unordered: deque[Operation] = field(default_factory=deque)
-    last_served: float = 0.0
-    gap_since: float | None = None
-
-    def ready(self) -> Operation | None:
-        if self.next_seq in self.waiting:
-            return self.waiting[self.next_seq]
-        return self.unordered[0] if self.unordered else None
-
-    def next_of_kind(self, batch_kind: str) -> Operation | None:
-        """The operation of `batch_kind` that may run next: the lane's next one in seq_id order if it is of that
-        kind (never a later one: it depends on what runs before it), else its oldest unordered one of that kind."""
-        ordered = self.waiting.get(self.next_seq)
-        if ordered is not None and ordered.batch_kind == batch_kind:
-            return ordered
-        return next((op for op in self.unordered if op.batch_kind == batch_kind), None)
-
-    def pop(self, operation: Operation) -> None:
-        if operation.seq_id is None:
-            self.unordered.remove(operation)
-        else:
-            del self.waiting[operation.seq_id]
-            self.advance_to(operation.seq_id + 1)
-
-    def advance_to(self, next_seq: int) -> None:
-        self.next_seq = next_seq
-        while self.next_seq in self.skipped:
-            self.next_seq += 1
-        self.skipped = {seq for seq in self.skipped if seq > self.next_seq}
-
-    def taken(self, seq_id: int) -> bool:
-        return seq_id < self.next_seq or seq_id in self.waiting or seq_id in self.skipped
-
-    def __len__(self) -> int:
-        return len(self.waiting) + len(self.unordered)
-
-    def operations(self) -> list[Operation]:
-        return [*self.waiting.values(), *self.unordered]
 
 
 @dataclass(frozen=True)
@@ -183,29 +77,24 @@ class Scheduler:
         ledger: Ledger,
         max_queued: int = 1024,
         gap_timeout_s: float = 60.0,
-        batch_runners: dict[str, BatchRunner] | None = None,
+        batch_kinds: Sequence[BatchKind] = (),
         policy: SchedulingPolicy = "least_recently_served",
-        batch_windows_s: dict[str, float] | None = None,
         max_queued_per_owner: int | None = None,
-        batch_budgets: dict[str, BatchBudget] | None = None,
     ) -> None:
-        """`batch_windows_s`: per batch kind, how old its oldest ready operation must be before its batch forms.
-        `max_queued_per_owner`: queued operations one owner may have (None: only `max_queued` bounds them).
-        `batch_budgets`: per batch kind, what one device call may hold (None: up to MAX_BATCH_OPERATIONS)."""
+        """`batch_kinds`: registered at once (as `register` does).
+        `max_queued_per_owner`: queued operations one owner may have (None: only `max_queued` bounds them)."""
         self.ledger = ledger
         self.policy = policy
         self.max_queued = max_queued
         self.max_queued_per_owner = max_queued_per_owner
         self.gap_timeout_s = gap_timeout_s
-        self._batch_runners = dict(batch_runners or {})
-        self._batch_windows_s = dict(batch_windows_s or {})
-        self._batch_budgets = dict(batch_budgets or {})
-        self._nesting_kinds: set[str] = set()
+        self._kinds: dict[str, BatchKind] = {}
+        self._hooks = CallHooks(self._pause, self._admit, self._finish)
         # When the batch the worker waits to gather may form (monotonic); None when it waits for nothing.
         self._gathering_until: float | None = None
         self._batches = 0
         self._batched_operations = 0
-        self._lanes: dict[str, _Lane] = {}
+        self._lanes: dict[str, Lane] = {}
         self._condition = threading.Condition()
         self._stopping = False
         self._busy_seconds = 0.0
@@ -214,6 +103,8 @@ class Scheduler:
         self._calls: list[BatchCall] = []
         self._busy_listeners: list[Callable[[float, float], None]] = []
         self._device_time_listeners: list[Callable[[Operation, float], None]] = []
+        for kind in batch_kinds:
+            self.register(kind)
         self._thread = threading.Thread(target=self._run, name="device-worker", daemon=True)
         self._thread.start()
 
@@ -225,32 +116,18 @@ class Scheduler:
         """Called after each device call with each of its operations and the device seconds that were its share."""
         self._device_time_listeners.append(listener)
 
-    def add_batch_kind(
-        self,
-        kind: str,
-        runner: BatchRunner,
-        window_s: float = 0.0,
-        budget: BatchBudget | None = None,
-        nests: bool = False,
-    ) -> None:
-        """Serve operations of batch kind `kind` with `runner` (as `batch_runners`, `batch_windows_s` and
-        `batch_budgets` do at construction), for a component built after the scheduler that queues its own work.
-
-        `nests`: while a batch pauses, operations of this kind from lanes that have none in it (gathered for the
-        kind's window) that it does not take in (`BatchCall.admit`) may run as a batch of their own, which does not
-        pause; the runner must leave what the paused batch uses alone."""
+    def register(self, kind: BatchKind) -> None:
+        """Serve operations of `kind` (those whose `batch_kind` is its name) with its runner; a component built after
+        the scheduler registers the kind of the work it queues. Raises ValueError for a name registered already."""
         with self._condition:
-            self._batch_runners[kind] = runner
-            self._batch_windows_s[kind] = window_s
-            if budget is not None:
-                self._batch_budgets[kind] = budget
-            if nests:
-                self._nesting_kinds.add(kind)
+            if kind.name in self._kinds:
+                raise ValueError(f"batch kind {kind.name!r} is registered already; register each batch kind once")
+            self._kinds[kind.name] = kind
 
     def submit(self, operation: Operation[Any]) -> None:
         """Queue an operation; raises OverloadedError when the queues are full (the client backs off)."""
         batched = operation.batch_kind is not None
-        runnable = operation.payload is not None and operation.batch_kind in self._batch_runners
+        runnable = operation.payload is not None and operation.batch_kind in self._kinds
         if (operation.work is None) != batched or (batched and not runnable):
             raise ValueError(f"operation {operation.kind} needs either work or a batch kind with a runner and payload")
         with self._condition:
@@ -262,14 +139,7 @@ class Scheduler:
                     f"this API key has {limit} operations queued, the server's limit per key (--max-queued-per-key); "
                     "retry when some have run"
                 )
-            lane = self._lanes.setdefault(operation.lane, _Lane())
-            if operation.seq_id is None:
-                lane.unordered.append(operation)
-            else:
-                if lane.taken(operation.seq_id):
-                    # The ledger answers retries before they get here; this is a client numbering bug.
-                    raise ConflictError(f"seq_id {operation.seq_id} of {operation.lane} was already scheduled")
-                lane.waiting[operation.seq_id] = operation
+            self._lanes.setdefault(operation.lane, Lane()).add(operation)
             self._condition.notify()
 
     def expect_sequence(self, lane: str, next_seq: int) -> None:
@@ -279,7 +149,7 @@ class Scheduler:
         model's next request wait for a seq_id that already ran.
         """
         with self._condition:
-            self._lanes.setdefault(lane, _Lane(next_seq=next_seq))
+            self._lanes.setdefault(lane, Lane(next_seq))
 
     def skip(self, lane: str, seq_id: int) -> None:
         """Count `seq_id` as done without running anything: its request was refused before it was queued.
@@ -288,10 +158,7 @@ class Scheduler:
         next requests would otherwise wait on until `gap_timeout_s`. A seq_id already queued or run is left alone.
         """
         with self._condition:
-            state = self._lanes.setdefault(lane, _Lane())
-            if not state.taken(seq_id):
-                state.skipped.add(seq_id)
-                state.advance_to(state.next_seq)
+            if self._lanes.setdefault(lane, Lane()).skip(seq_id):
                 self._condition.notify()
 
     def queued(self, lane: str) -> int:
@@ -357,15 +224,15 @@ class Scheduler:
         candidates = []
         for name, lane in self._lanes.items():
             operation = lane.ready()
-            if operation is not None and paused is not None and not self._runs_in_pause(operation, paused, now):
+            if operation is None:
+                expired = lane.expire_gap(now, self.gap_timeout_s)
+                if expired is not None:
+                    self._fail_expired(name, expired)
                 continue
-            if operation is not None:
-                lane.gap_since = None
-                candidates.append((lane.last_served, name, operation))
-            elif lane.waiting:
-                lane.gap_since = lane.gap_since or now
-                if now - lane.gap_since > self.gap_timeout_s:
-                    self._expire_gap(name, lane)
+            if paused is not None and not self._runs_in_pause(operation, paused, now):
+                continue
+            lane.gap_since = None
+            candidates.append((lane.last_served, name, operation))
         if not candidates:
             return []
         if self.policy == "fifo":
@@ -373,18 +240,19 @@ class Scheduler:
         else:
             candidates.sort(key=lambda c: c[0])
         _, name, first = candidates[0]
-        window_s = self._batch_windows_s.get(first.batch_kind, 0.0) if first.batch_kind is not None else 0.0
+        kind = self._kind_of(first)
+        window_s = kind.window_s if kind is not None else 0.0
         if not only_interleaving and now < first.enqueued_at + window_s:
             self._gathering_until = first.enqueued_at + window_s
             return []
         lane = self._lanes[name]
         lane.pop(first)
         lane.last_served = now
-        if first.batch_kind is None or first.alone:
+        if kind is None or first.alone:
             return [first]
         # A nested batch takes nothing from the lanes of the batch it runs in.
         mate_lanes = [name for _, name, _ in candidates if name not in paused_lanes]
-        return [first, *self._batch_mates(first, mate_lanes, now)]
+        return [first, *self._batch_mates(first, kind, mate_lanes, now)]
 
     def _runs_in_pause(self, operation: Operation, paused: BatchCall, now: float) -> bool:
         """Whether `operation` may run while `paused` pauses: it interleaves, or it nests (its kind nests, its lane has
@@ -392,23 +260,19 @@ class Scheduler:
         in when it could have)."""
         if operation.interleaves:
             return True
-        kind = operation.batch_kind
+        kind = self._kind_of(operation)
         return (
-            kind in self._nesting_kinds
+            kind is not None
+            and kind.nests
             and operation.lane not in paused.lanes()
-            and now >= operation.enqueued_at + self._batch_windows_s.get(kind, 0.0)
+            and now >= operation.enqueued_at + kind.window_s
             and (not paused.admits or (operation.request_id in paused.refused and paused.held() <= 1.0))
         )
 
-    def _share(self, operation: Operation) -> float:
-        """The share of its kind's budget `operation` takes (1 / MAX_BATCH_OPERATIONS for a kind without one)."""
-        budget = self._batch_budgets.get(operation.batch_kind)
-        return budget.share(operation.payload) / budget.capacity if budget is not None else 1 / MAX_BATCH_OPERATIONS
-
-    def _batch_mates(self, first: Operation, lane_names: list[str], now: float) -> list[Operation]:
+    def _batch_mates(self, first: Operation, kind: BatchKind, lane_names: list[str], now: float) -> list[Operation]:
         """Ready operations of `first`'s batch kind to run with it: one lane at a time in turn (in `lane_names`'
         order, least recently served first), while the kind's budget has room."""
-        used = self._share(first)
+        used = kind.share(first)
         # The other lanes take their turns before `first`'s lane takes a second one. A training client's next ordered
         # operation depends on the one taken before it: one per lane and batch.
         turns = [name for name in lane_names if name != first.lane] + ([first.lane] if first.seq_id is None else [])
@@ -416,13 +280,13 @@ class Scheduler:
         while turns:
             for name in list(turns):
                 lane = self._lanes[name]
-                operation = lane.next_of_kind(first.batch_kind)
-                if operation is None or operation.alone or used + self._share(operation) > 1.0 + 1e-9:
+                operation = lane.next_of_kind(kind.name)
+                if operation is None or operation.alone or used + kind.share(operation) > 1.0 + 1e-9:
                     turns.remove(name)
                     continue
                 lane.pop(operation)
                 lane.last_served = now
-                used += self._share(operation)
+                used += kind.share(operation)
                 mates.append(operation)
                 if operation.seq_id is not None:
                     turns.remove(name)
@@ -433,16 +297,15 @@ class Scheduler:
         kind's window, one lane at a time in turn (least recently served first) within JOIN_BUDGET_LIMIT, each one
         `accepts` and none that runs alone (those are marked refused: they may run nested in the call's pause)."""
         kind = call.kind
-        window_s = self._batch_windows_s.get(kind, 0.0)
         with self._condition:
-            if self._stopping:
+            if self._stopping or kind is None:
                 return []
             now = time.monotonic()
             inside = call.lanes()
             waiting = []
             for name, lane in self._lanes.items():
-                oldest = lane.next_of_kind(kind)
-                if name not in inside and oldest is not None and now >= oldest.enqueued_at + window_s:
+                oldest = lane.next_of_kind(kind.name)
+                if name not in inside and oldest is not None and now >= oldest.enqueued_at + kind.window_s:
                     waiting.append((oldest.enqueued_at if self.policy == "fifo" else lane.last_served, name))
             turns = [name for _, name in sorted(waiting)]
             held = call.held_by_lane()
@@ -450,8 +313,8 @@ class Scheduler:
             while turns:
                 for name in list(turns):
                     lane = self._lanes[name]
-                    operation = lane.next_of_kind(kind)
-                    share = self._share(operation) if operation is not None else 0.0
+                    operation = lane.next_of_kind(kind.name)
+                    share = kind.share(operation) if operation is not None else 0.0
                     tenants = len(held) + (name not in held)
                     total = sum(held.values()) + share
                     own = held.get(name, 0.0) + share
@@ -472,18 +335,14 @@ class Scheduler:
             self.ledger.mark_running(operation.request_id)
         return taken
 
-    def _expire_gap(self, name: str, lane: _Lane) -> None:
-        missing = lane.next_seq
-        for operation in lane.waiting.values():
+    def _fail_expired(self, name: str, gap: ExpiredGap) -> None:
+        for operation in gap.operations:
             self.ledger.fail(
                 operation.request_id,
-                f"request seq_id {operation.seq_id} of {name} waited {self.gap_timeout_s:.0f} s for seq_id {missing}, "
-                "which never arrived; requests of one training client run in order",
+                f"request seq_id {operation.seq_id} of {name} waited {self.gap_timeout_s:.0f} s for seq_id "
+                f"{gap.missing_seq}, which never arrived; requests of one training client run in order",
                 "user",
             )
-        lane.advance_to(max(lane.waiting) + 1)
-        lane.waiting.clear()
-        lane.gap_since = None
 
     def _run(self) -> None:
         while True:
@@ -496,11 +355,18 @@ class Scheduler:
                     batch = [] if self._stopping else self._next()
                 if not batch:
                     return
-                call = BatchCall(self, batch, nested=False)
+                call = self._call(batch, nested=False)
                 self._calls.append(call)
             self._execute(call)
             with self._condition:
                 self._calls.remove(call)
+
+    def _kind_of(self, operation: Operation) -> BatchKind | None:
+        """The registered kind of `operation` (`submit` refuses others); None for one that runs its own work."""
+        return self._kinds[operation.batch_kind] if operation.batch_kind is not None else None
+
+    def _call(self, batch: list[Operation], nested: bool) -> BatchCall:
+        return BatchCall(batch, self._kind_of(batch[0]), nested, self._hooks)
 
     def _pause(self, call: BatchCall) -> None:
         """A long call pauses: run one batch of other tenants' ready operations that interleave or nest, if any, unless
@@ -512,7 +378,7 @@ class Scheduler:
             if not batch:
                 return
             call.accrue(time.monotonic())
-            nested = BatchCall(self, batch, nested=True)
+            nested = self._call(batch, nested=True)
             self._calls.append(nested)
         # Inside the paused call's busy interval, which already counts this time.
         started = time.monotonic()
@@ -565,14 +431,12 @@ class Scheduler:
         outcomes = self._outcomes(call)
         end = time.monotonic()
         with self._condition:
-            call.accrue(end)
+            seconds = call.close(end)
             left = [
                 (op, outcome)
                 for op, outcome in zip(call.operations, outcomes, strict=True)
                 if op.request_id not in call.finished
             ]
-            own_left = max(0.0, call.own_seconds(end) - call.reported_seconds)
-            seconds = _shares([op for op, _ in left], own_left) if left else []
         for (operation, outcome), share in zip(left, seconds, strict=True):
             self._record(call, operation, outcome, share)
         with self._condition:
@@ -587,14 +451,14 @@ class Scheduler:
 
     def _outcomes(self, call: BatchCall) -> list[Outcome]:
         """Run one operation or one batch; whatever it raises fails its operations, never the worker."""
-        first = call.operations[0]
+        first, kind = call.operations[0], call.kind
         try:
-            if first.batch_kind is None:
+            if kind is None:
                 return [first.work()]
-            outcomes = list(self._batch_runners[first.batch_kind](list(call.operations), call))
+            outcomes = list(kind.runner(list(call.operations), call))
             if len(outcomes) != len(call.operations):
                 raise RuntimeError(
-                    f"the {first.batch_kind} runner returned {len(outcomes)} outcomes for {len(call.operations)}"
+                    f"the {kind.name} runner returned {len(outcomes)} outcomes for {len(call.operations)}"
                 )
             return outcomes
         except BackendError as error:
@@ -607,106 +471,3 @@ class Scheduler:
                 ServerError(f"internal error in {op.kind}; the server's log has the details of request {op.request_id}")
                 for op in call.operations
             ]
-
-
-class BatchCall:
-    """One device call in progress: the operations it runs, when each joined it, and the device time each accrued.
-
-    Handed to a batch kind's runner, it is the call's pause callback (calling it lets other tenants' work run), and a
-    call that runs step by step may take in more operations of its kind between steps (`admit`) and record an
-    operation's outcome before the call ends (`finish`). A call nested in another's pause neither pauses nor admits.
-    Its own device time is its wall time less the time that work run in its pauses took; that time is split among
-    its operations at every pause, admission and finish, in proportion to their shares of the kind's budget, and what
-    is left at its end among the operations still running, in proportion to the tokens each processed.
-    """
-
-    def __init__(self, scheduler: Scheduler, operations: list[Operation], nested: bool) -> None:
-        self.operations = list(operations)
-        self.kind = operations[0].batch_kind
-        self.nested = nested
-        # The call of one operation that runs alone: it takes nothing in.
-        self.alone = operations[0].alone
-        self.started = time.monotonic()
-        # Device seconds that other tenants' operations ran while this call paused.
-        self.paused_seconds = 0.0
-        # Whether the runner asks to take operations in (a nesting kind's operations then nest only once refused).
-        self.admits = False
-        self.refused: set[str] = set()
-        self.finished: set[str] = set()
-        self.reported_seconds = 0.0
-        self._scheduler = scheduler
-        self._joined_at: dict[str, float] = {}
-        self._accrued: dict[str, float] = {}
-        self._accrued_until = 0.0
-
-    def __call__(self) -> None:
-        """Pause: other tenants' ready work that may run meanwhile runs now."""
-        if not self.nested:
-            self._scheduler._pause(self)
-
-    def admit(self, accepts: Callable[[Operation], bool]) -> list[Operation]:
-        """Other tenants' ready operations of this call's kind that it takes in now, each one `accepts` (see
-        `Scheduler._admit`); the runner must return their outcomes after those of the operations it was given."""
-        if self.nested or self.alone:
-            return []
-        self.admits = True
-        return self._scheduler._admit(self, accepts)
-
-    def finish(self, operation: Operation, outcome: Outcome) -> None:
-        """Record `operation`'s outcome now (its future resolves) rather than when the call ends."""
-        self._scheduler._finish(self, operation, outcome)
-
-    def unfinished(self) -> list[Operation]:
-        return [op for op in self.operations if op.request_id not in self.finished]
-
-    def lanes(self) -> set[str]:
-        """Lanes with an operation still running in this call."""
-        return {op.lane for op in self.unfinished()}
-
-    def held_by_lane(self) -> dict[str, float]:
-        """Each lane's share of the kind's budget in the operations still running."""
-        held: dict[str, float] = {}
-        for op in self.unfinished():
-            held[op.lane] = held.get(op.lane, 0.0) + self._scheduler._share(op)
-        return held
-
-    def held(self) -> float:
-        return sum(self.held_by_lane().values())
-
-    def started_at(self, operation: Operation) -> float:
-        return self._joined_at.get(operation.request_id, self.started)
-
-    def own_seconds(self, now: float) -> float:
-        return now - self.started - self.paused_seconds
-
-    def accrue(self, now: float) -> None:
-        """Split the call's own time since the last split among the operations running, by their budget shares."""
-        own = self.own_seconds(now)
-        running = self.unfinished()
-        weights = [self._scheduler._share(op) for op in running]
-        for op, weight in zip(running, weights, strict=True) if sum(weights) > 0 else ():
-            key = op.request_id
-            self._accrued[key] = self._accrued.get(key, 0.0) + (own - self._accrued_until) * weight / sum(weights)
-        self._accrued_until = own
-
-    def join(self, operations: list[Operation], now: float) -> None:
-        if operations:
-            self.accrue(now)
-            self.operations += operations
-            self._joined_at.update((op.request_id, now) for op in operations)
-
-    def settle(self, operation: Operation, now: float) -> float:
-        """Count `operation` finished: the device seconds it accrued."""
-        self.accrue(now)
-        self.finished.add(operation.request_id)
-        seconds = self._accrued.pop(operation.request_id, 0.0)
-        self.reported_seconds += seconds
-        return seconds
-
-
-def _shares(batch: Sequence[Operation], seconds: float) -> list[float]:
-    """A batch's device seconds split in proportion to its operations' processed tokens, evenly without them."""
-    tokens = sum(op.processed_tokens for op in batch)
-    if tokens <= 0:
-        return [seconds / len(batch)] * len(batch)
-    return [seconds * op.processed_tokens / tokens for op in batch]

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from trainer_backend.batch_invariance import runs_alone, session_batch_invariance
+from trainer_backend.batches import BatchKind, PauseCallback
 from trainer_backend.checkpoints import (
     CheckpointInfo,
     CheckpointKind,
@@ -34,7 +35,7 @@ from trainer_backend.config import ServerConfig
 from trainer_backend.duty_cycle import DutyCycle, TokenCounts
 from trainer_backend.engine.adapters import saved_adapter_settings
 from trainer_backend.engine.model_engine import ModelEngine
-from trainer_backend.engine.types import ForwardBackwardCall, SamplerCall, SamplingResult
+from trainer_backend.engine.types import ForwardBackwardCall, SamplingRequest, SamplingResult
 from trainer_backend.errors import (
     BackendError,
     NotFoundError,
@@ -44,13 +45,14 @@ from trainer_backend.errors import (
 )
 from trainer_backend.ledger import FutureRecord, Ledger, ResultFormat
 from trainer_backend.models.loading import LoadedModel
+from trainer_backend.operations import Operation, Outcome
 from trainer_backend.request_kinds import RequestKind
 from trainer_backend.runs import RunStore, TrainingRun
 from trainer_backend.samplers.answers import SampleAnswers
 from trainer_backend.samplers.builtin import BuiltinSampler
-from trainer_backend.samplers.interface import SampleJob
+from trainer_backend.samplers.interface import RecordedSamplingRequest
 from trainer_backend.samplers.routing import build_sampler
-from trainer_backend.scheduler import Operation, Outcome, PauseCallback, Scheduler
+from trainer_backend.scheduler import Scheduler
 from trainer_backend.server_state import BUSY_WINDOWS_S, AdapterCounts, ServerState
 from trainer_backend.status_view import server_status
 from trainer_backend.tenancy import EPHEMERAL_TTL_S, TenancyPolicy
@@ -157,7 +159,7 @@ class TrainingService:
             self.ledger,
             max_queued=config.max_queued,
             gap_timeout_s=config.gap_timeout_s,
-            batch_runners={TRAINING_PASS: self._run_forward_backward},
+            batch_kinds=[BatchKind(TRAINING_PASS, self._run_forward_backward)],
             max_queued_per_owner=config.max_queued_per_key,
         )
         self.duty_cycle = DutyCycle()
@@ -526,17 +528,17 @@ class TrainingService:
 
     def sample(self, owner: str, request: schemas.SampleRequest, body: bytes, key: str | None) -> Submitted:
         model_path = self._sampling_weights(owner, request)
-        call = request.to_engine(None if model_path is None else self.checkpoints.folder(model_path))
+        sampling = request.to_engine(None if model_path is None else self.checkpoints.folder(model_path))
         lane = request.sampling_session_id or f"base:{owner}"
         run = None if model_path is None else model_path.model_id
         session = request.sampling_session_id
-        alone = session is not None and runs_alone(self.runs.batch_invariance(session), call.request)
-        return self.submit_sampling(owner, call, lane, body, key, request.prompt_logprobs_last_n, run, alone)
+        alone = session is not None and runs_alone(self.runs.batch_invariance(session), sampling)
+        return self.submit_sampling(owner, sampling, lane, body, key, request.prompt_logprobs_last_n, run, alone)
 
     def submit_sampling(
         self,
         owner: str,
-        call: SamplerCall,
+        request: SamplingRequest,
         lane: str,
         body: bytes,
         key: str | None,
@@ -548,19 +550,21 @@ class TrainingService:
         sampler; its future resolves to the encoded `SampleResponse`, and `Submitted.sampled` to the engine's result.
         `lane`: the queue it waits in. `run`: the training run whose sampler weights it reads, which its usage counts
         toward. `batch_invariant`: answered as if alone on the server (`batch_invariance.py`)."""
-        samples = call.request.num_samples
+        samples = request.num_samples
         if samples > self.config.max_num_samples:
             raise UserInputError(
                 f"a request may ask for at most {self.config.max_num_samples} samples on this server "
                 f"(--max-num-samples), this one asks for {samples}"
             )
         # Refused here, a 400 to the request itself, rather than as a future that fails once the sampler takes it.
-        call.request.check_fits(self.loaded.max_context_length)
+        request.check_fits(self.loaded.max_context_length)
         record, created = self.ledger.submit(owner, RequestKind.SAMPLE, body_hash(body), idempotency_key=key)
         ids = [f"{record.request_id}-{i}" for i in range(samples)]
         if not created:
             return Submitted(record, sample_sequence_ids=ids)
-        job = SampleJob(record.request_id, owner, lane, run, call, prompt_logprobs_last_n, batch_invariant)
+        job = RecordedSamplingRequest(
+            record.request_id, owner, lane, run, request, prompt_logprobs_last_n, batch_invariant
+        )
         self._start(record, lambda: self.sampler.submit(job))
         return Submitted(record, sample_sequence_ids=ids, sampled=job.result)
 

@@ -1,14 +1,14 @@
 """Reward code run in a worker process of its own, under limits the operating system enforces.
 
-The worker is a fresh interpreter (`python -m tasks.reward_code.sandbox`) tied to its parent by `lifeline`, that
-imports only the standard library. It defines the function with only `static_check.SAFE_BUILTINS` and, for each
-allowed module, a stand-in holding the module's public functions and constants but no submodule (so `re.enum.sys`
-does not lead to `os`). Before it runs any of the code it forbids writing files (RLIMIT_FSIZE 0) and caps its
-address space (RLIMIT_AS) at what it maps then plus `CodeLimits.memory_mb`, so an allocation past the cap is a
-MemoryError inside the worker; before each call it allows `cpu_s` more seconds of CPU time (RLIMIT_CPU: past them
-the kernel ends it with SIGXCPU). The parent gives each call a wall-clock deadline and kills a worker that misses
-it. A call that ends its worker (a loop, a crash, memory) is an error with the reason, and a new worker takes the
-next call; nothing the code does reaches the caller.
+The worker is a fresh interpreter (`python -m tasks.reward_code.sandbox`, a `tasks.pipe_worker.PipeWorker`) tied to
+its parent by `lifeline`, that imports only the standard library. It defines the function with only
+`static_check.SAFE_BUILTINS` and, for each allowed module, a stand-in holding the module's public functions and
+constants but no submodule (so `re.enum.sys` does not lead to `os`). Before it runs any of the code it forbids
+writing files (RLIMIT_FSIZE 0) and caps its address space (RLIMIT_AS) at what it maps then plus
+`CodeLimits.memory_mb`, so an allocation past the cap is a MemoryError inside the worker; before each call it allows
+`cpu_s` more seconds of CPU time (RLIMIT_CPU: past them the kernel ends it with SIGXCPU). The parent gives each call
+a wall-clock deadline and kills a worker that misses it. A call that ends its worker (a loop, a crash, memory) is an
+error with the reason, and a new worker takes the next call; nothing the code does reaches the caller.
 
 What crosses the pipes is JSON (a worker's answer is only ever parsed, never unpickled: the code runs there), and a
 batch of calls goes to the worker in one message.
@@ -20,17 +20,14 @@ import json
 import math
 import os
 import signal
-import subprocess
 import sys
 import threading
-import weakref
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from multiprocessing.connection import Connection
 from pathlib import Path
 from types import ModuleType, SimpleNamespace, TracebackType
 
-import lifeline
+from tasks.pipe_worker import LiveWorkers, ParentPipes, PipeWorker, WorkerGoneError
 from tasks.reward_code.errors import RewardCodeError
 from tasks.reward_code.static_check import ALLOWED_MODULES, FUNCTION_NAME, SAFE_BUILTINS
 
@@ -75,9 +72,8 @@ class CodeSandbox:
         self.source = source
         self.limits = limits or CodeLimits()
         self._lock = threading.Lock()
-        self._live: set[_Worker] = set()
+        self._live = LiveWorkers(self)
         self._worker: _Worker | None = None
-        self._finalizer = weakref.finalize(self, _kill_all, self._live)
         self.replaced = 0  # workers a call ended: for logs and tests
 
     def call_many(self, calls: Sequence[Sequence[object]], stop_at_error: bool = False) -> list[CallOutcome]:
@@ -107,7 +103,7 @@ class CodeSandbox:
     def close(self) -> None:
         with self._lock:
             self._worker = None
-            self._finalizer()
+            self._live.kill_all()
 
     def __enter__(self) -> CodeSandbox:
         return self
@@ -118,36 +114,22 @@ class CodeSandbox:
         self.close()
 
 
-class _Worker:
-    """One worker process and its pipes."""
+class _Worker(PipeWorker):
+    """One worker process: the function defined, then batches of calls; JSON both ways."""
 
     def __init__(self, source: str, limits: CodeLimits) -> None:
+        super().__init__("tasks.reward_code.sandbox", json.dumps(asdict(limits)))
         self.limits = limits
-        self._ending = threading.Lock()
-        self._ended = False
-        self.process = lifeline.popen(
-            [sys.executable, "-m", "tasks.reward_code.sandbox", json.dumps(asdict(limits))],
-            grace_s=0,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env={**os.environ, "MALLOC_ARENA_MAX": "2", "PYTHONPATH": _import_path()},
-            cwd=Path(__file__).resolve().parents[2],
-        )
-        self._to_worker = Connection(os.dup(self.process.stdin.fileno()), readable=False)
-        self._from_worker = Connection(os.dup(self.process.stdout.fileno()), writable=False)
-        self.process.stdin.close()
-        self.process.stdout.close()
         try:
-            self._to_worker.send_bytes(json.dumps({"source": source}).encode())
-            if not self._from_worker.poll(limits.start_s):
-                raise RewardCodeError(f"defining the function took longer than {limits.start_s:g} s")
-            answer = json.loads(self._from_worker.recv_bytes())
-        except (EOFError, OSError):
+            self.send(json.dumps({"source": source}).encode())
+            message = self.receive(limits.start_s)
+        except WorkerGoneError:
             self.kill()
             raise RewardCodeError(f"defining the function ended its worker: {self._death()}") from None
-        except RewardCodeError:
+        if message is None:
             self.kill()
-            raise
+            raise RewardCodeError(f"defining the function took longer than {limits.start_s:g} s")
+        answer = json.loads(message)
         if "error" in answer:
             self.kill()
             raise RewardCodeError(f"defining the function failed: {answer['error']}")
@@ -160,18 +142,18 @@ class _Worker:
         """
         outcomes: list[CallOutcome] = []
         try:
-            self._to_worker.send_bytes(json.dumps([list(call) for call in calls]).encode())
+            self.send(json.dumps([list(call) for call in calls]).encode())
             while len(outcomes) < len(calls):
-                if not self._from_worker.poll(deadline_s):
+                message = self.receive(deadline_s)
+                if message is None:
                     self.kill()
                     return outcomes, f"ran past the wall-clock limit of {self.limits.wall_s:g} s"
-                answer = json.loads(self._from_worker.recv_bytes())
+                answer = json.loads(message)
                 outcomes.append(CallOutcome(value=answer.get("value"), error=answer.get("error")))
                 if answer.get("retire"):
                     self.kill()
                     return outcomes, ""
-        except (EOFError, OSError):
-            self.process.wait()
+        except WorkerGoneError:
             reason = self._death()
             self.kill()
             return outcomes, reason
@@ -179,35 +161,12 @@ class _Worker:
 
     def _death(self) -> str:
         """Why the worker ended, from its exit status."""
-        code = self.process.wait()
+        code = self.wait()
         if code == -signal.SIGXCPU:
             return f"used more than its {self.limits.cpu_s} s of CPU time"
         if code < 0:
             return f"its worker died of signal {signal.Signals(-code).name}"
         return f"its worker exited with status {code}"
-
-    def kill(self) -> None:
-        with self._ending:
-            if self._ended:
-                return
-            self._ended = True
-            if self.process.poll() is None:
-                self.process.kill()
-            self.process.wait()
-            for connection in (self._to_worker, self._from_worker):
-                connection.close()
-
-
-def _import_path() -> str:
-    root = str(Path(__file__).resolve().parents[2])
-    existing = os.environ.get("PYTHONPATH")
-    return root if not existing else f"{root}{os.pathsep}{existing}"
-
-
-def _kill_all(workers: set[_Worker]) -> None:
-    for worker in list(workers):
-        worker.kill()
-    workers.clear()
 
 
 # --- the worker's side ---------------------------------------------------------------------------------------------
@@ -218,12 +177,10 @@ def _serve(limits: CodeLimits) -> None:
     import builtins
     import resource
 
-    to_parent = Connection(os.dup(1), readable=False)
-    from_parent = Connection(os.dup(0), writable=False)
-    os.dup2(2, 1)  # a stray write to stdout must not corrupt the answers
+    parent = ParentPipes()
 
     def send(answer: dict[str, object]) -> None:
-        to_parent.send_bytes(json.dumps(answer).encode())
+        parent.send(json.dumps(answer).encode())
 
     stand_ins = {name: _public(__import__(name)) for name in ALLOWED_MODULES}
 
@@ -234,7 +191,10 @@ def _serve(limits: CodeLimits) -> None:
             raise ImportError(f"only {', '.join(sorted(stand_ins))} may be imported")
         return stand_ins[name]
 
-    source = json.loads(from_parent.recv_bytes())["source"]
+    message = parent.receive()
+    if message is None:
+        return
+    source = json.loads(message)["source"]
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
     # A write past the size limit then fails with an error rather than ending the worker (stderr may be a file).
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -252,12 +212,8 @@ def _serve(limits: CodeLimits) -> None:
         send({"error": _described(error)})
         return
     send({"ready": True})
-    while True:
-        try:
-            calls = json.loads(from_parent.recv_bytes())
-        except EOFError:
-            return
-        for call in calls:
+    while (message := parent.receive()) is not None:
+        for call in json.loads(message):
             _allow_cpu(resource, limits.cpu_s)
             try:
                 value = function(*call)

@@ -12,8 +12,9 @@ that has not answered by then is killed. Either way that query's result is an er
 the caller carries on; nothing the SQL does reaches the calling process. A worker whose resident memory has grown
 by more than `worker_memory_mb` (an allocator keeping what a large query freed) retires after its answer.
 
-Queries and results cross a pair of private pipes as pickles of this module's own types; a batch of queries goes
-to each worker in one message (`execute_many`).
+Each worker is a `tasks.pipe_worker.PipeWorker`, ended at once if the parent dies. Queries and results cross its pair
+of private pipes as pickles of this module's own types (the worker runs only this checkout's code and DuckDB); a batch
+of queries goes to each worker in one message (`execute_many`).
 """
 
 from __future__ import annotations
@@ -22,18 +23,15 @@ import logging
 import os
 import pickle
 import queue
-import subprocess
 import sys
 import threading
-import weakref
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from pathlib import Path
 from types import TracebackType
 
-import lifeline
+from tasks.pipe_worker import LiveWorkers, ParentPipes, PipeWorker, WorkerGoneError
 from tasks.text2sql.errors import SandboxError
 from tasks.text2sql.sandbox import ExecutionResult, ExecutionStatus, SandboxLimits, SqlSandbox
 
@@ -53,37 +51,20 @@ class _Query:
     max_rows: int | None
 
 
-class _Worker:
-    """One worker process and its pipes; `run` sends a query and waits for its result or its deadline."""
+class _Worker(PipeWorker):
+    """One worker process; `run` sends queries and waits for each result or its deadline."""
 
     def __init__(self, limits: SandboxLimits) -> None:
-        # The thread running a query and one closing the pool (Ctrl-C, SIGTERM) may both end the worker at once:
-        # its pipes must be closed once, or the second close hits a descriptor already given back.
-        self._ending = threading.Lock()
-        self._ended = False
         # On a lifeline: a worker whose parent dies while it runs a query ends at once, not when the query does.
-        self.process = lifeline.popen(
-            [sys.executable, "-m", "tasks.text2sql.sandbox_workers", pickle.dumps(limits).hex()],
-            grace_s=0,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            # A fresh interpreter that imports this checkout. glibc gives each new thread a malloc arena that reserves
-            # 64 MiB of address space, which the cap counts: with two arenas a new connection's threads still start.
-            env={**os.environ, "MALLOC_ARENA_MAX": "2", "PYTHONPATH": _import_path()},
-            cwd=Path(__file__).resolve().parents[2],
-        )
-        self._to_worker = Connection(os.dup(self.process.stdin.fileno()), readable=False)
-        self._from_worker = Connection(os.dup(self.process.stdout.fileno()), writable=False)
-        self.process.stdin.close()
-        self.process.stdout.close()
-        if not self._from_worker.poll(_START_TIMEOUT_S):
-            self.kill()
-            raise SandboxError("an SQL sandbox worker did not start")
+        super().__init__("tasks.text2sql.sandbox_workers", pickle.dumps(limits).hex())
         try:
-            self._from_worker.recv()
-        except EOFError:
+            ready = self.receive(_START_TIMEOUT_S)
+        except WorkerGoneError:
             self.kill()
             raise SandboxError("an SQL sandbox worker exited while starting; its error is in the log") from None
+        if ready is None:
+            self.kill()
+            raise SandboxError("an SQL sandbox worker did not start")
 
     def run(self, queries: Sequence[_Query], deadline_s: float) -> tuple[list[_Answer], bool]:
         """Send the queries at once and collect the answers, each within `deadline_s` of the one before.
@@ -93,37 +74,21 @@ class _Worker:
         """
         answers: list[_Answer] = []
         try:
-            self._to_worker.send_bytes(pickle.dumps(list(queries)))
+            self.send(pickle.dumps(list(queries)))
             while len(answers) < len(queries):
-                if not self._from_worker.poll(deadline_s):
+                message = self.receive(deadline_s)
+                if message is None:
                     break
-                answers.append(pickle.loads(self._from_worker.recv_bytes()))
+                answers.append(pickle.loads(message))
                 if answers[-1].retire:
                     self.kill()
                     return answers, True
             else:
                 return answers, False
-        except (EOFError, OSError):
+        except WorkerGoneError:
             pass
         self.kill()
         return answers, True
-
-    def kill(self) -> None:
-        with self._ending:
-            if self._ended:
-                return
-            self._ended = True
-            if self.process.poll() is None:
-                self.process.kill()
-            self.process.wait()
-            for connection in (self._to_worker, self._from_worker):
-                connection.close()
-
-
-def _import_path() -> str:
-    root = str(Path(__file__).resolve().parents[2])
-    existing = os.environ.get("PYTHONPATH")
-    return root if not existing else f"{root}{os.pathsep}{existing}"
 
 
 class IsolatedSandbox:
@@ -144,9 +109,8 @@ class IsolatedSandbox:
         self._workers = workers
         self._closed = False
         self._lock = threading.Lock()
-        self._live: set[_Worker] = set()
         # A sandbox dropped without close() still stops its workers when it is collected.
-        self._finalizer = weakref.finalize(self, _kill_all, self._live)
+        self._live = LiveWorkers(self)
         self.replaced = 0  # workers a query ended: for tests and logs
 
     def execute(self, db_path: Path, sql: str, max_rows: int | None = None) -> ExecutionResult:
@@ -193,19 +157,17 @@ class IsolatedSandbox:
     @property
     def worker_pids(self) -> list[int]:
         """The process ids of the running workers (for monitoring, and for tests that end one)."""
-        with self._lock:
-            return [worker.process.pid for worker in self._live]
+        return self._live.pids()
 
     def _start(self) -> _Worker:
         worker = _Worker(self.limits)
-        with self._lock:
-            self._live.add(worker)
+        self._live.add(worker)
         return worker
 
     def _retire(self, worker: _Worker, killed: bool) -> None:
         worker.kill()
+        self._live.discard(worker)
         with self._lock:
-            self._live.discard(worker)
             self.replaced += killed
         if killed:
             log.warning("an SQL sandbox worker was ended by its query; a new one takes its place")
@@ -213,8 +175,7 @@ class IsolatedSandbox:
     def close(self) -> None:
         """Stop every worker; later calls to execute raise SandboxError."""
         self._closed = True
-        with self._lock:
-            self._finalizer()
+        self._live.kill_all()
 
     def __enter__(self) -> IsolatedSandbox:
         return self
@@ -230,12 +191,6 @@ def _checked(result: ExecutionResult) -> ExecutionResult:
     if result.error is not None and result.error.startswith(_SETUP_FAILURE):
         raise SandboxError(result.error.removeprefix(_SETUP_FAILURE))
     return result
-
-
-def _kill_all(workers: set[_Worker]) -> None:
-    for worker in list(workers):
-        worker.kill()
-    workers.clear()
 
 
 def _killed(limits: SandboxLimits) -> ExecutionResult:
@@ -254,20 +209,14 @@ _SETUP_FAILURE = "sandbox setup failed: "
 
 def _serve(limits: SandboxLimits) -> None:
     """A worker's loop: queries in on stdin, results out on stdout, each query under an address-space cap."""
-    to_parent = Connection(os.dup(1), readable=False)
-    from_parent = Connection(os.dup(0), writable=False)
-    # Anything else that writes to stdout (a library's print) must not corrupt the results.
-    os.dup2(2, 1)
+    parent = ParentPipes()
     headroom = limits.worker_memory_mb * 2**20
     cap = _AddressSpaceCap(headroom)
     with SqlSandbox(limits) as sandbox:
         started = _memory()
-        to_parent.send("ready")
-        while True:
-            try:
-                queries: list[_Query] = pickle.loads(from_parent.recv_bytes())
-            except EOFError:
-                return
+        parent.send(b"ready")
+        while (message := parent.receive()) is not None:
+            queries: list[_Query] = pickle.loads(message)
             for query in queries:
                 # Set afresh for each query: opening a database maps some 70 MB that the query then holds.
                 cap.renew()
@@ -279,7 +228,7 @@ def _serve(limits: SandboxLimits) -> None:
                 # this worker retires after this answer, and the parent sends the rest to a new one.
                 now = _memory()
                 retire = now is not None and started is not None and now.resident > started.resident + headroom
-                to_parent.send_bytes(pickle.dumps(_Answer(result, retire)))
+                parent.send(pickle.dumps(_Answer(result, retire)))
                 if retire:
                     return
 

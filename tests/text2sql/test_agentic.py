@@ -10,36 +10,16 @@ import subprocess
 import sys
 
 import pytest
+from support.agentic import EPISODE_REWARD
 
 from tasks.text2sql.agentic.episode import LAST_TURN_CUE, Episode, EpisodeLimits
 from tasks.text2sql.agentic.turns import ObservationLimits, TurnKind, parse_turn, render_result
 from tasks.text2sql.dataset import Example
 from tasks.text2sql.errors import Text2SqlError
 from tasks.text2sql.prompts import tables_used
-from tasks.text2sql.rewards import RewardSpec
 from tasks.text2sql.sandbox import ExecutionResult, ExecutionStatus, SandboxLimits, SqlSandbox
 from tasks.text2sql.scoring import Scorer
 from tasks.text2sql.task import Text2SqlTask
-
-EPISODE_REWARD = RewardSpec.parse(
-    {
-        "components": [
-            {"kind": "execution_match", "weight": 1.0},
-            {"kind": "executes", "weight": 0.1},
-            {"kind": "turn_penalty", "weight": 0.05},
-            {"kind": "failed_exploration", "weight": 0.2},
-            {"kind": "unanswered", "weight": 1.0},
-        ]
-    }
-)
-
-
-@pytest.fixture
-def flights(text2sql: Text2SqlTask) -> Example:
-    """A dev question over the flights database: SELECT MAX(duration_minutes) FROM flights WHERE distance_km > …"""
-    example = text2sql.split("dev")[0]
-    assert example.db_id == "flights"
-    return example
 
 
 def test_a_policy_that_explores_then_answers_reads_the_data_and_gets_its_reward(

@@ -5,31 +5,12 @@ the reward's sandbox and shown in the next user turn with what to do next, a que
 from __future__ import annotations
 
 import pytest
+from support.agentic import EPISODE_REWARD
 
 from tasks.text2sql.agentic.conversation import FIX, LAST_REPLY, REVISE, parse_reply
 from tasks.text2sql.agentic.turns import TurnKind, render_result
 from tasks.text2sql.dataset import Example
-from tasks.text2sql.rewards import RewardSpec
 from tasks.text2sql.task import Text2SqlTask
-
-EPISODE_REWARD = RewardSpec.parse(
-    {
-        "components": [
-            {"kind": "execution_match", "weight": 1.0},
-            {"kind": "turn_penalty", "weight": 0.05},
-            {"kind": "failed_exploration", "weight": 0.2},
-            {"kind": "unanswered", "weight": 1.0},
-        ]
-    }
-)
-
-
-@pytest.fixture
-def flights(text2sql: Text2SqlTask) -> Example:
-    """A dev question over the flights database."""
-    example = text2sql.split("dev")[0]
-    assert example.db_id == "flights"
-    return example
 
 
 def test_each_query_is_run_and_shown_and_a_reply_without_one_accepts_the_last(

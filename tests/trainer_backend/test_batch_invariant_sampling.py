@@ -24,11 +24,13 @@ from tinker import types
 from autoresearch.trials.config import load_trial_config
 from autoresearch.trials.evaluation import evaluate_checkpoint
 from tasks.text2sql.task import Text2SqlTask
-from trainer_backend.engine.types import SamplerCall, SamplingRequest
+from trainer_backend.batches import BatchCall, BatchKind
+from trainer_backend.engine.types import SamplingRequest
 from trainer_backend.ledger import Ledger, ResultFormat
-from trainer_backend.samplers.interface import SampleJob
+from trainer_backend.operations import Operation
+from trainer_backend.samplers.interface import RecordedSamplingRequest
 from trainer_backend.samplers.routing import BATCH_INVARIANT, RoutedSampler
-from trainer_backend.scheduler import BatchCall, Operation, Scheduler
+from trainer_backend.scheduler import Scheduler
 from trainer_backend.server import RunningServer
 from trainer_backend.wire.status import SamplerStatus
 
@@ -87,7 +89,7 @@ def test_operations_that_run_alone_never_share_a_device_call(
 ) -> None:
     calls: list[list[str]] = []
     scheduler = start_scheduler()
-    scheduler.add_batch_kind("sample", stepping_generation(2, calls, []), nests=True)
+    scheduler.register(BatchKind("sample", stepping_generation(2, calls, []), nests=True))
     gate = threading.Event()
     scheduler.submit(holding(ledger, gate))
     wait_for(lambda: bool(scheduler.stats().running))
@@ -108,7 +110,7 @@ def test_a_running_generation_takes_in_no_operation_that_runs_alone_which_runs_i
     calls: list[list[str]] = []
     admitted: list[tuple[str, list[str]]] = []
     scheduler = start_scheduler()
-    scheduler.add_batch_kind("sample", stepping_generation(40, calls, admitted), window_s=0.05, nests=True)
+    scheduler.register(BatchKind("sample", stepping_generation(40, calls, admitted), window_s=0.05, nests=True))
     heavy = sample_operation(ledger, "heavy", "heavy")
     scheduler.submit(heavy)
     wait_for(lambda: heavy.request_id in scheduler.stats().running)
@@ -130,7 +132,7 @@ def test_a_generation_that_runs_alone_takes_nothing_in_and_others_run_in_its_pau
     calls: list[list[str]] = []
     admitted: list[tuple[str, list[str]]] = []
     scheduler = start_scheduler()
-    scheduler.add_batch_kind("sample", stepping_generation(40, calls, admitted), window_s=0.05, nests=True)
+    scheduler.register(BatchKind("sample", stepping_generation(40, calls, admitted), window_s=0.05, nests=True))
     evaluation = sample_operation(ledger, "eval", "eval", alone=True)
     scheduler.submit(evaluation)
     wait_for(lambda: evaluation.request_id in scheduler.stats().running)
@@ -154,12 +156,12 @@ class RecordingSampler:
     name = "vllm"
 
     def __init__(self) -> None:
-        self.jobs: list[SampleJob] = []
+        self.jobs: list[RecordedSamplingRequest] = []
 
-    def serves(self, call: SamplerCall) -> str | None:
+    def serves(self, request: SamplingRequest) -> str | None:
         return None
 
-    def submit(self, job: SampleJob) -> None:
+    def submit(self, job: RecordedSamplingRequest) -> None:
         self.jobs.append(job)
 
     def status(self) -> SamplerStatus:
@@ -169,8 +171,10 @@ class RecordingSampler:
 def test_beside_vllm_a_batch_invariant_request_goes_to_the_built_in_engine_and_is_counted() -> None:
     vllm, builtin = RecordingSampler(), RecordingSampler()
     router = RoutedSampler(vllm, builtin)
-    call = SamplerCall(None, SamplingRequest(prompt_tokens=(5, 9), temperature=0.0), stop_at_eos=True)
-    invariant, batched = (SampleJob(f"req-{i}", "alice", "lane", None, call, batch_invariant=i == 0) for i in range(2))
+    request = SamplingRequest(prompt_tokens=(5, 9), temperature=0.0)
+    invariant, batched = (
+        RecordedSamplingRequest(f"req-{i}", "alice", "lane", None, request, batch_invariant=i == 0) for i in range(2)
+    )
     router.submit(invariant)
     router.submit(batched)
 

@@ -14,7 +14,6 @@ from trainer_backend.engine.types import (
     ForwardBackwardCall,
     ForwardBackwardResult,
     LoraSettings,
-    SamplerCall,
     SamplingRequest,
 )
 from trainer_backend.errors import NotFoundError, UserInputError
@@ -148,8 +147,10 @@ def test_a_training_pass_run_in_a_generations_pause_gets_the_same_gradients(engi
             (result,) = engine.forward_backward_batch([call])
             ran.append(result)
 
-    request = SamplingRequest(prompt_tokens=(5, 9, 14), max_tokens=3 * PAUSE_EVERY_STEPS, temperature=0)
-    (outcome,) = engine.sample_batch([SamplerCall(None, request, stop_at_eos=False)], pause)
+    request = SamplingRequest(
+        prompt_tokens=(5, 9, 14), max_tokens=3 * PAUSE_EVERY_STEPS, temperature=0, stop_at_eos=False
+    )
+    (outcome,) = engine.sample_batch([request], pause)
     assert len(outcome.sequences[0].tokens) == 3 * PAUSE_EVERY_STEPS and len(ran) == 1
     for got, want in zip(gradients(engine, "alice"), expected, strict=True):
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)

@@ -12,17 +12,18 @@ went on through the adapter just loaded: wrong tokens, silently.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from trainer_backend.engine.model_engine import ModelEngine
-from trainer_backend.engine.types import AdamSettings, DecodedDatum, LoraSettings, SamplerCall, SamplingRequest
+from trainer_backend.engine.types import AdamSettings, DecodedDatum, LoraSettings, SamplingRequest
 from trainer_backend.models.loading import load_base_model
 from trainer_backend.models.registry import resolve_base_model
 
-BASE = SamplingRequest(prompt_tokens=(5, 9, 14), max_tokens=24, temperature=0)
-ON_SAVED = SamplingRequest(prompt_tokens=(7, 3), max_tokens=4, temperature=0)
+BASE = SamplingRequest(prompt_tokens=(5, 9, 14), max_tokens=24, temperature=0, stop_at_eos=False)
+ON_SAVED = SamplingRequest(prompt_tokens=(7, 3), max_tokens=4, temperature=0, stop_at_eos=False)
 
 
 def fresh_engine(models: Path) -> ModelEngine:
@@ -48,16 +49,16 @@ def saved_sampler_weights(models: Path, folder: Path) -> Path:
 def test_a_request_for_saved_weights_does_not_join_a_generation_begun_before_any_adapter(tmp_path: Path) -> None:
     weights = saved_sampler_weights(tmp_path / "models", tmp_path / "sampler_weights")
     engine = fresh_engine(tmp_path / "models")
-    on_saved = SamplerCall(weights, ON_SAVED, stop_at_eos=False)
+    on_saved = replace(ON_SAVED, weights_folder=weights)
     offered: list[bool] = []
 
-    def admit(accepts: Callable[[SamplerCall], bool]) -> Sequence[SamplerCall]:
+    def admit(accepts: Callable[[SamplingRequest], bool]) -> Sequence[SamplingRequest]:
         if offered:
             return []
         offered.append(accepts(on_saved))
         return [on_saved] if offered[-1] else []
 
-    (base,) = engine.sample_batch([SamplerCall(None, BASE, stop_at_eos=False)], admit=admit)
+    (base,) = engine.sample_batch([BASE], admit=admit)
 
     assert offered == [False]
     assert len(base.sequences[0].tokens) == BASE.max_tokens
@@ -70,16 +71,15 @@ def test_a_generation_begun_before_any_adapter_stays_on_the_base_model_when_one_
     tmp_path: Path,
 ) -> None:
     weights = saved_sampler_weights(tmp_path / "models", tmp_path / "sampler_weights")
-    base = SamplerCall(None, BASE, stop_at_eos=False)
-    (alone,) = fresh_engine(tmp_path / "models").sample_batch([base])
+    (alone,) = fresh_engine(tmp_path / "models").sample_batch([BASE])
     engine = fresh_engine(tmp_path / "models")
     nested: list[object] = []
 
     def pause() -> None:
         if not nested:
-            nested.extend(engine.sample_batch([SamplerCall(weights, ON_SAVED, stop_at_eos=False)]))
+            nested.extend(engine.sample_batch([replace(ON_SAVED, weights_folder=weights)]))
 
-    (paused,) = engine.sample_batch([base], pause)
+    (paused,) = engine.sample_batch([BASE], pause)
 
     assert len(nested) == 1 and len(nested[0].sequences[0].tokens) == ON_SAVED.max_tokens
     assert paused.sequences[0].tokens == alone.sequences[0].tokens

@@ -14,7 +14,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from support.tiny_models import TINY_ARCHITECTURES, peaked_tiny_model, randomise_lora_b
 from support.trainer import assert_answered_alike
 
-from trainer_backend.engine.sampling import Joining, JoinRoom, SamplingJob, sample_batch
+from trainer_backend.engine.sampling import BoundSamplingRequest, Joining, JoinRoom, sample_batch
 from trainer_backend.engine.types import SamplingInputError, SamplingRequest, SamplingResult
 
 VOCAB = 97
@@ -54,19 +54,21 @@ class Forwards:
         self._handle.remove()
 
 
-RUNNING = SamplingJob(SamplingRequest(prompt_tokens=PROMPT, temperature=0, max_tokens=30), None, ())
+RUNNING = BoundSamplingRequest(SamplingRequest(prompt_tokens=PROMPT, temperature=0, max_tokens=30), None, ())
 JOINING = [
     # Its prompt is longer than what the running rows have filled when it joins: the running rows move right.
-    SamplingJob(SamplingRequest(prompt_tokens=LONG_PROMPT, num_samples=3, max_tokens=8, seed=4), "default", ()),
-    SamplingJob(SamplingRequest(prompt_tokens=PROMPT[:4], temperature=0.7, max_tokens=6, seed=9), "other", ()),
+    BoundSamplingRequest(
+        SamplingRequest(prompt_tokens=LONG_PROMPT, num_samples=3, max_tokens=8, seed=4), "default", ()
+    ),
+    BoundSamplingRequest(SamplingRequest(prompt_tokens=PROMPT[:4], temperature=0.7, max_tokens=6, seed=9), "other", ()),
 ]
 
 
-def joined_at(step: int, jobs: Sequence[SamplingJob], rooms: list[JoinRoom]) -> Joining:
+def joined_at(step: int, jobs: Sequence[BoundSamplingRequest], rooms: list[JoinRoom]) -> Joining:
     """Lets `jobs` in (those the room accepts) before decode step `step`; records outcomes in `rooms`' order."""
     calls = iter(range(1, 1000))
 
-    def admit(room: JoinRoom) -> list[SamplingJob]:
+    def admit(room: JoinRoom) -> list[BoundSamplingRequest]:
         if next(calls) != step:
             return []
         rooms.append(room)
@@ -89,7 +91,7 @@ def test_a_joined_requests_outcome_comes_as_soon_as_its_rows_are_done(model: Pef
     finished: list[int] = []
     admitted = iter([[], [], JOINING[1:]])
 
-    def admit(room: JoinRoom) -> list[SamplingJob]:
+    def admit(room: JoinRoom) -> list[BoundSamplingRequest]:
         jobs = next(admitted, [])
         return [job for job in jobs if room.accepts(job.request)]
 
@@ -120,9 +122,9 @@ def test_joined_rows_share_the_running_batchs_decode_steps(model: PeftModel) -> 
 
 def test_a_generation_takes_in_only_what_fits_its_cache(model: PeftModel) -> None:
     rooms: list[JoinRoom] = []
-    too_long = SamplingJob(SamplingRequest(prompt_tokens=PROMPT, max_tokens=CONTEXT - 20, seed=1), None, ())
-    scored = SamplingJob(SamplingRequest(prompt_tokens=PROMPT, max_tokens=4, prompt_logprobs=True), None, ())
-    invalid = SamplingJob(SamplingRequest(prompt_tokens=(1, VOCAB + 5), max_tokens=4), None, ())
+    too_long = BoundSamplingRequest(SamplingRequest(prompt_tokens=PROMPT, max_tokens=CONTEXT - 20, seed=1), None, ())
+    scored = BoundSamplingRequest(SamplingRequest(prompt_tokens=PROMPT, max_tokens=4, prompt_logprobs=True), None, ())
+    invalid = BoundSamplingRequest(SamplingRequest(prompt_tokens=(1, VOCAB + 5), max_tokens=4), None, ())
     outcomes = sample_batch(
         model, [RUNNING], letters, CONTEXT, joining=joined_at(2, [too_long, scored, invalid, *JOINING], rooms)
     )
@@ -138,13 +140,15 @@ def test_positions_no_running_row_reads_are_dropped_so_later_requests_still_fit(
     # The running rows fill 40 positions of a room of 80. A request joins at step 20 (right-aligned at 30 positions,
     # 20 of them padding in front of its prompt) and runs past the first request's end (step 30). At step 35 the
     # batch spans 45 positions, the first 20 read by no row; a request of 30 + 40 positions fits only once they go.
-    later = SamplingJob(SamplingRequest(prompt_tokens=PROMPT, max_tokens=30, seed=2, temperature=0.9), "other", ())
-    last = SamplingJob(SamplingRequest(prompt_tokens=LONG_PROMPT, max_tokens=40, temperature=0), "default", ())
+    later = BoundSamplingRequest(
+        SamplingRequest(prompt_tokens=PROMPT, max_tokens=30, seed=2, temperature=0.9), "other", ()
+    )
+    last = BoundSamplingRequest(SamplingRequest(prompt_tokens=LONG_PROMPT, max_tokens=40, temperature=0), "default", ())
     schedule = {20: [later], 35: [last]}
     rooms: list[JoinRoom] = []
     steps = iter(range(1, 1000))
 
-    def admit(room: JoinRoom) -> list[SamplingJob]:
+    def admit(room: JoinRoom) -> list[BoundSamplingRequest]:
         jobs = schedule.get(next(steps), [])
         if jobs:
             rooms.append(room)

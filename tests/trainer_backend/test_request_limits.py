@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -108,15 +109,22 @@ def test_num_samples_over_the_limit_is_refused_by_name(client: tinker.ServiceCli
     assert len(sample.sequences) == 16
 
 
+def recorded_futures(server: RunningServer) -> int:
+    """Every future the server has recorded: a request that reached the sampler or the device queue has one."""
+    return sum(server.service.ledger.counts_by_state().values())
+
+
 def test_a_sample_past_the_context_is_a_400_to_the_request_not_a_failed_future(
-    api: RawApi, client: tinker.ServiceClient, ids: list[int]
+    server: RunningServer, api: RawApi, client: tinker.ServiceClient, ids: list[int]
 ) -> None:
     # Two tokens of room: asking for three is refused when it is sent, asking for two is served.
     prompt = types.ModelInput.from_ints((ids * CONTEXT)[: CONTEXT - 2])
     request = types.SampleRequest(prompt=prompt, sampling_params=types.SamplingParams(max_tokens=3), base_model=TINY)
+    recorded = recorded_futures(server)
     error = error_of(api.post("/asample", request), 400)
     assert f"prompt length {CONTEXT - 2} + max_tokens 3 = {CONTEXT + 1}" in error, error
     assert f"context length {CONTEXT}: ask for at most 2 tokens" in error, error
+    assert recorded_futures(server) == recorded
     sampler = client.create_sampling_client(base_model=TINY).result()
     fits = sampler.sample(prompt, num_samples=1, sampling_params=types.SamplingParams(max_tokens=2)).result(timeout=60)
     assert len(fits.sequences[0].tokens) <= 2
@@ -129,12 +137,20 @@ def test_an_openai_request_past_the_context_is_a_400_before_any_stream_starts(
 ) -> None:
     # A stream's status line goes out before the first token: refused after queueing, it was a 200 and an error event.
     oai = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=30)
-    with pytest.raises(openai.BadRequestError, match=rf"max_tokens {CONTEXT} = \d+ exceeds the model's context length"):
+    recorded = recorded_futures(server)
+    with pytest.raises(
+        openai.BadRequestError, match=rf"max_tokens {CONTEXT} = \d+ exceeds the model's context length"
+    ) as refused:
         if route == "completions":
             oai.completions.create(model=TINY, prompt=ids, max_tokens=CONTEXT, stream=stream)
         else:
             messages = [{"role": "user", "content": "How many employees are there?"}]
             oai.chat.completions.create(model=TINY, messages=messages, max_tokens=CONTEXT, stream=stream)
+    assert re.search(
+        rf"prompt length \d+ \+ max_tokens {CONTEXT} = \d+ exceeds the model's context length {CONTEXT}\b",
+        str(refused.value),
+    )
+    assert recorded_futures(server) == recorded
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from transformers import PreTrainedModel, Qwen2ForCausalLM
 
 from trainer_backend.engine import sampling
 from trainer_backend.engine.output_head import linear_output_head
-from trainer_backend.engine.sampling import SamplingJob, sample, sample_batch
+from trainer_backend.engine.sampling import BoundSamplingRequest, sample, sample_batch
 from trainer_backend.engine.types import SampledSequence, SamplingInputError, SamplingRequest, SamplingResult
 
 VOCAB = 97
@@ -248,24 +248,26 @@ def two_adapter_model(lora_model: PeftModel) -> PeftModel:
     return lora_model.eval()
 
 
-def mixed_jobs() -> list[SamplingJob]:
+def mixed_jobs() -> list[BoundSamplingRequest]:
     """Prompts of different lengths (one past the sliding window), through no adapter and two adapters."""
     long_prompt = tuple((7 * i + 3) % VOCAB for i in range(40))
     return [
-        SamplingJob(SamplingRequest(prompt_tokens=PROMPT, temperature=0, max_tokens=12), None, ()),
-        SamplingJob(SamplingRequest(prompt_tokens=long_prompt, temperature=0, max_tokens=20), "default", ()),
-        SamplingJob(
+        BoundSamplingRequest(SamplingRequest(prompt_tokens=PROMPT, temperature=0, max_tokens=12), None, ()),
+        BoundSamplingRequest(SamplingRequest(prompt_tokens=long_prompt, temperature=0, max_tokens=20), "default", ()),
+        BoundSamplingRequest(
             SamplingRequest(prompt_tokens=PROMPT[:4], num_samples=3, temperature=0.8, max_tokens=15, seed=11),
             "other",
             (5,),
         ),
-        SamplingJob(
+        BoundSamplingRequest(
             SamplingRequest(prompt_tokens=PROMPT[3:], temperature=1.0, top_p=0.9, top_k=20, max_tokens=18, seed=3),
             "default",
             (),
         ),
-        SamplingJob(SamplingRequest(prompt_tokens=long_prompt[:25], num_samples=2, max_tokens=9, seed=5), None, ()),
-        SamplingJob(
+        BoundSamplingRequest(
+            SamplingRequest(prompt_tokens=long_prompt[:25], num_samples=2, max_tokens=9, seed=5), None, ()
+        ),
+        BoundSamplingRequest(
             SamplingRequest(prompt_tokens=PROMPT, max_tokens=10, seed=8, prompt_logprobs=True, topk_prompt_logprobs=2),
             "other",
             (),
@@ -283,14 +285,17 @@ def test_a_mixed_batch_answers_each_request_as_it_would_be_answered_alone(two_ad
     # The adapters really differ: the same greedy request gives other tokens through each.
     greedy = SamplingRequest(prompt_tokens=PROMPT, temperature=0, max_tokens=12)
     outputs = sample_batch(
-        two_adapter_model, [SamplingJob(greedy, name, ()) for name in (None, "default", "other")], letters, CONTEXT
+        two_adapter_model,
+        [BoundSamplingRequest(greedy, name, ()) for name in (None, "default", "other")],
+        letters,
+        CONTEXT,
     )
     assert len({result.sequences[0].tokens for result in outputs}) == 3
 
 
 def test_a_bad_request_in_a_batch_gets_its_error_and_the_others_their_samples(two_adapter_model: PeftModel) -> None:
-    good = SamplingJob(SamplingRequest(prompt_tokens=PROMPT, temperature=0, max_tokens=5), "default", ())
-    bad = SamplingJob(SamplingRequest(prompt_tokens=(1, VOCAB + 3), max_tokens=5), "other", ())
+    good = BoundSamplingRequest(SamplingRequest(prompt_tokens=PROMPT, temperature=0, max_tokens=5), "default", ())
+    bad = BoundSamplingRequest(SamplingRequest(prompt_tokens=(1, VOCAB + 3), max_tokens=5), "other", ())
     first, second, third = sample_batch(two_adapter_model, [good, bad, good], letters, CONTEXT)
     assert isinstance(second, SamplingInputError) and f"prompt_tokens[1] = {VOCAB + 3}" in str(second)
     # The same request twice in one batch: two rows of the same matmuls, which a GEMM may round differently.

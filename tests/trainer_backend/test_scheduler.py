@@ -13,9 +13,11 @@ from support.trainer import next_token_datum, status_of
 from tinker import types
 
 from trainer_backend import scheduler as scheduler_module
+from trainer_backend.batches import BatchBudget, BatchKind
 from trainer_backend.errors import OverloadedError, UserInputError
 from trainer_backend.ledger import FutureState, Ledger, ResultFormat
-from trainer_backend.scheduler import BatchBudget, Operation, Scheduler
+from trainer_backend.operations import Operation
+from trainer_backend.scheduler import Scheduler
 from trainer_backend.server import RunningServer
 
 
@@ -162,7 +164,7 @@ def test_ready_operations_of_a_batch_kind_from_all_tenants_run_in_one_call(
             for op in operations
         ]
 
-    scheduler = start_scheduler(batch_runners={"sample": run_samples})
+    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", run_samples)])
     log: list = []
     gate = threading.Event()
     blocked = _held_until(gate, log)
@@ -200,7 +202,7 @@ def test_a_tenant_with_a_deep_queue_gets_a_share_of_each_budgeted_batch_and_no_r
 
     rows = {"a": 1, "b": 4, "huge": 40}
     budget = BatchBudget(share=lambda payload: rows[payload.split("-")[0]] / 16)
-    scheduler = start_scheduler(batch_runners={"sample": run_samples}, batch_budgets={"sample": budget})
+    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", run_samples, budget=budget)])
     gate = threading.Event()
     scheduler.submit(_operation(ledger, "trainer", 1, [], _held_until(gate)))
     wait_for(lambda: scheduler.stats().running)
@@ -230,7 +232,7 @@ def test_a_batch_runner_that_breaks_fails_its_operations_and_the_worker_goes_on(
     def broken(operations, pause):
         raise RuntimeError("engine fell over in /srv/secret/path")
 
-    scheduler = start_scheduler(batch_runners={"sample": broken})
+    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", broken)])
     sampled = _sample_operation(ledger, "s1", "a")
     scheduler.submit(sampled)
     wait_for(lambda: ledger.get(sampled.request_id).finished)
@@ -250,11 +252,23 @@ def test_an_operation_needs_work_or_a_registered_batch_kind_and_its_payload(
     scheduler = start_scheduler()
     with pytest.raises(ValueError, match="needs either work or a batch kind"):
         scheduler.submit(_sample_operation(ledger, "s1", "a"))
-    scheduler = start_scheduler(batch_runners={"sample": lambda operations, pause: []})
+    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", lambda operations, pause: [])])
     without_payload = _sample_operation(ledger, "s1", "a")
     without_payload.payload = None
     with pytest.raises(ValueError, match="a batch kind with a runner and payload"):
         scheduler.submit(without_payload)
+
+
+def test_a_batch_kind_registers_once(start_scheduler: Callable[..., Scheduler]) -> None:
+    def runner(operations, call):
+        return []
+
+    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", runner)])
+    # A second component serving the same kind would take the first one's operations without a word.
+    with pytest.raises(ValueError, match="batch kind 'sample' is registered already"):
+        scheduler.register(BatchKind("sample", runner, nests=True))
+    with pytest.raises(ValueError, match="batch kind 'pass' is registered already"):
+        start_scheduler(batch_kinds=[BatchKind("pass", runner), BatchKind("pass", runner)])
 
 
 def test_the_next_ordered_operations_of_several_clients_batch_and_later_ones_wait(
@@ -268,7 +282,7 @@ def test_the_next_ordered_operations_of_several_clients_batch_and_later_ones_wai
         log.extend((op.lane, op.seq_id) for op in operations)
         return [(b"{}", ResultFormat.JSON) for _ in operations]
 
-    scheduler = start_scheduler(batch_runners={"pass": run_passes})
+    scheduler = start_scheduler(batch_kinds=[BatchKind("pass", run_passes)])
     gate = threading.Event()
     blocked = _held_until(gate)
 
@@ -311,7 +325,7 @@ def test_a_long_batch_pauses_for_other_tenants_short_operations_but_not_for_othe
         log.append("generation ends")
         return [(b"{}", ResultFormat.JSON) for _ in operations]
 
-    scheduler = start_scheduler(batch_runners={"sample": long_generation})
+    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", long_generation)])
     busy_before = scheduler.stats().busy_seconds
     scheduler.submit(_sample_operation(ledger, "sampler", "long"))
     started.wait(5)
@@ -359,7 +373,7 @@ def test_another_tenants_gathered_batch_nests_in_a_long_batchs_pause_but_the_sam
         return [(b"{}", ResultFormat.JSON) for _ in operations]
 
     scheduler = start_scheduler()
-    scheduler.add_batch_kind("sample", generation, window_s=window_s, nests=True)
+    scheduler.register(BatchKind("sample", generation, window_s=window_s, nests=True))
     heavy = _sample_operation(ledger, "heavy", "heavy")
     scheduler.submit(heavy)
     assert heavy_started.wait(5)
@@ -402,7 +416,7 @@ def test_a_running_batch_takes_in_another_tenants_gathered_operations_and_answer
 ) -> None:
     admitted: list[list[str]] = []
     scheduler = start_scheduler()
-    scheduler.add_batch_kind("sample", _stepping_generation(40, admitted), window_s=0.05, nests=True)
+    scheduler.register(BatchKind("sample", _stepping_generation(40, admitted), window_s=0.05, nests=True))
     heavy = _sample_operation(ledger, "heavy", "heavy")
     scheduler.submit(heavy)
     wait_for(lambda: heavy.request_id in scheduler.stats().running)
@@ -429,7 +443,9 @@ def test_what_a_running_batch_does_not_take_in_runs_nested_in_its_pause(
 ) -> None:
     admitted: list[list[str]] = []
     scheduler = start_scheduler()
-    scheduler.add_batch_kind("sample", _stepping_generation(40, admitted, refuse="scored"), window_s=0.05, nests=True)
+    scheduler.register(
+        BatchKind("sample", _stepping_generation(40, admitted, refuse="scored"), window_s=0.05, nests=True)
+    )
     heavy = _sample_operation(ledger, "heavy", "heavy")
     scheduler.submit(heavy)
     wait_for(lambda: heavy.request_id in scheduler.stats().running)
@@ -448,7 +464,9 @@ def test_a_tenant_joins_past_the_budget_only_up_to_its_even_share(
     scheduler = start_scheduler()
     # Each request takes a quarter of a batch: the heavy tenant's four fill one.
     budget = BatchBudget(lambda payload: 0.25)
-    scheduler.add_batch_kind("sample", _stepping_generation(40, admitted), window_s=0.05, budget=budget, nests=True)
+    scheduler.register(
+        BatchKind("sample", _stepping_generation(40, admitted), window_s=0.05, budget=budget, nests=True)
+    )
     gate = threading.Event()
     scheduler.submit(_operation(ledger, "holder", 1, [], _held_until(gate)))
     heavy = [_sample_operation(ledger, "heavy", f"heavy-{i}") for i in range(4)]
@@ -473,7 +491,7 @@ def test_a_joined_operation_counts_the_device_time_from_when_it_joined(
     seconds: dict[str, float] = {}
     scheduler = start_scheduler()
     scheduler.on_device_time(lambda operation, share: seconds.__setitem__(operation.payload, share))
-    scheduler.add_batch_kind("sample", _stepping_generation(40, admitted), window_s=0.05, nests=True)
+    scheduler.register(BatchKind("sample", _stepping_generation(40, admitted), window_s=0.05, nests=True))
     heavy = _sample_operation(ledger, "heavy", "heavy")
     scheduler.submit(heavy)
     wait_for(lambda: heavy.request_id in scheduler.stats().running)
@@ -517,7 +535,7 @@ def test_a_long_batch_yields_at_most_its_share_of_the_device_to_other_tenants(
             time.sleep(0.005)
         return [(b"{}", ResultFormat.JSON) for _ in operations]
 
-    scheduler = start_scheduler(batch_runners={"sample": long_generation})
+    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", long_generation)])
     generation = _sample_operation(ledger, "sampler", "long")
     scheduler.submit(generation)
     wait_for(lambda: ledger.get(generation.request_id).finished)
@@ -549,7 +567,7 @@ def test_a_batch_kind_that_does_not_nest_waits_for_the_long_batch(
                 pause()
         return [(b"{}", ResultFormat.JSON) for _ in operations]
 
-    scheduler = start_scheduler(batch_runners={"sample": generation})
+    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", generation)])
     heavy, light = _sample_operation(ledger, "heavy", "heavy"), _sample_operation(ledger, "light", "light")
     scheduler.submit(heavy)
     assert started.wait(5)
@@ -588,7 +606,7 @@ def test_requests_of_a_batch_kind_sent_moments_apart_gather_into_one_batch(
         return [(op.payload.encode(), ResultFormat.JSON) for op in operations]
 
     # A wide window against a short gap, so that a slow machine cannot make the gap outlast the window.
-    scheduler = start_scheduler(batch_runners={"sample": run_samples}, batch_windows_s={"sample": 0.5})
+    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", run_samples, window_s=0.5)])
     samples = [_sample_operation(ledger, "s1", payload) for payload in "abc"]
     for operation in samples:
         scheduler.submit(operation)
@@ -610,7 +628,7 @@ def test_without_a_window_the_first_request_runs_at_once(
         release.wait(5)
         return [(op.payload.encode(), ResultFormat.JSON) for op in operations]
 
-    scheduler = start_scheduler(batch_runners={"sample": run_samples})
+    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", run_samples)])
     samples = [_sample_operation(ledger, "s1", payload) for payload in "abc"]
     scheduler.submit(samples[0])
     assert first_started.wait(5)

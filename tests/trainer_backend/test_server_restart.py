@@ -15,7 +15,8 @@ from support.trainer import SQL, RawApi, error_of, next_token_datum, request_id_
 from tinker import types
 
 from trainer_backend.ledger import FutureState, Ledger, ResultFormat
-from trainer_backend.scheduler import Operation, Scheduler
+from trainer_backend.operations import Operation
+from trainer_backend.scheduler import Scheduler
 from trainer_backend.server import running_server
 from trainer_backend.service import RESTART_REASON
 

@@ -16,7 +16,7 @@ from support.trainer import LOGPROB_ROUNDING, assert_answered_alike
 
 from trainer_backend.engine import sampling
 from trainer_backend.engine.prefixes import GROUP_OVERHEAD_TOKENS, plan_shared_prefill
-from trainer_backend.engine.sampling import SamplingJob, sample_batch
+from trainer_backend.engine.sampling import BoundSamplingRequest, sample_batch
 from trainer_backend.engine.types import SamplingRequest, SamplingResult
 
 VOCAB = 97
@@ -59,7 +59,7 @@ def two_adapters() -> PeftModel:
     return model.eval()
 
 
-def schema_jobs() -> list[SamplingJob]:
+def schema_jobs() -> list[BoundSamplingRequest]:
     """Questions over two schemas, through the base model and two adapters, greedy and sampled."""
     jobs = []
     for index, question in enumerate(QUESTIONS):
@@ -72,7 +72,7 @@ def schema_jobs() -> list[SamplingJob]:
                 temperature=0 if index % 2 == 0 else 0.9,
                 seed=index,
             )
-            jobs.append(SamplingJob(request, adapter, ()))
+            jobs.append(BoundSamplingRequest(request, adapter, ()))
     return jobs
 
 
@@ -93,7 +93,7 @@ def test_prompts_sharing_a_schema_are_answered_as_each_alone(
 
 def test_greedy_tokens_after_a_shared_prefix_are_the_full_forward_argmax(two_adapters: PeftModel) -> None:
     jobs = [
-        SamplingJob(SamplingRequest(prompt_tokens=SCHEMA_A + q, temperature=0, max_tokens=8), "two", ())
+        BoundSamplingRequest(SamplingRequest(prompt_tokens=SCHEMA_A + q, temperature=0, max_tokens=8), "two", ())
         for q in QUESTIONS
     ]
     assert plan_shared_prefill([job.request.prompt_tokens for job in jobs], ["two"] * len(jobs)) is not None
@@ -114,7 +114,10 @@ def test_greedy_tokens_after_a_shared_prefix_are_the_full_forward_argmax(two_ada
 
 def test_a_sliding_window_shorter_than_the_context_keeps_the_one_pass_prefill(forward_passes: list[int]) -> None:
     model = peaked_tiny_gemma(VOCAB, CONTEXT, sliding_window=16)
-    jobs = [SamplingJob(SamplingRequest(prompt_tokens=SCHEMA_A + q, temperature=0, max_tokens=4)) for q in QUESTIONS]
+    jobs = [
+        BoundSamplingRequest(SamplingRequest(prompt_tokens=SCHEMA_A + q, temperature=0, max_tokens=4))
+        for q in QUESTIONS
+    ]
     assert plan_shared_prefill([job.request.prompt_tokens for job in jobs], [None] * len(jobs)) is not None
     results = sample_batch(model, jobs, letters, CONTEXT)
     # One prefill pass, then one pass per token after the first.

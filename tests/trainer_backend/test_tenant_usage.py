@@ -10,8 +10,10 @@ from collections.abc import Callable
 
 import pytest
 
+from trainer_backend.batches import BatchKind
 from trainer_backend.ledger import Ledger, ResultFormat
-from trainer_backend.scheduler import Operation, Scheduler
+from trainer_backend.operations import Operation
+from trainer_backend.scheduler import Scheduler
 from trainer_backend.tenant_usage import (
     OTHER_TENANTS,
     RUN_LISTED_S,
@@ -66,7 +68,7 @@ def test_a_batch_splits_its_device_time_in_proportion_to_each_operations_tokens(
         time.sleep(0.2)
         return [(b"{}", ResultFormat.JSON) for _ in operations]
 
-    scheduler = start_scheduler(batch_runners={"sample": generation})
+    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", generation)])
     seconds, reported = _device_seconds(scheduler, owners=3)
     gate = threading.Event()
     scheduler.submit(_operation(ledger, "holder", gate=gate))
@@ -93,7 +95,7 @@ def test_an_operation_run_while_a_batch_pauses_takes_its_time_out_of_the_batchs(
         pause()
         return [(b"{}", ResultFormat.JSON) for _ in operations]
 
-    scheduler = start_scheduler(batch_runners={"sample": long_generation})
+    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", long_generation)])
     seconds, reported = _device_seconds(scheduler, owners=2)
     scheduler.submit(_sample(ledger, "alice", 10))
     started.wait(5)

@@ -222,7 +222,7 @@ def test_weights_saved_again_under_one_name_are_served_by_vllm_as_saved(
     again = sampler.sample(types.ModelInput.from_ints(prompt), 1, GREEDY).result(timeout=120)
     folder = vllm_server.service.checkpoints.folder(CheckpointPath.parse(path))
     reference = vllm_server.service.engine.sample(
-        folder, SamplingRequest(tuple(prompt), max_tokens=GREEDY.max_tokens, temperature=0.0), True
+        SamplingRequest(tuple(prompt), max_tokens=GREEDY.max_tokens, temperature=0.0, weights_folder=folder)
     )
     assert list(again.sequences[0].tokens) == list(reference.sequences[0].tokens) != list(first.sequences[0].tokens)
 
@@ -243,9 +243,7 @@ def test_weights_vllm_does_not_apply_are_refused(
 ) -> None:
     """The fault, at the narrowest point: every request to vLLM names the base model, not the adapter loaded."""
     original = vllm_client._completion_body
-    monkeypatch.setattr(
-        vllm_client, "_completion_body", lambda request, model, stop_at_eos: original(request, TINY, stop_at_eos)
-    )
+    monkeypatch.setattr(vllm_client, "_completion_body", lambda request, model: original(request, TINY))
     before = refused(vllm_server, "vllm", "no_effect")
     training = trained_adapter(on_vllm, SQL, seed=13, steps=2, train_unembed=False)
     path = training.save_weights_for_sampler("not-applied").result().path  # the save stands; its load is refused
@@ -369,7 +367,7 @@ def test_real_models_greedy_tokens_through_vllm_are_the_builtin_engines(base_mod
             answer = sampler.sample(types.ModelInput.from_ints(prompt), 1, GREEDY).result(timeout=300).sequences[0]
             folder = None if path is None else server.service.checkpoints.folder(CheckpointPath.parse(path))
             reference = server.service.engine.sample(
-                folder, SamplingRequest(tuple(prompt), max_tokens=GREEDY.max_tokens, temperature=0.0), True
+                SamplingRequest(tuple(prompt), max_tokens=GREEDY.max_tokens, temperature=0.0, weights_folder=folder)
             ).sequences[0]
             assert list(answer.tokens) == list(reference.tokens)
             assert answer.logprobs == pytest.approx(reference.logprobs, abs=LOGPROB_ROUNDING)

@@ -11,7 +11,7 @@ from typing import NoReturn
 
 from trainer_backend.checkpoints import checkpoint_label
 from trainer_backend.engine.adapters import AdapterPool, SavedWeights
-from trainer_backend.engine.sampling import SamplingJob, sample_batch
+from trainer_backend.engine.sampling import BoundSamplingRequest, sample_batch
 from trainer_backend.engine.types import SamplingRequest, SamplingResult
 from trainer_backend.engine.weights_proof import AdapterProof, ProbeAnswer, WeightChecks, unproven
 
@@ -88,7 +88,7 @@ class AppliedWeights:
         trainable = [] if adapter is None else [p for p in self.adapters.parameters(adapter) if p.requires_grad]
         model = self.adapters.peft_model or self.adapters.base_model
         request = SamplingRequest(prompt_tokens=tokens, max_tokens=1, temperature=0.0, prompt_logprobs=True)
-        (result,) = sample_batch(model, [SamplingJob(request, adapter)], self.decode, self.max_context_length)
+        (result,) = sample_batch(model, [BoundSamplingRequest(request, adapter)], self.decode, self.max_context_length)
         # Sampling makes the adapter PEFT's active one in inference mode, which freezes it; a training adapter
         # proved at save goes on training.
         for param in trainable:

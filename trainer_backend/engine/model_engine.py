@@ -21,7 +21,7 @@ from trainer_backend.engine.microbatches import (
 from trainer_backend.engine.onednn_linear import route_linears
 from trainer_backend.engine.output_head import linear_output_head
 from trainer_backend.engine.residency import AdapterResidency, SamplerAdapters
-from trainer_backend.engine.sampling import Joining, JoinRoom, SamplingJob, sample_batch
+from trainer_backend.engine.sampling import BoundSamplingRequest, Joining, JoinRoom, sample_batch
 from trainer_backend.engine.training_pass import TrainingPass
 from trainer_backend.engine.types import (
     AdamSettings,
@@ -29,7 +29,6 @@ from trainer_backend.engine.types import (
     ForwardBackwardCall,
     ForwardBackwardResult,
     LoraSettings,
-    SamplerCall,
     SamplingInputError,
     SamplingRequest,
     SamplingResult,
@@ -172,18 +171,18 @@ class ModelEngine:
 
     # --- sampling -----------------------------------------------------------------------------------------
 
-    def sample(self, weights_folder: Path | None, request: SamplingRequest, stop_at_eos: bool) -> SamplingResult:
-        """Sample from the base model (no folder) or from saved sampler weights."""
-        (outcome,) = self.sample_batch([SamplerCall(weights_folder, request, stop_at_eos)])
+    def sample(self, request: SamplingRequest) -> SamplingResult:
+        """Sample from the base model (no `weights_folder`) or from saved sampler weights."""
+        (outcome,) = self.sample_batch([request])
         if isinstance(outcome, BackendError):
             raise outcome
         return outcome
 
     def sample_batch(
         self,
-        calls: Sequence[SamplerCall],
+        requests: Sequence[SamplingRequest],
         pause: Callable[[], None] = lambda: None,
-        admit: Callable[[Callable[[SamplerCall], bool]], Sequence[SamplerCall]] | None = None,
+        admit: Callable[[Callable[[SamplingRequest], bool]], Sequence[SamplingRequest]] | None = None,
         finished: Callable[[int, SampleOutcome], None] | None = None,
     ) -> list[SampleOutcome]:
         """Serve several sampling requests, of any mix of weights, in as few generation batches as fit.
@@ -191,12 +190,12 @@ class ModelEngine:
         A batch holds at most `MAX_SAMPLING_ROWS` rows and `SAMPLER_ADAPTERS_KEPT` distinct sampler weights, so
         loading one batch's adapters never evicts another of the same batch; nor does a batch that runs in its pause
         (they are held while it runs). `pause` is called every few decode steps (see `sample_batch` in sampling.py).
-        With `admit`, the last batch takes in more calls between its steps: `admit(accepts)` returns those to take in,
-        each of which `accepts` (within the batch's distinct weights and what its cache can hold, `JoinRoom`), and
-        their outcomes follow those of `calls`. `finished(index, outcome)` gets each outcome as soon as it exists.
+        With `admit`, the last batch takes in more requests between its steps: `admit(accepts)` returns those to take
+        in, each of which `accepts` (within the batch's distinct weights and what its cache can hold, `JoinRoom`), and
+        their outcomes follow those of `requests`. `finished(index, outcome)` gets each outcome as soon as it exists.
         """
         outcomes: list[SampleOutcome] = []
-        batches = _sampling_batches(calls)
+        batches = _sampling_batches(requests)
         for number, batch in enumerate(batches):
             with self.sampler_adapters.batch() as use:
                 joins = admit if number == len(batches) - 1 else None
@@ -206,14 +205,14 @@ class ModelEngine:
 
     def _sample_one_batch(
         self,
-        batch: Sequence[SamplerCall],
+        batch: Sequence[SamplingRequest],
         use: Callable[[Path], str],
         pause: Callable[[], None],
         first: int,
-        admit: Callable[[Callable[[SamplerCall], bool]], Sequence[SamplerCall]] | None,
+        admit: Callable[[Callable[[SamplingRequest], bool]], Sequence[SamplingRequest]] | None,
         finished: Callable[[int, SampleOutcome], None] | None,
     ) -> list[SampleOutcome]:
-        # Each call's weights are resolved on their own: weights deleted while their request waited, or refused by
+        # Each request's weights are resolved on their own: weights deleted while their request waited, or refused by
         # the check of their load, fail that request alone, never the other tenants' requests of the batch.
         outcomes: dict[int, SampleOutcome] = {}
 
@@ -224,37 +223,37 @@ class ModelEngine:
 
         # The batch's index of each job handed to the generation, in its order.
         runnable: list[int] = []
-        weights = {call.weights_folder for call in batch}
+        weights = {request.weights_folder for request in batch}
 
-        def jobs_of(calls: Sequence[SamplerCall], start: int) -> list[SamplingJob]:
+        def jobs_of(requests: Sequence[SamplingRequest], start: int) -> list[BoundSamplingRequest]:
             jobs = []
-            for index, call in enumerate(calls, start):
+            for index, request in enumerate(requests, start):
                 try:
-                    adapter = None if call.weights_folder is None else use(call.weights_folder)
+                    adapter = None if request.weights_folder is None else use(request.weights_folder)
                 except (SamplingInputError, SamplerWeightsError) as error:
                     deliver(index, error)
                     continue
-                eos = self.loaded.eos_token_ids if call.stop_at_eos else ()
-                jobs.append(SamplingJob(request=call.request, adapter=adapter, eos_token_ids=eos))
+                eos = self.loaded.eos_token_ids if request.stop_at_eos else ()
+                jobs.append(BoundSamplingRequest(request=request, adapter=adapter, eos_token_ids=eos))
                 runnable.append(index)
             return jobs
 
-        admitted: list[SamplerCall] = []
+        admitted: list[SamplingRequest] = []
 
-        def take_in(room: JoinRoom) -> list[SamplingJob]:
-            def accepts(call: SamplerCall) -> bool:
+        def take_in(room: JoinRoom) -> list[BoundSamplingRequest]:
+            def accepts(request: SamplingRequest) -> bool:
                 # A batch that started on the bare base model takes in no sampler weights: loading them wraps the
                 # model in PEFT, and this batch's forwards do not go through the wrapper. They wait for the next one.
-                if call.weights_folder is not None and model is self.adapters.base_model:
+                if request.weights_folder is not None and model is self.adapters.base_model:
                     return False
-                if len(weights | {call.weights_folder}) > SAMPLER_ADAPTERS_KEPT or not room.accepts(call.request):
+                if len(weights | {request.weights_folder}) > SAMPLER_ADAPTERS_KEPT or not room.accepts(request):
                     return False
-                weights.add(call.weights_folder)
+                weights.add(request.weights_folder)
                 return True
 
-            calls = admit(accepts)
-            admitted.extend(calls)
-            return jobs_of(calls, first + len(batch) + len(admitted) - len(calls))
+            requests = admit(accepts)
+            admitted.extend(requests)
+            return jobs_of(requests, first + len(batch) + len(admitted) - len(requests))
 
         jobs = jobs_of(batch, first)
         if jobs:
@@ -272,16 +271,16 @@ class ModelEngine:
         return self.loaded.tokenizer.decode(list(tokens), skip_special_tokens=False)
 
 
-def _sampling_batches(calls: Sequence[SamplerCall]) -> list[list[SamplerCall]]:
-    """Consecutive runs of calls within the row and distinct-weights limits of one generation batch."""
-    batches: list[list[SamplerCall]] = []
+def _sampling_batches(requests: Sequence[SamplingRequest]) -> list[list[SamplingRequest]]:
+    """Consecutive runs of requests within the row and distinct-weights limits of one generation batch."""
+    batches: list[list[SamplingRequest]] = []
     rows, weights = 0, set()
-    for call in calls:
-        grown = weights | {call.weights_folder}
-        if batches and rows + call.request.num_samples <= MAX_SAMPLING_ROWS and len(grown) <= SAMPLER_ADAPTERS_KEPT:
-            batches[-1].append(call)
-            rows, weights = rows + call.request.num_samples, grown
+    for request in requests:
+        grown = weights | {request.weights_folder}
+        if batches and rows + request.num_samples <= MAX_SAMPLING_ROWS and len(grown) <= SAMPLER_ADAPTERS_KEPT:
+            batches[-1].append(request)
+            rows, weights = rows + request.num_samples, grown
         else:
-            batches.append([call])
-            rows, weights = call.request.num_samples, {call.weights_folder}
+            batches.append([request])
+            rows, weights = request.num_samples, {request.weights_folder}
     return batches

@@ -85,8 +85,9 @@ BASE_ROWS = "__base__"
 
 
 @dataclass(frozen=True)
-class SamplingJob:
-    """One request of a generation batch: the adapter its rows go through and the ids that end its sequences.
+class BoundSamplingRequest:
+    """A request bound to what the engine resolved for it: the loaded adapter its rows go through (its
+    `weights_folder`'s) and the EOS ids that end its sequences (its `stop_at_eos`'s).
 
     `adapter` is the name of an adapter loaded in the `PeftModel`, or None for the base model. `eos_token_ids`
     end a sequence besides the request's own `stop_token_ids`; () when the client disabled stopping.
@@ -142,7 +143,7 @@ class Joining:
     counts the jobs `sample_batch` was given, then the admitted ones in the order they were admitted.
     """
 
-    admit: Callable[[JoinRoom], Sequence[SamplingJob]]
+    admit: Callable[[JoinRoom], Sequence[BoundSamplingRequest]]
     finished: Callable[[int, SamplingResult | SamplingInputError], None]
 
 
@@ -160,7 +161,9 @@ def sample(
         SamplingInputError: an empty prompt, out-of-vocabulary ids, a parameter out of range, or a prompt
             plus `max_tokens` longer than `max_context_length`.
     """
-    (outcome,) = sample_batch(model, [SamplingJob(request, adapter, eos_token_ids)], decode, max_context_length)
+    (outcome,) = sample_batch(
+        model, [BoundSamplingRequest(request, adapter, eos_token_ids)], decode, max_context_length
+    )
     if isinstance(outcome, SamplingInputError):
         raise outcome
     return outcome
@@ -168,7 +171,7 @@ def sample(
 
 def sample_batch(
     model: PreTrainedModel | PeftModel,
-    jobs: Sequence[SamplingJob],
+    jobs: Sequence[BoundSamplingRequest],
     decode: Callable[[Sequence[int]], str],
     max_context_length: int,
     pause: Callable[[], None] = lambda: None,
@@ -342,7 +345,7 @@ def _generator(request: SamplingRequest, device: torch.device) -> torch.Generato
 
 def _sample_with_prompt_scores(
     model: PreTrainedModel | PeftModel,
-    job: SamplingJob,
+    job: BoundSamplingRequest,
     decode: Callable[[Sequence[int]], str],
     pause: Callable[[], None],
 ) -> SamplingResult:
@@ -377,7 +380,7 @@ class _Admission:
     def room(self, length: int, capacity: int, remaining: int) -> JoinRoom:
         return JoinRoom(length, capacity, remaining, self.vocab_size, self.max_context_length)
 
-    def admit(self, room: JoinRoom) -> list[SamplingJob]:
+    def admit(self, room: JoinRoom) -> list[BoundSamplingRequest]:
         jobs = list(self.joining.admit(room)) if self.joining is not None else []
         self.indices += range(self.next_index, self.next_index + len(jobs))
         self.next_index += len(jobs)
@@ -391,7 +394,7 @@ class _Admission:
 
 def _generate(
     model: PreTrainedModel | PeftModel,
-    jobs: Sequence[SamplingJob],
+    jobs: Sequence[BoundSamplingRequest],
     decode: Callable[[Sequence[int]], str],
     pause: Callable[[], None],
     admission: _Admission,
@@ -422,7 +425,7 @@ def _window_limit(config: PretrainedConfig) -> float:
 
 def _prefill(
     model: PreTrainedModel | PeftModel,
-    jobs: Sequence[SamplingJob],
+    jobs: Sequence[BoundSamplingRequest],
     device: torch.device,
     capacity: int | None = None,
     max_length: int | None = None,
@@ -524,7 +527,7 @@ class _Rows:
     last_position_R: Tensor
 
     @classmethod
-    def for_jobs(cls, jobs: Sequence[SamplingJob], mask_JP: Tensor, last_position_J: Tensor) -> _Rows:
+    def for_jobs(cls, jobs: Sequence[BoundSamplingRequest], mask_JP: Tensor, last_position_J: Tensor) -> _Rows:
         job = [j for j, job in enumerate(jobs) for _ in range(job.request.num_samples)]
         sample = [s for job in jobs for s in range(job.request.num_samples)]
         index_R = torch.tensor(job, dtype=torch.long, device=mask_JP.device)
@@ -616,7 +619,7 @@ def _prefill_scoring(
 class _JobDraws:
     """What one job of a decoding batch has drawn so far, and what ends its samples."""
 
-    job: SamplingJob
+    job: BoundSamplingRequest
     generator: torch.Generator
     stop_ids: frozenset[int]
     # Tokens decoded when looking for a stop string.
@@ -628,7 +631,7 @@ class _JobDraws:
     rows_left: int
 
     @classmethod
-    def start(cls, job: SamplingJob, device: torch.device) -> _JobDraws:
+    def start(cls, job: BoundSamplingRequest, device: torch.device) -> _JobDraws:
         request, samples = job.request, job.request.num_samples
         return cls(
             job=job,
@@ -653,7 +656,7 @@ def _decode(
     model: PreTrainedModel | PeftModel,
     cache: Cache,
     next_R: _NextTokenScores,
-    jobs: Sequence[SamplingJob],
+    jobs: Sequence[BoundSamplingRequest],
     rows: _Rows,
     decode: Callable[[Sequence[int]], str],
     device: torch.device,
@@ -773,7 +776,7 @@ def _drop_unread_positions(cache: Cache, rows: _Rows, capacity: int) -> None:
 
 def _draw(
     scores: _NextTokenScores,
-    jobs: Sequence[SamplingJob],
+    jobs: Sequence[BoundSamplingRequest],
     job_R: Sequence[int],
     generators: Sequence[torch.Generator],
     allowed_R: Sequence[Tensor | None],

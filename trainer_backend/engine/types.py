@@ -108,7 +108,8 @@ class SamplingInputError(UserInputError, ValueError):
 
 @dataclass(frozen=True)
 class SamplingRequest:
-    """One prompt and how to sample from it; the service builds it from the wire's `SampleRequest`."""
+    """One prompt, the weights to sample it from, and how; the service builds it from the wire's `SampleRequest` (or an
+    OpenAI-compatible request), and every sampler serves it as it is."""
 
     prompt_tokens: tuple[int, ...]
     num_samples: int = 1
@@ -117,7 +118,9 @@ class SamplingRequest:
     top_k: int = -1  # -1 or 0: no limit
     top_p: float = 1.0  # in (0, 1]; 1 keeps the whole distribution
     seed: int | None = None  # the same seed and request give the same tokens; None draws a fresh seed
-    stop_token_ids: tuple[int, ...] = ()  # in addition to the model's EOS ids, which `sample` takes separately
+    # Whether the model's EOS ids end a sequence: False for Tinker's `stop=[]` and OpenAI's `ignore_eos`.
+    stop_at_eos: bool = True
+    stop_token_ids: tuple[int, ...] = ()  # in addition to the model's EOS ids
     stop_strings: tuple[str, ...] = ()
     prompt_logprobs: bool = False
     topk_prompt_logprobs: int = 0  # k > 0 returns the k most likely tokens at each prompt position
@@ -125,6 +128,8 @@ class SamplingRequest:
     constraint: Callable[[], TokenConstraint] | None = None
     # Called with (sample index, token) as each token is drawn, on the engine's thread (streaming).
     on_token: Callable[[int, int], None] | None = None
+    # A sampler checkpoint folder whose weights it samples; None for the base model.
+    weights_folder: Path | None = None
 
     def check_fits(self, max_context_length: int) -> None:
         """Raises SamplingInputError, naming both numbers, when the prompt plus `max_tokens` is past the context."""
@@ -154,15 +159,6 @@ class SamplingResult:
     sequences: tuple[SampledSequence, ...]
     prompt_logprobs: tuple[float | None, ...] | None
     topk_prompt_logprobs: tuple[TopkLogprobs | None, ...] | None
-
-
-@dataclass(frozen=True)
-class SamplerCall:
-    """One sampling request and the weights it samples: a sampler checkpoint folder, or None for the base model."""
-
-    weights_folder: Path | None
-    request: SamplingRequest
-    stop_at_eos: bool
 
 
 @dataclass(frozen=True)

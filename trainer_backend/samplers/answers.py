@@ -12,7 +12,7 @@ from trainer_backend.engine.types import SamplingResult
 from trainer_backend.errors import BackendError
 from trainer_backend.ledger import Ledger, ResultFormat
 from trainer_backend.request_kinds import RequestKind
-from trainer_backend.samplers.interface import SampleJob
+from trainer_backend.samplers.interface import RecordedSamplingRequest
 from trainer_backend.tenant_usage import TenantUsage
 from trainer_backend.wire.proto import encode_sample_response
 
@@ -28,21 +28,21 @@ class SampleAnswers:
         self.tokens = tokens
         self.usage = usage
 
-    def encode(self, job: SampleJob, result: SamplingResult) -> tuple[bytes, ResultFormat]:
+    def encode(self, job: RecordedSamplingRequest, result: SamplingResult) -> tuple[bytes, ResultFormat]:
         """The job's answer on the wire, its tokens counted."""
         if job.prompt_logprobs_last_n is not None:
             result = _keep_last_prompt_logprobs(result, job.prompt_logprobs_last_n)
         generated = generated_tokens(result)
-        self.tokens.add("sample_prompt", len(job.call.request.prompt_tokens))
+        self.tokens.add("sample_prompt", len(job.request.prompt_tokens))
         self.tokens.add("sample_generated", generated)
         self.usage.add_tokens(job.owner, job.run, "sampled", generated)
         job.result.set_result(result)
         return encode_sample_response(result), ResultFormat.PROTO
 
-    def started(self, job: SampleJob) -> None:
+    def started(self, job: RecordedSamplingRequest) -> None:
         self.ledger.mark_running(job.request_id)
 
-    def resolve(self, job: SampleJob, outcome: SamplingResult | Exception) -> None:
+    def resolve(self, job: RecordedSamplingRequest, outcome: SamplingResult | Exception) -> None:
         """Complete the job's future with its answer, or fail it: a backend error with its own message and category,
         anything else as an internal error (logged with its trace)."""
         if isinstance(outcome, BackendError):

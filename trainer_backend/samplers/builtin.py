@@ -6,13 +6,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from trainer_backend.batches import BatchBudget, BatchCall, BatchKind
 from trainer_backend.engine.model_engine import MAX_SAMPLING_ROWS, ModelEngine, SampleOutcome
-from trainer_backend.engine.types import LoraSettings, SamplerCall
+from trainer_backend.engine.types import LoraSettings, SamplingRequest
 from trainer_backend.errors import BackendError
+from trainer_backend.operations import Operation, Outcome
 from trainer_backend.request_kinds import RequestKind
 from trainer_backend.samplers.answers import SampleAnswers, generated_tokens
-from trainer_backend.samplers.interface import SampleJob
-from trainer_backend.scheduler import BatchBudget, BatchCall, Operation, Outcome, Scheduler
+from trainer_backend.samplers.interface import RecordedSamplingRequest
+from trainer_backend.scheduler import Scheduler
 from trainer_backend.wire.status import SamplerStatus
 
 # The scheduler's batch kind of sampling requests: those of any weights share a generation batch.
@@ -39,14 +41,14 @@ class BuiltinSampler:
         self.max_batch_tokens = max_batch_tokens
         # A tenant's requests join another tenant's running generation between its steps (`_run_batch`) rather than
         # wait for its end; those it cannot take in (prompt scores, past its cache) run nested in one of its pauses.
-        scheduler.add_batch_kind(
-            SAMPLING, self._run_batch, SAMPLING_BATCH_WINDOW_S, BatchBudget(self._share), nests=True
+        scheduler.register(
+            BatchKind(SAMPLING, self._run_batch, SAMPLING_BATCH_WINDOW_S, BatchBudget(self._share), nests=True)
         )
 
-    def serves(self, call: SamplerCall) -> str | None:
+    def serves(self, request: SamplingRequest) -> str | None:
         return None
 
-    def submit(self, job: SampleJob) -> None:
+    def submit(self, job: RecordedSamplingRequest) -> None:
         self.scheduler.submit(
             Operation(
                 job.request_id,
@@ -58,7 +60,7 @@ class BuiltinSampler:
                 payload=job,
                 owner=job.owner,
                 run=job.run,
-                reads=job.call.weights_folder,
+                reads=job.request.weights_folder,
                 alone=job.batch_invariant,
             )
         )
@@ -72,23 +74,23 @@ class BuiltinSampler:
     def close(self) -> None:
         """Nothing of its own: the service stops the scheduler."""
 
-    def _share(self, job: SampleJob) -> float:
+    def _share(self, job: RecordedSamplingRequest) -> float:
         """The share of one generation batch a request takes: the larger of its rows and its tokens (prompt and
         planned completion, every row) against the batch's limits."""
-        request = job.call.request
+        request = job.request
         tokens = request.num_samples * (len(request.prompt_tokens) + request.max_tokens)
         return max(request.num_samples / MAX_SAMPLING_ROWS, tokens / self.max_batch_tokens)
 
-    def _run_batch(self, operations: Sequence[Operation[SampleJob]], call: BatchCall) -> list[Outcome]:
+    def _run_batch(self, operations: Sequence[Operation[RecordedSamplingRequest]], call: BatchCall) -> list[Outcome]:
         """The scheduler's batch runner: every queued request, of any weights, in one generation batch, which takes in
         other tenants' requests between its steps and answers each request as soon as its samples are done."""
         running = list(operations)
         outcomes: dict[int, Outcome] = {}
 
-        def admit(accepts: Callable[[SamplerCall], bool]) -> list[SamplerCall]:
-            joined = call.admit(lambda operation: accepts(operation.payload.call))
+        def admit(accepts: Callable[[SamplingRequest], bool]) -> list[SamplingRequest]:
+            joined = call.admit(lambda operation: accepts(operation.payload.request))
             running.extend(joined)
-            return [operation.payload.call for operation in joined]
+            return [operation.payload.request for operation in joined]
 
         def finished(index: int, result: SampleOutcome) -> None:
             outcomes[index] = self._outcome(running[index], result)
@@ -97,12 +99,12 @@ class BuiltinSampler:
         # A batch-invariant request runs as it would alone: not even room to take requests in, which would widen its
         # cache and with it the sums of its attention.
         joins = None if call.alone else admit
-        self.engine.sample_batch([op.payload.call for op in running], call, joins, finished)
+        self.engine.sample_batch([op.payload.request for op in running], call, joins, finished)
         return [outcomes[index] for index in range(len(running))]
 
-    def _outcome(self, operation: Operation[SampleJob], result: SampleOutcome) -> Outcome:
+    def _outcome(self, operation: Operation[RecordedSamplingRequest], result: SampleOutcome) -> Outcome:
         if isinstance(result, BackendError):  # bad input, or weights whose load was refused
             return result
         job = operation.payload
-        operation.processed_tokens = len(job.call.request.prompt_tokens) + generated_tokens(result)
+        operation.processed_tokens = len(job.request.prompt_tokens) + generated_tokens(result)
         return self.answers.encode(job, result)

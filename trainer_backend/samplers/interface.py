@@ -1,4 +1,4 @@
-"""What the service asks of a sampling engine: the `Sampler` protocol, and the `SampleJob` it is handed.
+"""What the service asks of a sampling engine: the `Sampler` protocol, and the `RecordedSamplingRequest` it is handed.
 
 The service records the request's future, then hands the job to its sampler; the sampler answers it through
 `SampleAnswers` (samplers/answers.py), which turns every engine's result into the wire's the same way. An engine
@@ -12,13 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from trainer_backend.engine.types import LoraSettings, SamplerCall, SamplingResult
+from trainer_backend.engine.types import LoraSettings, SamplingRequest, SamplingResult
 from trainer_backend.wire.status import SamplerStatus
 
 
 @dataclass(frozen=True)
-class SampleJob:
-    """A sampling request whose future is recorded, as a sampler receives it.
+class RecordedSamplingRequest:
+    """A sampling request whose future is recorded (`request_id`), with who asked and where it waits, as a sampler
+    receives it.
 
     `lane`: the queue it waits in (its sampling session, or the caller's base-model lane) with a queued engine.
     `run`: the training run whose sampler weights it reads, which its usage counts toward. `batch_invariant`: answered
@@ -30,7 +31,7 @@ class SampleJob:
     owner: str
     lane: str
     run: str | None
-    call: SamplerCall
+    request: SamplingRequest
     prompt_logprobs_last_n: int | None = None
     batch_invariant: bool = False
     result: Future[SamplingResult] = field(default_factory=Future, compare=False)
@@ -41,10 +42,10 @@ class Sampler(Protocol):
 
     name: str
 
-    def serves(self, call: SamplerCall) -> str | None:
-        """None when this engine answers `call` exactly as the built-in engine would; else why it cannot."""
+    def serves(self, request: SamplingRequest) -> str | None:
+        """None when this engine answers `request` exactly as the built-in engine would; else why it cannot."""
 
-    def submit(self, job: SampleJob) -> None:
+    def submit(self, job: RecordedSamplingRequest) -> None:
         """Start answering `job`; its future resolves through `SampleAnswers` once, with the result or the error.
 
         Raises:

@@ -9,11 +9,11 @@ from collections import Counter
 from pathlib import Path
 
 from trainer_backend.config import ServerConfig
-from trainer_backend.engine.types import LoraSettings, SamplerCall
+from trainer_backend.engine.types import LoraSettings, SamplingRequest
 from trainer_backend.models.loading import LoadedModel, dtype_name
 from trainer_backend.samplers.answers import SampleAnswers
 from trainer_backend.samplers.builtin import BuiltinSampler
-from trainer_backend.samplers.interface import SampleJob, Sampler
+from trainer_backend.samplers.interface import RecordedSamplingRequest, Sampler
 from trainer_backend.samplers.vllm import VllmSampler
 from trainer_backend.samplers.vllm_client import VllmClient
 from trainer_backend.samplers.vllm_process import VllmSettings
@@ -33,25 +33,25 @@ class RoutedSampler:
         self._fallbacks: Counter[str] = Counter()
         self._lock = threading.Lock()
 
-    def serves(self, call: SamplerCall) -> str | None:
+    def serves(self, request: SamplingRequest) -> str | None:
         return None
 
-    def engine_for(self, call: SamplerCall) -> Sampler:
-        reason = self.preferred.serves(call)
+    def engine_for(self, request: SamplingRequest) -> Sampler:
+        reason = self.preferred.serves(request)
         if reason is None:
             return self.preferred
         with self._lock:
             self._fallbacks[reason] += 1
         return self.builtin
 
-    def submit(self, job: SampleJob) -> None:
+    def submit(self, job: RecordedSamplingRequest) -> None:
         if job.batch_invariant:
             # vLLM batches whatever it holds; only the built-in engine runs a request in a batch of its own.
             with self._lock:
                 self._fallbacks[BATCH_INVARIANT] += 1
             self.builtin.submit(job)
             return
-        self.engine_for(job.call).submit(job)
+        self.engine_for(job.request).submit(job)
 
     def weights_saved(self, folder: Path, lora: LoraSettings) -> None:
         self.preferred.weights_saved(folder, lora)

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer_backend.engine.adapters import saved_adapter_settings
-from trainer_backend.engine.types import LoraSettings, SamplerCall, SamplingResult
+from trainer_backend.engine.types import LoraSettings, SamplingRequest, SamplingResult
 from trainer_backend.engine.weights_proof import SamplerWeightsError
 from trainer_backend.samplers.answers import SampleAnswers
-from trainer_backend.samplers.interface import SampleJob
+from trainer_backend.samplers.interface import RecordedSamplingRequest
 from trainer_backend.samplers.vllm_client import VllmClient
 from trainer_backend.structured_output import JsonSchemaConstraint
 from trainer_backend.wire.status import SamplerStatus
@@ -49,26 +49,25 @@ class VllmSampler:
         self._counts = _Counts()
         self._lock = threading.Lock()
 
-    def serves(self, call: SamplerCall) -> str | None:
-        constraint = call.request.constraint
+    def serves(self, request: SamplingRequest) -> str | None:
+        constraint = request.constraint
         if constraint is not None and not isinstance(constraint, JsonSchemaConstraint):
             return OTHER_CONSTRAINT
-        if call.weights_folder is not None and _trains_unembedding(call.weights_folder):
+        if request.weights_folder is not None and _trains_unembedding(request.weights_folder):
             return TRAINS_UNEMBEDDING
         return None
 
-    def submit(self, job: SampleJob) -> None:
+    def submit(self, job: RecordedSamplingRequest) -> None:
         self.answers.started(job)
         self.pool.submit(self._answer, job)
 
-    def _answer(self, job: SampleJob) -> None:
+    def _answer(self, job: RecordedSamplingRequest) -> None:
         started = time.monotonic()
         with self._lock:
             self._counts.in_flight += 1
-        folder = job.call.weights_folder
         outcome: SamplingResult | Exception
         try:
-            outcome = self.client.sample(job.call.request, folder, job.call.stop_at_eos)
+            outcome = self.client.sample(job.request)
         except Exception as error:
             outcome = error
         # Counted before the future resolves, so that a client reading the status after its answer sees it.

@@ -163,8 +163,10 @@ class VllmClient:
     def _probe(self, model: str, tokens: tuple[int, ...]) -> tuple[float, ...]:
         """vLLM's log-probability of each probe token after the ones before it, through `model` (an adapter's name or
         the base model's), as a request for the prompt's log-probs is served."""
-        request = SamplingRequest(prompt_tokens=tokens, max_tokens=1, temperature=0.0, prompt_logprobs=True)
-        body = _completion_body(request, model, stop_at_eos=False)
+        request = SamplingRequest(
+            prompt_tokens=tokens, max_tokens=1, temperature=0.0, stop_at_eos=False, prompt_logprobs=True
+        )
+        body = _completion_body(request, model)
         try:
             response = self.http.post("/v1/completions", json=body)
         except httpx.HTTPError as error:
@@ -189,9 +191,10 @@ class VllmClient:
 
     # --- sampling -----------------------------------------------------------------------------------------
 
-    def sample(self, request: SamplingRequest, folder: Path | None, stop_at_eos: bool) -> SamplingResult:
-        """One request for the base model or the sampler weights in `folder`, blocking; weights vLLM does not hold
-        are loaded (and checked) first, and again, with the request sent again, if vLLM lost them (it restarted).
+    def sample(self, request: SamplingRequest) -> SamplingResult:
+        """One request for the base model or the sampler weights in its `weights_folder`, blocking; weights vLLM does
+        not hold are loaded (and checked) first, and again, with the request sent again, if vLLM lost them (it
+        restarted).
 
         Raises:
             UserInputError: vLLM refused the request for its input (the message is vLLM's), or the weights are gone.
@@ -202,8 +205,9 @@ class VllmClient:
             # Down since the last request: wait for the restart (or make it) first. Sent now, the request could reach
             # a server on its way down or up and fail as if it had been cut off.
             self._recover()
+        folder = request.weights_folder
         name = self.settings.served_name if folder is None else self.load_adapter(folder)
-        body = _completion_body(request, name, stop_at_eos)
+        body = _completion_body(request, name)
         for attempt in (1, 2):
             try:
                 response = self.http.post("/v1/completions", json=body)
@@ -244,7 +248,7 @@ class VllmClient:
         return True
 
 
-def _completion_body(request: SamplingRequest, model: str, stop_at_eos: bool) -> dict:
+def _completion_body(request: SamplingRequest, model: str) -> dict:
     body: dict = {
         "model": model,
         "prompt": list(request.prompt_tokens),
@@ -258,7 +262,7 @@ def _completion_body(request: SamplingRequest, model: str, stop_at_eos: bool) ->
         "return_tokens_as_token_ids": True,
         "skip_special_tokens": False,
         "include_stop_str_in_output": True,
-        "ignore_eos": not stop_at_eos,
+        "ignore_eos": not request.stop_at_eos,
     }
     if request.seed is not None:
         body["seed"] = request.seed

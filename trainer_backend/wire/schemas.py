@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tinker import types
 from tinker.types import try_again_response
 
-from trainer_backend.engine.types import DEFAULT_MAX_TOKENS, AdamSettings, LoraSettings, SamplerCall, SamplingRequest
+from trainer_backend.engine.types import DEFAULT_MAX_TOKENS, AdamSettings, LoraSettings, SamplingRequest
 from trainer_backend.errors import UserInputError
 from trainer_backend.wire.proto import WireFormatError
 
@@ -378,8 +378,8 @@ class SampleRequest(_Request):
     prompt_logprobs_last_n: int | None = Field(default=None, ge=1)
     record_stability_info: bool | None = None
 
-    def to_engine(self, weights_folder: Path | None) -> SamplerCall:
-        """The engine's call, sampling the base model or the sampler weights in `weights_folder`.
+    def to_engine(self, weights_folder: Path | None) -> SamplingRequest:
+        """The engine's request, sampling the base model or the sampler weights in `weights_folder`.
 
         Raises:
             UserInputError: a field this server does not serve, or `prompt_logprobs_last_n` past the prompt.
@@ -403,7 +403,7 @@ class SampleRequest(_Request):
                 stop_strings = tuple(stop)
             else:
                 stop_tokens = tuple(int(s) for s in stop)
-        sampling = SamplingRequest(
+        return SamplingRequest(
             prompt_tokens=prompt,
             num_samples=self.num_samples,
             max_tokens=params.max_tokens if params.max_tokens is not None else DEFAULT_MAX_TOKENS,
@@ -411,13 +411,14 @@ class SampleRequest(_Request):
             top_k=params.top_k,
             top_p=params.top_p,
             seed=params.seed,
+            # `stop=[]` disables every stop, EOS included (SamplingParams' documented semantics).
+            stop_at_eos=stop is None or bool(stop),
             stop_token_ids=stop_tokens,
             stop_strings=stop_strings,
             prompt_logprobs=bool(self.prompt_logprobs),
             topk_prompt_logprobs=self.topk_prompt_logprobs,
+            weights_folder=weights_folder,
         )
-        # `stop=[]` disables every stop, EOS included (SamplingParams' documented semantics).
-        return SamplerCall(weights_folder, sampling, stop_at_eos=stop is None or bool(stop))
 
 
 class FutureRetrieveRequest(_Request):

@@ -1,0 +1,185 @@
+"""What runs together in one device call: a batch kind (its runner, gathering window, budget and whether it nests),
+registered once with the scheduler, and a call of it in progress (`BatchCall`), which its runner is handed.
+
+A call that runs step by step (a generation) may pause between its steps, so that other tenants' short operations
+run; take in, between its steps, other tenants' gathered operations of its kind (`BatchCall.admit`); and record each
+operation's outcome as soon as it is done (`BatchCall.finish`). A call keeps the device time each of its operations
+accrued, for the tenants' usage.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from trainer_backend.operations import Operation, Outcome
+
+# A long call may call its pause callback between its steps: the scheduler then runs other tenants' ready operations
+# that may interleave (their results do not depend on the long call) before the call goes on.
+PauseCallback = Callable[[], None]
+# Runs several operations of one batch kind in one device call, given the call (`BatchCall`, which is its pause
+# callback): one outcome per operation of the call (those it was given, then those it admitted), in order; the
+# outcomes of operations it finished early are not read.
+BatchRunner = Callable[[Sequence[Operation[Any]], "BatchCall"], Sequence[Outcome]]
+# Operations handed to a batch runner at once; the runner may still split them by its own limits.
+MAX_BATCH_OPERATIONS = 64
+
+
+@dataclass(frozen=True)
+class BatchBudget:
+    """How much of one device call an operation of a batch kind takes (its payload's share, e.g. the larger of its
+    rows and its tokens as fractions of a generation batch's limits) and how much one call may hold. An operation
+    larger than the whole capacity still runs, alone."""
+
+    share: Callable[[Any], float]
+    capacity: float = 1.0
+
+
+@dataclass(frozen=True)
+class BatchKind:
+    """Operations that run together in one device call (`Operation.batch_kind` names the kind), and how."""
+
+    name: str
+    runner: BatchRunner
+    # How old the kind's oldest ready operation must be before its batch forms (or a running call takes it in), so
+    # that requests a client sends together (an RL step's prompts, a few milliseconds apart) run as one batch instead
+    # of the first alone and the rest behind it.
+    window_s: float = 0.0
+    # What one device call may hold; None: up to MAX_BATCH_OPERATIONS operations.
+    budget: BatchBudget | None = None
+    # While a batch pauses, operations of this kind from lanes that have none in it (gathered for the window) that it
+    # does not take in (`BatchCall.admit`) may run as a batch of their own, which does not pause; the runner must then
+    # leave what the paused batch uses alone.
+    nests: bool = False
+
+    def share(self, operation: Operation) -> float:
+        """The share of one device call of this kind that `operation` takes."""
+        if self.budget is None:
+            return 1 / MAX_BATCH_OPERATIONS
+        return self.budget.share(operation.payload) / self.budget.capacity
+
+
+@dataclass(frozen=True)
+class CallHooks:
+    """What a call asks of the scheduler that runs it: to run other tenants' work in a pause, to take ready
+    operations in (those `accepts` takes), and to record an operation's outcome now."""
+
+    pause: Callable[[BatchCall], None]
+    admit: Callable[[BatchCall, Callable[[Operation], bool]], list[Operation]]
+    finish: Callable[[BatchCall, Operation, Outcome], None]
+
+
+class BatchCall:
+    """One device call in progress: the operations it runs, when each joined it, and the device time each accrued.
+
+    Handed to a batch kind's runner, it is the call's pause callback (calling it lets other tenants' work run), and a
+    call that runs step by step may take in more operations of its kind between steps (`admit`) and record an
+    operation's outcome before the call ends (`finish`). A call nested in another's pause neither pauses nor admits.
+    Its own device time is its wall time less the time that work run in its pauses took; that time is split among
+    its operations at every pause, admission and finish, in proportion to their shares of the kind's budget, and what
+    is left at its end among the operations still running, in proportion to the tokens each processed.
+    """
+
+    def __init__(self, operations: list[Operation], kind: BatchKind | None, nested: bool, hooks: CallHooks) -> None:
+        """`kind`: None for the call of one operation without a batch kind, which runs its `work`."""
+        self.operations = list(operations)
+        self.kind = kind
+        self.nested = nested
+        # The call of one operation that runs alone: it takes nothing in.
+        self.alone = operations[0].alone
+        self.started = time.monotonic()
+        # Device seconds that other tenants' operations ran while this call paused.
+        self.paused_seconds = 0.0
+        # Whether the runner asks to take operations in (a nesting kind's operations then nest only once refused).
+        self.admits = False
+        self.refused: set[str] = set()
+        self.finished: set[str] = set()
+        self.reported_seconds = 0.0
+        self._hooks = hooks
+        self._joined_at: dict[str, float] = {}
+        self._accrued: dict[str, float] = {}
+        self._accrued_until = 0.0
+
+    def __call__(self) -> None:
+        """Pause: other tenants' ready work that may run meanwhile runs now."""
+        if not self.nested:
+            self._hooks.pause(self)
+
+    def admit(self, accepts: Callable[[Operation], bool]) -> list[Operation]:
+        """Other tenants' ready operations of this call's kind that it takes in now, each one `accepts` (see
+        `Scheduler._admit`); the runner must return their outcomes after those of the operations it was given."""
+        if self.nested or self.alone:
+            return []
+        self.admits = True
+        return self._hooks.admit(self, accepts)
+
+    def finish(self, operation: Operation, outcome: Outcome) -> None:
+        """Record `operation`'s outcome now (its future resolves) rather than when the call ends."""
+        self._hooks.finish(self, operation, outcome)
+
+    def unfinished(self) -> list[Operation]:
+        return [op for op in self.operations if op.request_id not in self.finished]
+
+    def lanes(self) -> set[str]:
+        """Lanes with an operation still running in this call."""
+        return {op.lane for op in self.unfinished()}
+
+    def held_by_lane(self) -> dict[str, float]:
+        """Each lane's share of the kind's budget in the operations still running."""
+        held: dict[str, float] = {}
+        for op in self.unfinished():
+            held[op.lane] = held.get(op.lane, 0.0) + self._share(op)
+        return held
+
+    def held(self) -> float:
+        return sum(self.held_by_lane().values())
+
+    def started_at(self, operation: Operation) -> float:
+        return self._joined_at.get(operation.request_id, self.started)
+
+    def own_seconds(self, now: float) -> float:
+        return now - self.started - self.paused_seconds
+
+    def accrue(self, now: float) -> None:
+        """Split the call's own time since the last split among the operations running, by their budget shares."""
+        own = self.own_seconds(now)
+        running = self.unfinished()
+        weights = [self._share(op) for op in running]
+        for op, weight in zip(running, weights, strict=True) if sum(weights) > 0 else ():
+            key = op.request_id
+            self._accrued[key] = self._accrued.get(key, 0.0) + (own - self._accrued_until) * weight / sum(weights)
+        self._accrued_until = own
+
+    def join(self, operations: list[Operation], now: float) -> None:
+        if operations:
+            self.accrue(now)
+            self.operations += operations
+            self._joined_at.update((op.request_id, now) for op in operations)
+
+    def settle(self, operation: Operation, now: float) -> float:
+        """Count `operation` finished: the device seconds it accrued."""
+        self.accrue(now)
+        self.finished.add(operation.request_id)
+        seconds = self._accrued.pop(operation.request_id, 0.0)
+        self.reported_seconds += seconds
+        return seconds
+
+    def close(self, now: float) -> list[float]:
+        """The call has ended: the device seconds of each operation still running (`unfinished`, in order), the call's
+        own time not yet reported split in proportion to the tokens each processed (a token costs about the same
+        whoever sent it), evenly where none are set."""
+        self.accrue(now)
+        left = self.unfinished()
+        if not left:
+            return []
+        seconds = max(0.0, self.own_seconds(now) - self.reported_seconds)
+        tokens = sum(op.processed_tokens for op in left)
+        if tokens <= 0:
+            return [seconds / len(left)] * len(left)
+        return [seconds * op.processed_tokens / tokens for op in left]
+
+    def _share(self, operation: Operation) -> float:
+        # The call of an operation without a batch kind runs that operation only: it takes the whole call.
+        return self.kind.share(operation) if self.kind is not None else 1.0
