@@ -20,10 +20,15 @@ TPE_SEED = 0
 
 
 def study_sampler(
-    spec: StudySpec, study: optuna.Study, proposer: LlmProposer, reward_code: RewardCodeAdmission | None = None
+    spec: StudySpec,
+    study: optuna.Study,
+    proposer: LlmProposer,
+    reward_code: RewardCodeAdmission | None = None,
+    seed: int = TPE_SEED,
 ) -> HybridSampler:
-    """The LLM on `llm.share` of the study's trials, asked for `budget.candidates_per_round` candidates a call;
-    `reward_code` admits the reward functions its candidates write (without it, any they write is refused)."""
+    """The LLM on the proposer's `llm.share` of the study's trials, asked for `budget.candidates_per_round` candidates
+    a call; `reward_code` admits the reward functions its candidates write (without it, any they write is refused).
+    `seed` fixes which trials are the LLM's turns and seeds the TPE (a benchmark repeats a study over seeds)."""
 
     def llm(state: OptimizerState) -> list[Suggestion]:
         baseline = StudyAttributes.of(study).baseline_accuracy
@@ -47,7 +52,7 @@ def study_sampler(
     return HybridSampler(
         llm,
         llm_share=proposer.settings.share,
-        seed=TPE_SEED,
+        seed=seed,
         # The proposer's client bounds each request (llm.timeout_s, with its retries).
         timeout_s=None,
         candidates_per_call=spec.budget.candidates_per_round,

@@ -173,13 +173,14 @@ def module_or_script(words: list[str]) -> str:
 @cache
 def module_sources(module: str) -> tuple[Path, ...]:
     """The Python files a module's flags may be defined in: its whole top-level package (typer options and pydantic
-    settings derive flags from field names, so a field's name counts as its flag), or the module alone in a package
-    of commands."""
+    settings derive flags from field names, so a field's name counts as its flag), or in a package of commands the
+    command's own module or package."""
     path = ROOT / module.replace(".", "/")
     if not (path.with_suffix(".py").exists() or (path / "__main__.py").exists()):
         return ()
     if module.split(".")[0] in COMMAND_PACKAGES:
-        return (path.with_suffix(".py"),)
+        # A command of its own: one module, or a package of them (`python -m benchmarks.proposers`).
+        return (path.with_suffix(".py"),) if path.with_suffix(".py").exists() else tuple(sorted(path.rglob("*.py")))
     return tuple(sorted((ROOT / module.split(".")[0]).rglob("*.py")))
 
 
