@@ -29,7 +29,6 @@ from benchmarks.proposers.arms import (
     Arm,
     ArmRun,
     Bench,
-    missing_points,
     point_text,
     proposer_llm,
     seeds_of,
@@ -168,7 +167,7 @@ def _complete_table(path: Path, grid: Grid, build_command: str) -> Table:
         table = Table.load(path, grid)
     except TableError as error:
         _fail(f"{error}; rebuild it: {build_command}")
-    missing = missing_points(table)
+    missing = table.unanswered()
     if missing:
         _fail(
             f"{path}: no outcome at {len(missing)} of {len(grid.points())} grid points (first: "

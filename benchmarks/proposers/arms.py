@@ -210,11 +210,6 @@ def answer_trials(
         on_trial()
 
 
-def missing_points(table: Table) -> list[dict[str, Any]]:
-    """The grid points the table has no outcome at."""
-    return [point for point in table.grid.points() if not table.outcomes.get(table.key(point))]
-
-
 def seeds_of(arm: str, seeds: int | None) -> range:
     return range(DEFAULT_SEEDS[arm] if seeds is None else seeds)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import math
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
@@ -98,6 +98,10 @@ class Table:
         once before it covers any point twice."""
         return [(point, seed) for seed in seeds for point in self.grid.points() if not self.has(point, seed)]
 
+    def unanswered(self) -> list[dict[str, Any]]:
+        """The grid points without any outcome: a query near one of them has nothing to answer with."""
+        return [point for point in self.grid.points() if not self.outcomes.get(self.key(point))]
+
     def query(self, params: Mapping[str, Any], space: Mapping[str, BaseDistribution], rng: random.Random) -> Outcome:
         """The outcome of a trial of `params`: the nearest grid point's, one of its seeds drawn by `rng`."""
         point = self.grid.nearest(params, space)
@@ -105,9 +109,6 @@ class Table:
         if not outcomes:
             raise TableError(f"the table has no outcome at {point}: build it first")
         return rng.choice(sorted(outcomes, key=lambda o: o.seed))
-
-    def mean_scores(self) -> dict[tuple[Any, ...], float]:
-        return {key: sum(o.score for o in outs) / len(outs) for key, outs in self.outcomes.items() if outs}
 
     def save(self, path: Path) -> None:
         """The table as CSV, one row per outcome, grid points in order; written whole to a temporary file first."""
@@ -185,7 +186,7 @@ def _same_number(value: object, text: str) -> bool:
         return False
 
 
-def _scale(distribution: BaseDistribution):
+def _scale(distribution: BaseDistribution) -> Callable[[float], float]:
     if isinstance(distribution, FloatDistribution | IntDistribution) and distribution.log:
         return math.log
     return lambda value: value
