@@ -157,6 +157,8 @@ class HybridSampler(BaseSampler):
         search_space: the bounds the LLM proposes in; by default those every finished trial shares (a study's first
             trial then has none, and its LLM turn falls back: pass the space to have the LLM propose it).
         check: the caller's own check of a candidate, raising ValueError with the reason to refuse it.
+        distinguishing_attrs: user attributes that make two trials of the same parameter values different runs (this
+            project's reward code, by hash): a candidate repeats an earlier trial only where these are the same too.
     """
 
     def __init__(
@@ -173,6 +175,7 @@ class HybridSampler(BaseSampler):
         shown_attrs: Sequence[str] = SHOWN_ATTRS,
         search_space: Mapping[str, BaseDistribution] | None = None,
         check: Check | None = None,
+        distinguishing_attrs: Sequence[str] = (),
     ) -> None:
         if not 0 < llm_share <= 1:
             raise ValueError(f"llm_share must be in (0, 1], got {llm_share}")
@@ -188,6 +191,7 @@ class HybridSampler(BaseSampler):
         self.shown_attrs = tuple(shown_attrs)
         self.search_space = dict(search_space) if search_space is not None else None
         self.check = check
+        self.distinguishing_attrs = tuple(distinguishing_attrs)
         # Turns are spread evenly, one in every 1/share; the phase is the seed's, within the range that makes the
         # first trial a turn.
         self._phase = 1 - llm_share + llm_share * random.Random(seed).random()
@@ -240,14 +244,19 @@ class HybridSampler(BaseSampler):
             return self._failed(study, label, Fallback(error.kind, str(error)))
         count_llm_candidates(study, "proposed", len(suggestions))
         # Trials that ran or run, and those waiting with their values.
-        values = {t.number: t.params or t.system_attrs.get("fixed_params", {}) for t in trials}
-        earlier = {f"trial {number}'s": params for number, params in values.items() if params}
+        earlier = {
+            f"trial {t.number}'s": self._identity(params, t.user_attrs)
+            for t in trials
+            for params in [t.params or t.system_attrs.get("fixed_params", {})]
+            if params
+        }
         answer = _Answer()
         refusals = []
         for index, suggestion in enumerate(suggestions):
             try:
                 params = _within(space, suggestion.params)
-                _check_new(params, earlier)
+                identity = self._identity(params, suggestion.user_attrs)
+                _check_new(identity, earlier)
                 if self.check is not None:
                     self.check(Suggestion(params, suggestion.rationale))
             except ValueError as error:
@@ -255,13 +264,17 @@ class HybridSampler(BaseSampler):
                 record_rejected_proposal(study, f"{label}: {refusals[-1]}")
                 log.warning("%s: %s", label, refusals[-1])
                 continue
-            earlier[f"candidate {index + 1} of this round's"] = params
+            earlier[f"candidate {index + 1} of this round's"] = identity
             answer.accepted.append(Suggestion(params, suggestion.rationale, suggestion.user_attrs))
         count_llm_candidates(study, "valid", len(answer.accepted))
         if not answer.accepted:
             answer.fallback = Fallback("refused", "; ".join(refusals) or "the LLM proposed no candidate")
         answer.accepted = answer.accepted[:turns]
         return answer
+
+    def _identity(self, params: Mapping[str, Any], user_attrs: Mapping[str, Any]) -> dict[str, Any]:
+        """What makes a trial a run of its own: its values, and its distinguishing user attributes."""
+        return {**params, **{f"user attribute {name}": user_attrs.get(name) for name in self.distinguishing_attrs}}
 
     def _failed(self, study: optuna.Study, label: str, fallback: Fallback) -> _Answer:
         reason = f"{label}: {fallback.detail}; Optuna's sampler proposes instead"

@@ -58,6 +58,8 @@ def study_sampler(
         candidates_per_call=spec.budget.candidates_per_round,
         search_space=distributions(spec),
         check=check,
+        # The same hyperparameters with new reward code are a new run.
+        distinguishing_attrs=("reward_code_sha256", "reward_code_weight"),
     )
 
 

@@ -1,4 +1,5 @@
-"""Shared fixtures: the bundled text-to-SQL data set (built once per machine into the user cache) and its task."""
+"""Shared fixtures: the bundled text-to-SQL data set (built once per machine into the user cache) and its task, and a
+scripted LLM."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from support.scripted_llm import ScriptedLlm, scripted_llm
 
 from tasks.text2sql.bundled import load_bundled
 from tasks.text2sql.dataset import Text2SqlDataset
@@ -39,3 +41,11 @@ def text2sql(bundled: Text2SqlDataset) -> Iterator[Text2SqlTask]:
 def scorer(bundled: Text2SqlDataset) -> Scorer:
     with Scorer(bundled) as shared:
         yield shared
+
+
+@pytest.fixture
+def llm(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedLlm]:
+    """A scripted OpenAI-compatible LLM on loopback (support/scripted_llm.py), its key in $SCRIPTED_LLM_KEY."""
+    monkeypatch.setenv("SCRIPTED_LLM_KEY", "sk-test")
+    with scripted_llm() as script:
+        yield script

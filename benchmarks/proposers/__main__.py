@@ -1,8 +1,10 @@
 """The proposers on a tabular benchmark of real trials: `build` runs the grid's trials once (resumable) and writes
-the table; `compare` runs random search, TPE, the LLM alone and the hybrid sampler against it.
+the table; `compare` runs random search, TPE, the LLM alone and the hybrid sampler against it; `confirm` trains each
+arm's best configuration again for real, at a fresh seed, beside the default one.
 
 python -m benchmarks.proposers build [--spec experiments/text2sql.yaml] [--seeds 2] [--hours H]
 python -m benchmarks.proposers compare [--spec experiments/text2sql.yaml] [--arms random,tpe,llm,hybrid] [--llm-url URL]
+python -m benchmarks.proposers confirm [--spec experiments/text2sql.yaml]
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Mapping
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -21,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from autoresearch.errors import ProposalError
 from autoresearch.sdk_logging import quiet_sdk_logs
-from autoresearch.spec import load_study_spec
+from autoresearch.spec import StudySpec, load_study_spec
 from benchmarks import ROOT
 from benchmarks.proposers.arms import (
     ARMS,
@@ -34,9 +37,12 @@ from benchmarks.proposers.arms import (
     seeds_of,
 )
 from benchmarks.proposers.build import build_table
+from benchmarks.proposers.confirm import arm_choice, confirming_seed
+from benchmarks.proposers.confirm import confirm as confirm_choices
 from benchmarks.proposers.curves import AnytimeCurve, plot_curves
 from benchmarks.proposers.grids import GRIDS, TABLES
-from benchmarks.proposers.report import curves_table, goal, llm_table
+from benchmarks.proposers.records import RecordError, load_records, record_runs, records_path, table_digest
+from benchmarks.proposers.report import confirmation_table, curves_table, goal, llm_table
 from benchmarks.proposers.table import Grid, Outcome, Table, TableError
 
 MAIN_SPEC = ROOT / "experiments" / "text2sql.yaml"
@@ -61,10 +67,7 @@ def build(
     """Run the grid's missing trials, one at a time, adding each to the table as it finishes."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     quiet_sdk_logs()
-    spec = load_study_spec(spec_path)
-    grid = GRIDS.get(spec.study)
-    if grid is None:
-        raise typer.BadParameter(f"no grid for study {spec.study!r} (grids: {', '.join(GRIDS)})", param_hint="--spec")
+    spec, grid = _spec_and_grid(spec_path)
     table_path = TABLES / f"{spec.study}.csv"
     missing = len(Table.load(table_path, grid).missing(range(seeds)))
     console.print(f"{spec.study}: {len(grid.points())} grid points × {seeds} seeds, {missing} trials to run")
@@ -115,10 +118,7 @@ def compare(
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     quiet_sdk_logs()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    spec = load_study_spec(spec_path)
-    grid = GRIDS.get(spec.study)
-    if grid is None:
-        raise typer.BadParameter(f"no grid for study {spec.study!r} (grids: {', '.join(GRIDS)})", param_hint="--spec")
+    spec, grid = _spec_and_grid(spec_path)
     names = [name.strip() for option in arms or ARMS for name in option.split(",") if name.strip()]
     unknown = [name for name in names if name not in ARMS]
     if unknown or not names:
@@ -128,6 +128,11 @@ def compare(
     try:
         bench = Bench.of(spec, table)
     except TableError as error:
+        _fail(str(error))
+    records_file = records_path(path)
+    try:
+        load_records(records_file)
+    except RecordError as error:
         _fail(str(error))
     uses_llm = any(name in LLM_SHARES for name in names)
     if uses_llm and spec.llm is None:
@@ -147,16 +152,71 @@ def compare(
                         runs.append(arm.run(seed, trials, on_trial=lambda: progress.advance(task)))
                     except ProposalError as error:  # no key for the LLM's endpoint
                         _fail(str(error))
-    curves = [AnytimeCurve.of(name, [run.values for run in runs if run.arm == name]) for name in names]
+    records, dropped = record_runs(records_file, table_digest(path), trials, runs)
+    if dropped:
+        console.print(f"dropped the earlier runs of {', '.join(dropped)}: they queried another table or trial count")
+    earlier = [arm for arm in records.arms() if arm not in names]
+    curves = [AnytimeCurve.of(arm, [run.values for run in records.runs_of(arm)]) for arm in records.arms()]
     objective = spec.objective.metric
     console.print(curves_table(curves, objective))
-    llm = llm_table(runs)
+    llm = llm_table(records.runs)
     if llm is not None:
         console.print(llm)
     console.print(goal(curves), soft_wrap=True)
     plot_curves(curves, plot, f"{spec.study}: proposers on {path.name} ({trials} trials)", objective)
     console.print(f"plot: {plot}", soft_wrap=True)
+    console.print(f"runs: {records_file}" + (f" (with the earlier runs of {', '.join(earlier)})" if earlier else ""))
     console.print("command: python -m benchmarks.proposers " + " ".join(sys.argv[1:]), soft_wrap=True)
+
+
+@app.command()
+def confirm(
+    spec_path: Annotated[Path, typer.Option("--spec", help="the study spec whose arms are confirmed")] = MAIN_SPEC,
+    table_path: Annotated[Path | None, typer.Option("--table", help="default: the study's table of `build`")] = None,
+    backend_url: Annotated[str | None, typer.Option(help="a running backend; default: a local one")] = None,
+    run_dir: Annotated[Path, typer.Option(help="the trials' runs")] = ROOT / "runs" / "proposers",
+) -> None:
+    """Train each arm's best configuration of the last `compare` and the default one at a seed the table has not
+    seen, and compare each with the default question by question."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+    quiet_sdk_logs()
+    spec, grid = _spec_and_grid(spec_path)
+    path = table_path or TABLES / f"{spec.study}.csv"
+    table = _complete_table(path, grid, f"python -m benchmarks.proposers build --spec {spec_path}")
+    compare_command = f"python -m benchmarks.proposers compare --spec {spec_path}"
+    try:
+        bench = Bench.of(spec, table)
+        records = load_records(records_path(path))
+    except (TableError, RecordError) as error:
+        _fail(str(error))
+    if records is None:
+        _fail(f"{records_path(path)}: no arms' runs to confirm; run the arms first: {compare_command}")
+    if records.table_digest != table_digest(path):
+        _fail(f"{path} changed since the arms ran against it; run them again: {compare_command}")
+    choices = [arm_choice(arm, records.runs_of(arm), bench) for arm in records.arms()]
+    distinct = {table.key(point) for point in [bench.default_point(), *(choice.point for choice in choices)]}
+    seed = confirming_seed(bench)
+    console.print(f"{len(choices)} arms, {len(distinct)} configurations with the default: real trials at seed {seed}")
+    with Progress(
+        TextColumn("trials"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+    ) as progress:
+        task = progress.add_task("trials", total=len(distinct))
+
+        def report(point: Mapping[str, Any], outcome: Outcome) -> None:
+            progress.advance(task)
+            progress.console.print(f"{point_text(point)}: score {outcome.score:.3f} ({outcome.seconds:.0f} s)")
+
+        baseline, confirmations = confirm_choices(choices, bench, run_dir, backend_url, on_trial=report)
+    console.print(confirmation_table(bench, baseline, confirmations, spec.objective.metric))
+    console.print("command: python -m benchmarks.proposers " + " ".join(sys.argv[1:]), soft_wrap=True)
+
+
+def _spec_and_grid(spec_path: Path) -> tuple[StudySpec, Grid]:
+    spec = load_study_spec(spec_path)
+    grid = GRIDS.get(spec.study)
+    if grid is None:
+        raise typer.BadParameter(f"no grid for study {spec.study!r} (grids: {', '.join(GRIDS)})", param_hint="--spec")
+    return spec, grid
 
 
 def _complete_table(path: Path, grid: Grid, build_command: str) -> Table:

@@ -124,13 +124,19 @@ class LlmUse:
 
 @dataclass(frozen=True)
 class ArmRun:
-    """One seed of one arm: the objective of each trial in order, who proposed it, and its LLM's use."""
+    """One seed of one arm: the params and objective of each trial in order, who proposed it, and its LLM's use."""
 
     arm: str
     seed: int
+    params: tuple[dict[str, Any], ...]
     values: tuple[float, ...]
     sources: tuple[str, ...]
     llm: LlmUse | None = None
+
+    @property
+    def best_params(self) -> dict[str, Any]:
+        """The params of the seed's best trial (the first to reach the best value)."""
+        return self.params[self.values.index(max(self.values))]
 
 
 @dataclass(frozen=True)
@@ -175,6 +181,7 @@ class Arm:
         return ArmRun(
             arm=self.name,
             seed=seed,
+            params=tuple(dict(t.params) for t in done),
             values=tuple(float(t.value) for t in done),  # type: ignore[arg-type]
             sources=tuple(str(t.user_attrs.get("source", "sampler")) for t in done),
             llm=None if clock is None else llm_use(study, clock),

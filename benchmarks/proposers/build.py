@@ -17,7 +17,9 @@ from autoresearch.search import candidate_from_params, distributions, trial_conf
 from autoresearch.spec import StudySpec
 from autoresearch.trials.backend import backend_for
 from autoresearch.trials.rl_loop import run_trial
+from autoresearch.trials.run_dir import RunDirectory
 from benchmarks.proposers.table import Grid, Outcome, Table
+from tasks.report import HeldOutReport
 
 # Trial settings every grid trial shares besides the grid's: one evaluation, at the end.
 GRID_TRIAL_SETTINGS: dict[str, Any] = {"eval_interval": 0}
@@ -53,20 +55,30 @@ def build_table(
         for done, (point, seed) in enumerate(missing, start=1):
             if stop_at is not None and time.time() >= stop_at:
                 break
-            run_id = grid_run_id(spec, point, seed)
-            params = {**grid.fixed, **point, **GRID_TRIAL_SETTINGS, "seed": seed}
-            config = trial_config_of(spec, candidate_from_params(params, "", "sampler"), run_id)
-            result = run_trial(config, backend_url=url, run_dir=run_dir, progress=False)
-            outcome = Outcome(
-                seed=seed,
-                score=result.score(spec.objective.metric),
-                accuracy=result.held_out_accuracy,
-                seen_form_accuracy=result.held_out_by_form.get("seen"),
-                unseen_form_accuracy=result.held_out_by_form.get("unseen"),
-                seconds=float(round(result.wall_time_s)),
-                run_id=run_id,
-            )
+            outcome, _ = run_grid_trial(spec, grid, point, seed, url, run_dir)
             table.add(point, outcome)
             table.save(table_path)
             on_outcome(point, outcome, len(missing) - done)
     return table
+
+
+def run_grid_trial(
+    spec: StudySpec, grid: Grid, point: Mapping[str, Any], seed: int, backend_url: str, run_dir: Path
+) -> tuple[Outcome, HeldOutReport]:
+    """One real trial of the spec at a grid point and seed (resumed, or its result read back, where its run exists),
+    its outcome and its last evaluation, answer by answer."""
+    run_id = grid_run_id(spec, point, seed)
+    params = {**grid.fixed, **point, **GRID_TRIAL_SETTINGS, "seed": seed}
+    config = trial_config_of(spec, candidate_from_params(params, "", "sampler"), run_id)
+    result = run_trial(config, backend_url=backend_url, run_dir=run_dir, progress=False)
+    outcome = Outcome(
+        seed=seed,
+        score=result.score(spec.objective.metric),
+        accuracy=result.held_out_accuracy,
+        seen_form_accuracy=result.held_out_by_form.get("seen"),
+        unseen_form_accuracy=result.held_out_by_form.get("unseen"),
+        seconds=float(round(result.wall_time_s)),
+        run_id=run_id,
+    )
+    evaluations = RunDirectory(result.run_dir).evals.read()
+    return outcome, HeldOutReport.model_validate(evaluations[-1])

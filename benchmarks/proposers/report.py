@@ -1,5 +1,6 @@
 """What `compare` prints: the anytime curves at a few trial counts, each LLM arm's use of its LLM, and whether the
-goal of issue 40 holds (the hybrid's median best at 8 trials at least TPE's at 16)."""
+goal of issue 40 holds (the hybrid's median best at 8 trials at least TPE's at 16); and what `confirm` prints: each
+arm's configuration trained again for real."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from collections.abc import Sequence
 
 from rich.table import Table as RichTable
 
-from benchmarks.proposers.arms import ArmRun
+from benchmarks.proposers.arms import ArmRun, Bench, point_text
+from benchmarks.proposers.confirm import Confirmation, RealTrial
 from benchmarks.proposers.curves import AnytimeCurve, checkpoints
 
 GOAL_HYBRID_TRIALS = 8
@@ -71,3 +73,35 @@ def goal(curves: Sequence[AnytimeCurve]) -> str:
     ours, theirs = hybrid.at(GOAL_HYBRID_TRIALS)[0], tpe.at(GOAL_TPE_TRIALS)[0]
     verdict = "holds" if ours >= theirs else "does not hold"
     return f"goal ({wording}): {verdict}, {ours:.3f} against {theirs:.3f}"
+
+
+def confirmation_table(
+    bench: Bench, baseline: RealTrial, confirmations: Sequence[Confirmation], objective: str
+) -> RichTable:
+    """Per arm, the configuration it settles on, the table's mean there, the real trial at the confirming seed, and
+    that trial against the default configuration's at the same seed (questions gained and lost, McNemar's p)."""
+    seed = baseline.outcome.seed
+    seeds = len({o.seed for outcomes in bench.table.outcomes.values() for o in outcomes})
+    table = RichTable(title=f"{objective}: each arm's configuration trained again at seed {seed}")
+    for column in ("arm", "configuration", "chosen by", f"table ({seeds} seeds)", f"seed {seed}", "vs default"):
+        table.add_column(column, justify="left" if column in ("arm", "configuration") else "right")
+    default_key = bench.table.key(baseline.point)
+    table.add_row(
+        "default",
+        point_text(baseline.point),
+        "-",
+        f"{bench.table.mean_score(default_key):.3f}",
+        f"{baseline.outcome.score:.3f}",
+        "-",
+    )
+    for confirmation in confirmations:
+        choice, paired = confirmation.choice, confirmation.against_default
+        table.add_row(
+            choice.arm,
+            point_text(choice.point),
+            f"{choice.chosen_by} of {choice.seeds} seeds",
+            f"{choice.table_mean:.3f}",
+            f"{confirmation.trial.outcome.score:.3f}",
+            f"+{paired.gained} −{paired.lost} of {paired.questions}, p = {paired.p_value:.2g}",
+        )
+    return table

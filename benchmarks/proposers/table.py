@@ -102,6 +102,13 @@ class Table:
         """The grid points without any outcome: a query near one of them has nothing to answer with."""
         return [point for point in self.grid.points() if not self.outcomes.get(self.key(point))]
 
+    def mean_score(self, key: tuple[Any, ...]) -> float:
+        """The mean objective over the seeds at the grid point of `key`; raises TableError where it has none."""
+        outcomes = self.outcomes.get(key)
+        if not outcomes:
+            raise TableError(f"the table has no outcome at {dict(zip(self.grid.axes, key, strict=True))}")
+        return sum(o.score for o in outcomes) / len(outcomes)
+
     def query(self, params: Mapping[str, Any], space: Mapping[str, BaseDistribution], rng: random.Random) -> Outcome:
         """The outcome of a trial of `params`: the nearest grid point's, one of its seeds drawn by `rng`."""
         point = self.grid.nearest(params, space)

@@ -17,7 +17,7 @@ from sqlglot import exp
 from tasks.text2sql.dataset import Example, Text2SqlDataset
 from tasks.text2sql.matching import Comparable, MatchOutcome, gold_is_ordered, match_on_databases, result_overlap
 from tasks.text2sql.prompts import ParsedCompletion, parse_completion
-from tasks.text2sql.reward_code import code_inputs
+from tasks.text2sql.reward_code_inputs import code_inputs
 from tasks.text2sql.rewards import SINGLE_TURN, EpisodeFacts, ExecutionMatch, ResultOverlap, RewardSpec
 from tasks.text2sql.sandbox import ExecutionResult, ExecutionStatus, SandboxLimits, is_utf8
 from tasks.text2sql.sandbox_workers import IsolatedSandbox

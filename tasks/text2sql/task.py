@@ -20,7 +20,8 @@ from tasks.text2sql.data_source import DataSource
 from tasks.text2sql.dataset import Difficulty, Example, Text2SqlDataset
 from tasks.text2sql.errors import Text2SqlError
 from tasks.text2sql.prompts import FewShot, render_prompt
-from tasks.text2sql.reward_code import SIGNATURE, gate
+from tasks.text2sql.reward_code import gate
+from tasks.text2sql.reward_code_inputs import SIGNATURE
 from tasks.text2sql.rewards import (
     COMPONENT_KINDS,
     DEFAULT_REWARD_SPEC,

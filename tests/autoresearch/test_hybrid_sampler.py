@@ -7,13 +7,12 @@ callable where a test needs the LLM to hang."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from support.loopback import free_port
-from support.scripted_llm import ScriptedLlm, scripted_llm
+from support.scripted_llm import ScriptedLlm
 
 from autoresearch.chat_llm import ChatLlm
 from autoresearch.hybrid_sampler import HybridSampler, Llm, OptimizerState, Suggestion, fallback_counts
@@ -58,13 +57,6 @@ def run(llm: Llm, seed: int = 3, trials: int = TRIALS, **options: object) -> opt
 
 def llm_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("source") == "llm"]
-
-
-@pytest.fixture
-def llm(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedLlm]:
-    monkeypatch.setenv("SCRIPTED_LLM_KEY", "sk-test")
-    with scripted_llm() as script:
-        yield script
 
 
 def chat(url: str, **options: object) -> ChatLlm:
@@ -177,3 +169,30 @@ def test_without_a_given_space_the_llm_proposes_once_a_finished_trial_shows_it()
     study.optimize(objective, n_trials=4)
     assert study.trials[0].user_attrs["llm_fallback"].startswith("no space: ")
     assert [t.number for t in llm_trials(study)] and set(scripted.states[0].bounds) == set(SPACE)
+
+
+def test_a_repeat_is_refused_unless_a_distinguishing_user_attribute_makes_it_a_new_run() -> None:
+    """The same values with other reward code (here a `variant` attribute) are a run of their own; with the same
+    attribute they retrace a trial and are refused."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    tried = {"x": 1.0, "n": 3, "kind": "a"}
+    replies = iter(
+        [
+            [Suggestion(tried, "the same values, new code", {"variant": "b"})],
+            [Suggestion(tried, "the same values, same code", {"variant": "b"})],
+        ]
+    )
+    sampler = HybridSampler(
+        lambda state: next(replies), llm_share=1.0, search_space=SPACE, distinguishing_attrs=("variant",)
+    )
+    study = optuna.create_study(sampler=sampler)
+    study.enqueue_trial(tried, user_attrs={"variant": "a"})
+    study.optimize(objective, n_trials=3)
+    trials = study.get_trials(deepcopy=False)
+    assert [t.params == tried for t in trials] == [True, True, False]
+    assert trials[1].user_attrs["variant"] == "b" and trials[1].user_attrs["source"] == "llm"
+    assert (
+        "'the same values, same code' rejected: it repeats trial 1's parameters"
+        in study.user_attrs["rejected_proposals"][0]
+    )
+    assert trials[2].user_attrs["llm_fallback"].startswith("refused")

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support.loopback import free_port
-from support.scripted_llm import ScriptedLlm, scripted_llm
+from support.scripted_llm import ScriptedLlm
 
 from autoresearch.errors import CandidateError, ProposalError
 from autoresearch.proposer import ANALYSIS_MAX_TOKENS, LlmProposer, TrialRecord
@@ -30,13 +29,6 @@ GOOD = {
         },
     ]
 }
-
-
-@pytest.fixture
-def llm(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedLlm]:
-    monkeypatch.setenv("SCRIPTED_LLM_KEY", "sk-test")
-    with scripted_llm() as script:
-        yield script
 
 
 def proposer(url: str) -> LlmProposer:

@@ -30,6 +30,7 @@ from autoresearch.proposer import LlmProposer
 from autoresearch.reward_code import artifact_store_of
 from autoresearch.search import distributions
 from autoresearch.study import llm_proposal_counts
+from autoresearch.study_sampler import study_sampler
 from autoresearch.trials.config import TrialConfig
 from tasks.reward_code.loading import sha256_of
 from tasks.reward_code.sandbox import CodeLimits
@@ -166,3 +167,11 @@ def test_the_llms_reward_code_is_admitted_or_refused_with_its_reason_and_the_con
         without = task.scorer.score_many(items, DEFAULT_REWARD_SPEC)
     assert [s.components["code"] for s in with_code] == [0.5, -0.5]
     assert [s.reward for s in with_code] != [s.reward for s in without]
+
+
+def test_the_studys_sampler_takes_the_same_hyperparameters_with_new_reward_code_as_a_new_run(tmp_path: Path) -> None:
+    spec = tiny_spec(tmp_path, "http://127.0.0.1:9", llm={"base_url": "http://127.0.0.1:9/v1", "model": "scripted"})
+    study = optuna.create_study(direction="maximize")
+    sampler = study_sampler(spec, study, LlmProposer(spec.llm, api_key="sk-test"))
+    admitted = TrialAttributes(reward_code_sha256=sha256_of(GOOD), reward_code_weight=0.5).user_attrs()
+    assert set(sampler.distinguishing_attrs) == set(admitted)

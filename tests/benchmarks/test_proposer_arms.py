@@ -17,16 +17,18 @@ import pytest
 import torch
 import yaml
 from support.backends import GEMMA_CHAT_TEMPLATE, tiny_server_config
-from support.scripted_llm import ScriptedLlm, scripted_llm
+from support.scripted_llm import ScriptedLlm
 from typer.testing import CliRunner
 
 from autoresearch.hybrid_sampler import fallback_counts
 from autoresearch.spec import LlmSettings, load_study_spec
 from benchmarks import ROOT
 from benchmarks.proposers.__main__ import app
-from benchmarks.proposers.arms import Arm, Bench, answer_trials, llm_use, proposer_llm
+from benchmarks.proposers.arms import Arm, ArmRun, Bench, answer_trials, llm_use, proposer_llm
+from benchmarks.proposers.confirm import arm_choice, confirming_seed
 from benchmarks.proposers.curves import AnytimeCurve, best_so_far, checkpoints
 from benchmarks.proposers.grids import GRIDS
+from benchmarks.proposers.records import load_records, records_path
 from benchmarks.proposers.report import goal
 from benchmarks.proposers.table import Outcome, Table
 from trainer_backend.server import running_server
@@ -120,13 +122,6 @@ def candidate(learning_rate: float, temperature: float, loss: str, overlap: floa
     return {"params": params, "reward_weights": {"result_overlap": overlap}, "rationale": why}
 
 
-@pytest.fixture
-def llm(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedLlm]:
-    monkeypatch.setenv("SCRIPTED_LLM_KEY", "sk-test")
-    with scripted_llm() as script:
-        yield script
-
-
 def test_the_hybrid_arm_asks_the_llm_on_its_turns_and_counts_a_malformed_reply_as_a_fallback(llm: ScriptedLlm) -> None:
     replies = [
         candidate(4.5e-5, 0.7, "ppo", 0.5, "the middle learning rate with PPO"),
@@ -201,6 +196,63 @@ def test_compare_runs_the_arms_prints_their_curves_and_writes_the_plot(tmp_path:
     assert "goal" in result.output and "not judged" in result.output
     assert plot.read_bytes().startswith(b"\x89PNG")
     assert "command: python -m benchmarks.proposers" in result.output
+    records = load_records(records_path(path))
+    assert records is not None and records.arms() == ["random", "tpe"] and len(records.runs_of("tpe")) == 3
+    assert all(len(run.params) == len(run.values) == 8 for run in records.runs)
+
+
+def test_an_arm_run_again_replaces_its_runs_and_keeps_the_others_until_the_table_changes(tmp_path: Path) -> None:
+    path = tmp_path / "table.csv"
+    synthetic_table().save(path)
+    plot = ["--plot", str(tmp_path / "curves.png"), "--trials", "4"]
+    CliRunner().invoke(app, ["compare", "--table", str(path), "--arms", "random,tpe", "--seeds", "3", *plot])
+    result = CliRunner().invoke(app, ["compare", "--table", str(path), "--arms", "tpe", "--seeds", "2", *plot])
+    assert result.exit_code == 0, result.output
+    assert "with the earlier runs of random" in result.output
+    records = load_records(records_path(path))
+    assert records is not None and [len(records.runs_of(arm)) for arm in ("random", "tpe")] == [3, 2]
+    # Another table (a seed more at one point): what ran against the old one no longer counts.
+    table = synthetic_table()
+    table.add(GRID.points()[0], Outcome(2, 0.3, 0.3, 0.3, 0.3, 60.0, "point0-seed2"))
+    table.save(path)
+    result = CliRunner().invoke(app, ["compare", "--table", str(path), "--arms", "tpe", "--seeds", "2", *plot])
+    assert result.exit_code == 0, result.output
+    assert "dropped the earlier runs of random" in result.output
+    records = load_records(records_path(path))
+    assert records is not None and records.arms() == ["tpe"]
+
+
+def test_an_arm_settles_on_the_point_most_of_its_seeds_ended_at_ties_going_to_the_higher_table_mean() -> None:
+    optimum, neighbour = dict(BEST), {**BEST, "loss": "importance_sampling"}
+
+    def ending_at(point: dict, seed: int) -> ArmRun:
+        start = GRID.points()[0]
+        return ArmRun("tpe", seed, (start, point), (0.2, synthetic_score(point, 0)), ("sampler", "sampler"))
+
+    choice = arm_choice("tpe", [ending_at(neighbour, 0), ending_at(neighbour, 1), ending_at(optimum, 2)], BENCH)
+    assert (choice.point, choice.chosen_by, choice.seeds) == (neighbour, 2, 3)
+    assert choice.table_mean == pytest.approx((synthetic_score(neighbour, 0) + synthetic_score(neighbour, 1)) / 2)
+    tie = arm_choice("tpe", [ending_at(neighbour, 0), ending_at(optimum, 1)], BENCH)
+    assert (tie.point, tie.chosen_by, tie.table_mean) == (optimum, 1, OPTIMUM)
+    # The table has seeds 0 and 1: the confirming trials run at 2.
+    assert confirming_seed(BENCH) == 2
+
+
+def test_confirm_names_the_compare_command_without_runs_and_after_the_table_changed(tmp_path: Path) -> None:
+    path = tmp_path / "table.csv"
+    synthetic_table().save(path)
+    result = CliRunner().invoke(app, ["confirm", "--table", str(path)])
+    assert result.exit_code == 1
+    assert "no arms' runs to confirm" in result.output
+    assert f"python -m benchmarks.proposers compare --spec {SPEC_PATH}" in result.output
+    plot = ["--plot", str(tmp_path / "curves.png"), "--trials", "4", "--seeds", "1"]
+    CliRunner().invoke(app, ["compare", "--table", str(path), "--arms", "tpe", *plot])
+    table = synthetic_table()
+    del table.outcomes[table.key(GRID.points()[0])][1]
+    table.save(path)
+    result = CliRunner().invoke(app, ["confirm", "--table", str(path)])
+    assert result.exit_code == 1
+    assert "changed since the arms ran against it" in result.output and "compare --spec" in result.output
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,9 @@ from autoresearch.search import distributions
 from autoresearch.spec import load_study_spec
 from autoresearch.trials.config import TrialConfig
 from benchmarks import ROOT
+from benchmarks.proposers.arms import Bench
 from benchmarks.proposers.build import build_table, grid_run_id
+from benchmarks.proposers.confirm import ArmChoice, confirm
 from benchmarks.proposers.grids import GRIDS
 from benchmarks.proposers.table import Grid, Outcome, Table, TableError
 from trainer_backend.server import running_server
@@ -142,3 +144,39 @@ def test_the_build_runs_each_missing_trial_once_and_a_second_build_runs_none(tmp
         )
     build_table(spec, grid, [0], path, tmp_path / "runs", backend_url, on_outcome=tell)
     assert len(told) == 2
+
+
+@pytest.mark.slow
+def test_confirm_trains_each_choice_and_the_default_at_a_fresh_seed_and_compares_them(
+    tmp_path: Path, backend_url: str
+) -> None:
+    spec = load_study_spec(ROOT / "experiments" / "text2sql_tiny.yaml")
+    grid = Grid(axes={"loss": ("importance_sampling", "ppo")}, fixed={"learning_rate": 1.0e-3, "batch_size": 1})
+    runs = tmp_path / "runs"
+    table = build_table(spec, grid, [0], tmp_path / "table.csv", runs, backend_url)
+    bench = Bench.of(spec, table)
+    assert bench.default_point() == {"loss": "importance_sampling"}
+    choices = [
+        ArmChoice("tpe", {"loss": "ppo"}, 2, 3, 0.5),
+        ArmChoice("hybrid", {"loss": "ppo"}, 1, 1, 0.5),
+    ]
+    trained: list[dict] = []
+    baseline, confirmations = confirm(choices, bench, runs, backend_url, lambda point, _: trained.append(dict(point)))
+    # The default and the one distinct choice, each once, at the seed after the table's.
+    assert trained == [{"loss": "importance_sampling"}, {"loss": "ppo"}]
+    default_run_id = grid_run_id(spec, {"loss": "importance_sampling"}, 1)
+    assert (baseline.outcome.seed, baseline.outcome.run_id) == (1, default_run_id)
+    for confirmation in confirmations:
+        trial = confirmation.trial
+        config = yaml.safe_load((runs / trial.outcome.run_id / "config.yaml").read_text())
+        assert (config["loss"], config["seed"]) == ("ppo", 1)
+        paired = confirmation.against_default
+        assert paired.questions == len(trial.report.answers) == len(baseline.report.answers)
+        assert paired.accuracy_after == pytest.approx(trial.report.accuracy)
+        assert paired.accuracy_before == pytest.approx(baseline.report.accuracy)
+    # Confirming again trains nothing: each trial's stored result is read back.
+    results = sorted(runs.glob("*-seed1/result.json"))
+    stamps = [path.stat().st_mtime_ns for path in results]
+    again, _ = confirm(choices[:1], bench, runs, backend_url)
+    assert again.outcome == baseline.outcome
+    assert [path.stat().st_mtime_ns for path in results] == stamps
