@@ -13,6 +13,7 @@ import logging
 import sys
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -108,6 +109,10 @@ def compare(
     ] = None,
     seeds: Annotated[int | None, typer.Option(help="seeds per arm; default 5, and 8 for tpe and hybrid")] = None,
     trials: Annotated[int, typer.Option(min=1, help="trials per seed")] = 16,
+    parallel: Annotated[
+        int,
+        typer.Option(min=1, help="an arm's seeds run at once (an LLM arm's calls then reach its backend together)"),
+    ] = 1,
     llm_url: Annotated[
         str | None, typer.Option(help="the LLM's OpenAI-compatible …/v1; default: the spec's (llm: local starts one)")
     ] = None,
@@ -146,10 +151,15 @@ def compare(
             task = progress.add_task("trials", total=total)
             for name in names:
                 arm = Arm(name, bench, settings, key)
-                for seed in seeds_of(name, seeds):
-                    progress.update(task, description=f"{name} seed {seed}")
+                arm_seeds = seeds_of(name, seeds)
+                progress.update(task, description=name)
+
+                def run(seed: int, arm: Arm = arm) -> ArmRun:
+                    return arm.run(seed, trials, on_trial=lambda: progress.advance(task))
+
+                with ThreadPoolExecutor(max_workers=min(parallel, len(arm_seeds))) as pool:
                     try:
-                        runs.append(arm.run(seed, trials, on_trial=lambda: progress.advance(task)))
+                        runs += pool.map(run, arm_seeds)
                     except ProposalError as error:  # no key for the LLM's endpoint
                         _fail(str(error))
     records, dropped = record_runs(records_file, table_digest(path), trials, runs)

@@ -222,6 +222,20 @@ def test_an_arm_run_again_replaces_its_runs_and_keeps_the_others_until_the_table
     assert records is not None and records.arms() == ["tpe"]
 
 
+def test_seeds_run_at_once_give_the_runs_they_give_one_after_another(tmp_path: Path) -> None:
+    path = tmp_path / "table.csv"
+    synthetic_table().save(path)
+    arguments = ["compare", "--table", str(path), "--arms", "random,tpe", "--seeds", "3", "--trials", "6"]
+    recorded = []
+    for parallel in ("1", "3"):
+        result = CliRunner().invoke(app, [*arguments, "--parallel", parallel, "--plot", str(tmp_path / "curves.png")])
+        assert result.exit_code == 0, result.output
+        records = load_records(records_path(path))
+        assert records is not None
+        recorded.append(records.runs)
+    assert recorded[0] == recorded[1] and [run.seed for run in recorded[1]] == [0, 1, 2, 0, 1, 2]
+
+
 def test_an_arm_settles_on_the_point_most_of_its_seeds_ended_at_ties_going_to_the_higher_table_mean() -> None:
     optimum, neighbour = dict(BEST), {**BEST, "loss": "importance_sampling"}
 
@@ -279,7 +293,8 @@ def test_compare_reaches_a_real_model_at_the_llm_url_for_the_llm_arm(tmp_path: P
     spec_path, table_path, plot = tmp_path / "text2sql.yaml", tmp_path / "table.csv", tmp_path / "curves.png"
     spec_path.write_text(yaml.safe_dump(data))
     synthetic_table().save(table_path)
-    arguments = ["--spec", str(spec_path), "--table", str(table_path), "--arms", "llm", "--seeds", "1", "--trials", "2"]
+    arguments = ["--spec", str(spec_path), "--table", str(table_path), "--arms", "llm", "--seeds", "2", "--trials", "2"]
+    arguments += ["--parallel", "2"]  # the two seeds' calls reach the server together
     result = CliRunner().invoke(app, ["compare", *arguments, "--llm-url", tiny_llm_url, "--plot", str(plot)])
     assert result.exit_code == 0, result.output
     assert "the LLM's proposals" in result.output
