@@ -24,6 +24,7 @@ from pathlib import Path
 
 from autoresearch.trials.backend import free_port, wait_until_healthy
 from benchmarks import ROOT
+from benchmarks.process_tree import rss_bytes
 
 
 @dataclass(frozen=True)
@@ -144,13 +145,11 @@ class MemoryWatch:
         self._thread = threading.Thread(target=self._watch, daemon=True)
 
     def _watch(self) -> None:
-        status = Path(f"/proc/{self.process.pid}/status")
         while not self._stop.wait(0.5):
-            try:
-                line = next(x for x in status.read_text().splitlines() if x.startswith("VmRSS:"))
-            except (OSError, StopIteration):
+            rss = rss_bytes(self.process.pid)
+            if rss is None:
                 return
-            self.peak_bytes = max(self.peak_bytes, int(line.split()[1]) * 1024)
+            self.peak_bytes = max(self.peak_bytes, rss)
             if self.limit_bytes is not None and self.peak_bytes > self.limit_bytes:
                 self.exceeded = True
                 self.process.kill()

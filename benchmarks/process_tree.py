@@ -20,17 +20,19 @@ def tree_pids(pid: int) -> list[int]:
     return [pid, *(descendant for child in children for descendant in tree_pids(child))]
 
 
+def rss_bytes(pid: int) -> int | None:
+    """Resident memory of `pid` (its VmRSS); None when it has ended."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    rss = [line for line in status.splitlines() if line.startswith("VmRSS:")]
+    return int(rss[0].split()[1]) * 1024 if rss else 0
+
+
 def tree_rss_bytes(pid: int) -> int:
     """Resident memory of `pid` and its living descendants: their VmRSS summed (a page two share counts twice)."""
-    total = 0
-    for member in tree_pids(pid):
-        try:
-            status = Path(f"/proc/{member}/status").read_text()
-        except OSError:
-            continue
-        rss = [line for line in status.splitlines() if line.startswith("VmRSS:")]
-        total += int(rss[0].split()[1]) * 1024 if rss else 0
-    return total
+    return sum(rss_bytes(member) or 0 for member in tree_pids(pid))
 
 
 def tree_cpu_seconds(pid: int) -> float:
