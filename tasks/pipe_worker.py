@@ -118,9 +118,15 @@ class LiveWorkers:
         # Holds the set and its lock, never the owner, so the owner can still be collected.
         self._finalizer = weakref.finalize(owner, _kill_all, self._workers, self._lock)
 
-    def add(self, worker: PipeWorker) -> None:
+    def add(self, worker: PipeWorker) -> bool:
+        """Keep `worker` among the running ones; once `kill_all` has run, kill it instead and return False (a worker
+        started while another thread closes its owner must not outlive the owner)."""
         with self._lock:
-            self._workers.add(worker)
+            if self._finalizer.alive:
+                self._workers.add(worker)
+                return True
+        worker.kill()
+        return False
 
     def discard(self, worker: PipeWorker) -> None:
         with self._lock:

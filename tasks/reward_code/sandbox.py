@@ -80,14 +80,17 @@ class CodeSandbox:
         """Each call's outcome, in order; with `stop_at_error`, those up to and including the first error.
 
         Raises:
-            RewardCodeError: the worker could not start, or defining the function failed (the reason names why).
+            RewardCodeError: the sandbox is closed, the worker could not start, or defining the function failed (the
+                reason names why).
         """
         outcomes: list[CallOutcome] = []
         with self._lock:
             while len(outcomes) < len(calls):
                 if self._worker is None:
-                    self._worker = _Worker(self.source, self.limits)
-                    self._live.add(self._worker)
+                    worker = _Worker(self.source, self.limits)
+                    if not self._live.add(worker):
+                        raise RewardCodeError("the reward code's sandbox is closed")
+                    self._worker = worker
                 answers, ended = self._worker.run(calls[len(outcomes) :], self.limits.wall_s + _GRACE_S)
                 outcomes += answers
                 if ended is not None:

@@ -161,7 +161,8 @@ class IsolatedSandbox:
 
     def _start(self) -> _Worker:
         worker = _Worker(self.limits)
-        self._live.add(worker)
+        if not self._live.add(worker):
+            raise SandboxError("the sandbox is closed")
         return worker
 
     def _retire(self, worker: _Worker, killed: bool) -> None:

@@ -1,7 +1,7 @@
 """What `tasks.pipe_worker` owns that neither sandbox's tests reach: a child's stray print cannot corrupt a message,
-and an owner dropped without closing leaves no worker behind. Its deadlines, kills and parent death are tested
-through both sandboxes (tests/text2sql/test_reward_code.py, tests/text2sql/test_sandbox_workers.py). A real child
-process (tests/support/pipe_echo.py)."""
+an owner dropped without closing leaves no worker behind, and a worker started after its owner closed is ended. Its
+deadlines, kills and parent death are tested through both sandboxes (tests/text2sql/test_reward_code.py,
+tests/text2sql/test_sandbox_workers.py). A real child process (tests/support/pipe_echo.py)."""
 
 from __future__ import annotations
 
@@ -54,3 +54,18 @@ def test_an_owner_dropped_without_closing_leaves_no_worker_behind() -> None:
     finally:
         for worker in workers:
             worker.kill()
+
+
+@NEEDS_PROC
+def test_a_worker_added_after_its_owner_closed_is_ended_not_kept() -> None:
+    """A sandbox's thread may start a worker while another closes the sandbox: the worker must not outlive it."""
+    owner = _Owner()
+    live = LiveWorkers(owner)
+    live.kill_all()
+    late = PipeWorker(ECHO)
+    try:
+        assert live.add(late) is False
+        assert live.pids() == []
+        wait_until_gone([late.pid], within_s=5)
+    finally:
+        late.kill()
