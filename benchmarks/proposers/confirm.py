@@ -64,7 +64,7 @@ def arm_choice(arm: str, runs: Sequence[ArmRun], bench: Bench) -> ArmChoice:
 
 def confirming_seed(bench: Bench) -> int:
     """The first seed no trial of the table ran with."""
-    return max(o.seed for outcomes in bench.table.outcomes.values() for o in outcomes) + 1
+    return max(bench.table.seeds()) + 1
 
 
 def confirm(

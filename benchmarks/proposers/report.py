@@ -81,7 +81,7 @@ def confirmation_table(
     """Per arm, the configuration it settles on, the table's mean there, the real trial at the confirming seed, and
     that trial against the default configuration's at the same seed (questions gained and lost, McNemar's p)."""
     seed = baseline.outcome.seed
-    seeds = len({o.seed for outcomes in bench.table.outcomes.values() for o in outcomes})
+    seeds = len(bench.table.seeds())
     table = RichTable(title=f"{objective}: each arm's configuration trained again at seed {seed}")
     for column in ("arm", "configuration", "chosen by", f"table ({seeds} seeds)", f"seed {seed}", "vs default"):
         table.add_column(column, justify="left" if column in ("arm", "configuration") else "right")

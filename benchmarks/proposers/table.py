@@ -98,6 +98,10 @@ class Table:
         once before it covers any point twice."""
         return [(point, seed) for seed in seeds for point in self.grid.points() if not self.has(point, seed)]
 
+    def seeds(self) -> list[int]:
+        """The seeds the table's trials ran with, in order."""
+        return sorted({o.seed for outcomes in self.outcomes.values() for o in outcomes})
+
     def unanswered(self) -> list[dict[str, Any]]:
         """The grid points without any outcome: a query near one of them has nothing to answer with."""
         return [point for point in self.grid.points() if not self.outcomes.get(self.key(point))]
