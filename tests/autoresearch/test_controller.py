@@ -18,7 +18,7 @@ from optuna.trial import TrialState
 from optuna_dashboard import get_note
 from pydantic import ValidationError
 from support.process_trees import NEEDS_PROC, alive, listening_ports, port_free, wait_until_gone
-from support.scripted_llm import scripted_llm
+from support.scripted_llm import ScriptedLlm
 from support.studies import run_study_with_a_real_llm, run_study_with_llm, tiny_spec
 
 from autoresearch.attributes import SHARED_WARMUP_PREFIX, SharedWarmup, StudyAttributes
@@ -63,21 +63,19 @@ OUTSIDE_THE_SPACE = {
 
 
 def test_a_study_runs_its_budget_with_llm_proposals_rejections_pruning_and_notes(
-    backend_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    backend_url: str, tmp_path: Path, llm: ScriptedLlm
 ) -> None:
-    monkeypatch.setenv("SCRIPTED_LLM_KEY", "sk-test")
-    with scripted_llm() as llm:
-        llm.say(PROPOSAL)
-        llm.default_proposal = json.dumps(OUTSIDE_THE_SPACE)
-        llm.default_analysis = "PPO with a format bonus did no better; the tiny model cannot write SQL."
-        spec = tiny_spec(
-            tmp_path,
-            backend_url,
-            llm={"base_url": llm.url, "model": "scripted", "api_key_env": "SCRIPTED_LLM_KEY", "max_retries": 0},
-            pruning={"kind": "threshold", "lower": 0.5, "warmup_steps": 1},
-            objective={"metric": "unseen_form_accuracy"},
-        )
-        study = run_study_with_llm(spec, backend_url, tmp_path)
+    llm.say(PROPOSAL)
+    llm.default_proposal = json.dumps(OUTSIDE_THE_SPACE)
+    llm.default_analysis = "PPO with a format bonus did no better; the tiny model cannot write SQL."
+    spec = tiny_spec(
+        tmp_path,
+        backend_url,
+        llm={"base_url": llm.url, "model": "scripted", "api_key_env": "SCRIPTED_LLM_KEY", "max_retries": 0},
+        pruning={"kind": "threshold", "lower": 0.5, "warmup_steps": 1},
+        objective={"metric": "unseen_form_accuracy"},
+    )
+    study = run_study_with_llm(spec, backend_url, tmp_path)
 
     trials = study.get_trials(deepcopy=False)
     assert any(t.state is TrialState.PRUNED for t in trials)
@@ -104,25 +102,23 @@ def test_a_study_runs_its_budget_with_llm_proposals_rejections_pruning_and_notes
 
 
 def test_a_candidate_that_repeats_a_trial_or_another_candidate_is_rejected_by_name(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, llm: ScriptedLlm
 ) -> None:
     """A trial's seed is fixed, so a repeat of an earlier trial's values would retrace its run: the LLM's repeat of
     trial 0, and its second copy of a new candidate, are rejected with what they repeat; the new one is queued."""
-    monkeypatch.setenv("SCRIPTED_LLM_KEY", "sk-test")
     first, second = PROPOSAL["candidates"]
-    with scripted_llm() as llm:
-        llm.say({"candidates": [first, second, second]})
-        spec = tiny_spec(
-            tmp_path,
-            "http://127.0.0.1:9",  # proposing reaches no backend
-            llm={"base_url": llm.url, "model": "scripted", "api_key_env": "SCRIPTED_LLM_KEY", "max_retries": 0},
-            budget={"trials": 4, "concurrency": 3, "steps_per_trial": 1, "candidates_per_round": 3},
-        )
-        study = open_study(spec)
-        ran = {**first["params"], **{f"reward.{kind}": w for kind, w in first["reward_weights"].items()}}
-        study.add_trial(optuna.trial.create_trial(params=ran, distributions=distributions(spec), values=[0.25]))
-        controller = Controller(spec, study, LocalExecutor(tmp_path / "trials"), LlmProposer(spec.llm), [llm.url])
-        controller.propose({"round": 0, "analysed": 0})
+    llm.say({"candidates": [first, second, second]})
+    spec = tiny_spec(
+        tmp_path,
+        "http://127.0.0.1:9",  # proposing reaches no backend
+        llm={"base_url": llm.url, "model": "scripted", "api_key_env": "SCRIPTED_LLM_KEY", "max_retries": 0},
+        budget={"trials": 4, "concurrency": 3, "steps_per_trial": 1, "candidates_per_round": 3},
+    )
+    study = open_study(spec)
+    ran = {**first["params"], **{f"reward.{kind}": w for kind, w in first["reward_weights"].items()}}
+    study.add_trial(optuna.trial.create_trial(params=ran, distributions=distributions(spec), values=[0.25]))
+    controller = Controller(spec, study, LocalExecutor(tmp_path / "trials"), LlmProposer(spec.llm), [llm.url])
+    controller.propose({"round": 0, "analysed": 0})
 
     queued = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
     assert [t.user_attrs["rationale"] for t in queued] == ["batch 2"]
@@ -132,43 +128,39 @@ def test_a_candidate_that_repeats_a_trial_or_another_candidate_is_rejected_by_na
     assert "'batch 2' rejected: it repeats candidate 2 of this round's parameters" in rejected[1]
 
 
-def test_each_llm_trial_carries_its_own_rationale_tied_to_the_trials_it_read(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_each_llm_trial_carries_its_own_rationale_tied_to_the_trials_it_read(tmp_path: Path, llm: ScriptedLlm) -> None:
     """The LLM is shown the best and latest trials, with their scores, curves and rationales; each candidate names
     the trials it builds on and gives its own reason, and its trial shows that reason with those trials' scores."""
-    monkeypatch.setenv("SCRIPTED_LLM_KEY", "sk-test")
     first, second = PROPOSAL["candidates"]
-    with scripted_llm() as llm:
-        llm.say(
-            {
-                "candidates": [
-                    {**first, "based_on": [0], "rationale": "#0's PPO scored best; a format bonus on top"},
-                    {**second, "based_on": [1, 0], "rationale": "#1 learnt nothing at batch 1; batch 2 instead"},
-                ]
-            }
-        )
-        spec = tiny_spec(
-            tmp_path,
-            "http://127.0.0.1:9",  # proposing reaches no backend
-            llm={"base_url": llm.url, "model": "scripted", "api_key_env": "SCRIPTED_LLM_KEY", "share": 1.0},
-            budget={"trials": 4, "concurrency": 2, "steps_per_trial": 1, "candidates_per_round": 2},
-        )
-        study = open_study(spec)
-        for values, score, rationale in [("ppo", 0.25, "try PPO"), ("importance_sampling", 0.125, "the default")]:
-            params = {"learning_rate": 0.001, "batch_size": 1, "loss": values, "reward.format": 0.0}
-            params["reward.length_penalty"] = 0.0
-            study.add_trial(
-                optuna.trial.create_trial(
-                    params=params,
-                    distributions=distributions(spec),
-                    values=[score],
-                    intermediate_values={0: 0.0, 1: score},
-                    user_attrs={"rationale": rationale, "source": "llm"},
-                )
+    llm.say(
+        {
+            "candidates": [
+                {**first, "based_on": [0], "rationale": "#0's PPO scored best; a format bonus on top"},
+                {**second, "based_on": [1, 0], "rationale": "#1 learnt nothing at batch 1; batch 2 instead"},
+            ]
+        }
+    )
+    spec = tiny_spec(
+        tmp_path,
+        "http://127.0.0.1:9",  # proposing reaches no backend
+        llm={"base_url": llm.url, "model": "scripted", "api_key_env": "SCRIPTED_LLM_KEY", "share": 1.0},
+        budget={"trials": 4, "concurrency": 2, "steps_per_trial": 1, "candidates_per_round": 2},
+    )
+    study = open_study(spec)
+    for values, score, rationale in [("ppo", 0.25, "try PPO"), ("importance_sampling", 0.125, "the default")]:
+        params = {"learning_rate": 0.001, "batch_size": 1, "loss": values, "reward.format": 0.0}
+        params["reward.length_penalty"] = 0.0
+        study.add_trial(
+            optuna.trial.create_trial(
+                params=params,
+                distributions=distributions(spec),
+                values=[score],
+                intermediate_values={0: 0.0, 1: score},
+                user_attrs={"rationale": rationale, "source": "llm"},
             )
-        controller = Controller(spec, study, LocalExecutor(tmp_path / "trials"), LlmProposer(spec.llm), [llm.url])
-        controller.propose({"round": 0, "analysed": 0})
+        )
+    controller = Controller(spec, study, LocalExecutor(tmp_path / "trials"), LlmProposer(spec.llm), [llm.url])
+    controller.propose({"round": 0, "analysed": 0})
 
     request = llm.requests[0]
     prompt = request["messages"][-1]["content"]
