@@ -247,8 +247,8 @@ class SoakReport:
     def eval_share_ratios(self) -> list[tuple[float, float]]:
         """In each window between two readings of one life (before the tenants stopped), the smallest evaluating
         tenant's device seconds against the largest's, with the window's end. Left out: windows in which none ran,
-        and the short one that the reading just before the kill cuts off (an operation's device seconds are counted
-        when it ends, so a window much shorter than a batch says nothing of shares)."""
+        and the short one that the reading just before the kill cuts off (a window of a few decode steps says
+        nothing of shares)."""
         names = [t.name for t in self.tenants if t.role.startswith("eval-")]
         shortest = shape_for(self.settings.model).share_window_s / 2
         ratios = []

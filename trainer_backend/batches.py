@@ -90,13 +90,18 @@ class BatchCall:
         # The call of one operation that runs alone: it takes nothing in.
         self.alone = operations[0].alone
         self.started = time.monotonic()
-        # Device seconds that other tenants' operations ran while this call paused.
+        # Device seconds that other tenants' operations ran while this call paused, and when the pause running now
+        # began (None between pauses): that time is the paused work's, not this call's.
         self.paused_seconds = 0.0
+        self.pausing_since: float | None = None
         # Whether the runner asks to take operations in (a nesting kind's operations then nest only once refused).
         self.admits = False
         self.refused: set[str] = set()
         self.finished: set[str] = set()
         self.reported_seconds = 0.0
+        # Whether the call has ended: its operations' seconds are then being handed to the listeners, and a reading of
+        # the unsettled ones would count them twice.
+        self.closed = False
         self._hooks = hooks
         self._joined_at: dict[str, float] = {}
         self._accrued: dict[str, float] = {}
@@ -140,17 +145,37 @@ class BatchCall:
         return self._joined_at.get(operation.request_id, self.started)
 
     def own_seconds(self, now: float) -> float:
-        return now - self.started - self.paused_seconds
+        end = now if self.pausing_since is None else self.pausing_since
+        return end - self.started - self.paused_seconds
 
     def accrue(self, now: float) -> None:
         """Split the call's own time since the last split among the operations running, by their budget shares."""
         own = self.own_seconds(now)
+        for op, seconds in self._split(own - self._accrued_until):
+            self._accrued[op.request_id] = self._accrued.get(op.request_id, 0.0) + seconds
+        self._accrued_until = own
+
+    def unsettled_seconds(self, now: float) -> list[tuple[Operation, float]]:
+        """Each operation still running and the device seconds it has accrued by `now`, read without splitting the
+        call's time: what the tenants' usage adds for a call in progress, so that a generation of minutes does not
+        show its tenants idle until it ends."""
+        if self.closed:
+            return []
+        pending = {
+            op.request_id: seconds for op, seconds in self._split(max(0.0, self.own_seconds(now) - self._accrued_until))
+        }
+        return [
+            (op, self._accrued.get(op.request_id, 0.0) + pending.get(op.request_id, 0.0)) for op in self.unfinished()
+        ]
+
+    def _split(self, seconds: float) -> list[tuple[Operation, float]]:
+        """`seconds` of the call's own time split among the operations running, by their budget shares."""
         running = self.unfinished()
         weights = [self._share(op) for op in running]
-        for op, weight in zip(running, weights, strict=True) if sum(weights) > 0 else ():
-            key = op.request_id
-            self._accrued[key] = self._accrued.get(key, 0.0) + (own - self._accrued_until) * weight / sum(weights)
-        self._accrued_until = own
+        total = sum(weights)
+        if total <= 0:
+            return []
+        return [(op, seconds * weight / total) for op, weight in zip(running, weights, strict=True)]
 
     def join(self, operations: list[Operation], now: float) -> None:
         if operations:
@@ -171,6 +196,7 @@ class BatchCall:
         own time not yet reported split in proportion to the tokens each processed (a token costs about the same
         whoever sent it), evenly where none are set."""
         self.accrue(now)
+        self.closed = True
         left = self.unfinished()
         if not left:
             return []

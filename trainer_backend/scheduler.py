@@ -116,6 +116,13 @@ class Scheduler:
         """Called after each device call with each of its operations and the device seconds that were its share."""
         self._device_time_listeners.append(listener)
 
+    def running_device_time(self) -> list[tuple[Operation, float]]:
+        """The operations of the device calls running now, each with the device seconds it has accrued so far and not
+        yet handed to the `on_device_time` listeners."""
+        now = time.monotonic()
+        with self._condition:
+            return [pair for call in self._calls for pair in call.unsettled_seconds(now)]
+
     def register(self, kind: BatchKind) -> None:
         """Serve operations of `kind` (those whose `batch_kind` is its name) with its runner; a component built after
         the scheduler registers the kind of the work it queues. Raises ValueError for a name registered already."""
@@ -380,11 +387,12 @@ class Scheduler:
             call.accrue(time.monotonic())
             nested = self._call(batch, nested=True)
             self._calls.append(nested)
-        # Inside the paused call's busy interval, which already counts this time.
-        started = time.monotonic()
+            # Inside the paused call's busy interval, which already counts this time.
+            started = call.pausing_since = time.monotonic()
         self._execute(nested)
         with self._condition:
             call.paused_seconds += time.monotonic() - started
+            call.pausing_since = None
             self._calls.remove(nested)
 
     def _finish(self, call: BatchCall, operation: Operation, outcome: Outcome) -> None:

@@ -273,7 +273,7 @@ class TrainingService:
             tokens_by_phase=self.tokens_processed.snapshot(),
             sampler=self.sampler.status(),
             weight_checks=self.engine.weight_checks.snapshot(),
-            tenants=self.usage.tenants(now),
+            tenants=self.usage.tenants(now, self._running_device_time()),
         )
 
     def status(self, owner: str) -> ServerStatus:
@@ -283,6 +283,9 @@ class TrainingService:
         usage = self.tenancy.key_usage(owner, state)
         runs = self.tenancy.run_usage(self.usage.runs_of(owner, state.read_at))
         return server_status(owner, state, usage, runs)
+
+    def _running_device_time(self) -> list[tuple[str, float]]:
+        return [(op.owner, seconds) for op, seconds in self.scheduler.running_device_time() if op.owner is not None]
 
     def _count_device_time(self, operation: Operation, seconds: float) -> None:
         if operation.owner is not None:

@@ -13,8 +13,8 @@ import hashlib
 import math
 import threading
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 # Sampled: tokens a sampling request generated. Trained: tokens of a training pass (forward_backward or forward).
@@ -123,6 +123,8 @@ class TenantUsage:
         self._runs: dict[str, dict[str, _RunCounts]] = {}
         self._lock = threading.Lock()
         self._forgotten_at = float("-inf")
+        # The device seconds last shown of each owner (see `tenants`).
+        self._shown: dict[str, float] = {}
 
     def add_device_time(self, owner: str, run: str | None, seconds: float, now: float | None = None) -> None:
         """`owner`'s operation (of training run `run`, if any) used the device for `seconds`, ending `now`."""
@@ -148,18 +150,23 @@ class TenantUsage:
                 self._run(owner, run, now).add_tokens(phase, tokens)
                 self._forget_idle_runs(now)
 
-    def tenant(self, owner: str, now: float | None = None) -> TenantTotals:
-        """`owner`'s totals; zeros for an owner that has used nothing."""
+    def tenants(self, now: float | None = None, running: Iterable[tuple[str, float]] = ()) -> dict[str, TenantTotals]:
+        """Every owner's totals, by owner. `running`: (owner, seconds) of operations still on the device; their
+        seconds so far count in their owners' device seconds, so that a tenant in a generation of minutes is not shown
+        idle until it ends. A device-seconds total shown is never less than one shown before: an operation's seconds
+        move from running to counted when it ends, and a reading may fall in between."""
         now = time.monotonic() if now is None else now
+        on_device: dict[str, float] = {}
+        for owner, seconds in running:
+            on_device[owner] = on_device.get(owner, 0.0) + seconds
         with self._lock:
-            counts = self._tenants.get(owner)
-            return TenantTotals() if counts is None else _totals(counts, now)
-
-    def tenants(self, now: float | None = None) -> dict[str, TenantTotals]:
-        """Every owner's totals, by owner."""
-        now = time.monotonic() if now is None else now
-        with self._lock:
-            return {owner: _totals(counts, now) for owner, counts in self._tenants.items()}
+            totals = {}
+            for owner in self._tenants.keys() | on_device.keys():
+                counts = self._tenants.get(owner, _TenantCounts())
+                shown = max(self._shown.get(owner, 0.0), counts.device_seconds + on_device.get(owner, 0.0))
+                self._shown[owner] = shown
+                totals[owner] = replace(_totals(counts, now), device_seconds=shown)
+            return totals
 
     def runs_of(self, owner: str, now: float | None = None) -> list[RunTotals]:
         """`owner`'s runs that used the device (or, with vLLM sampling, drew tokens) in the last `RUN_LISTED_S`, the

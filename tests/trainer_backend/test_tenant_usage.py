@@ -110,6 +110,84 @@ def test_an_operation_run_while_a_batch_pauses_takes_its_time_out_of_the_batchs(
     assert 0.1 <= seconds["alice"] < 0.3
 
 
+def _running_by_owner(scheduler: Scheduler) -> dict[str, float]:
+    running: dict[str, float] = {}
+    for operation, seconds in scheduler.running_device_time():
+        running[operation.owner] = running.get(operation.owner, 0.0) + seconds
+    return running
+
+
+def test_tenants_in_a_long_call_are_shown_working_before_it_ends_and_their_totals_never_fall(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
+) -> None:
+    """A generation's device seconds count as they accrue, not only when its requests end: the window in which one of
+    two evaluators sharing a generation showed no device time at all (docs/reliability.md) cannot happen."""
+    steps = 6
+
+    def generation(operations, pause):
+        for operation in operations:
+            operation.processed_tokens = operation.payload
+        for _ in range(steps):
+            time.sleep(0.1)
+            pause()
+        return [(b"{}", ResultFormat.JSON) for _ in operations]
+
+    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", generation)])
+    usage = TenantUsage()
+    scheduler.on_device_time(lambda operation, seconds: usage.add_device_time(operation.owner, None, seconds))
+    gate = threading.Event()
+    scheduler.submit(_operation(ledger, "holder", gate=gate))
+    # Queued while the device is held, so they run as one call.
+    scheduler.submit(_sample(ledger, "alice", 100))
+    scheduler.submit(_sample(ledger, "bob", 100))
+    gate.set()
+    readings: list[dict[str, float]] = []
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        running = [(op.owner, seconds) for op, seconds in scheduler.running_device_time()]
+        readings.append({owner: totals.device_seconds for owner, totals in usage.tenants(running=running).items()})
+        if scheduler.stats().batches == 1 and not running:
+            break
+        time.sleep(0.01)
+    mid_call = [r for r in readings if 0.2 <= r.get("alice", 0.0) <= 0.4]
+    assert mid_call, readings
+    # Halfway through the call both tenants show about half of their shares, though neither request has ended.
+    assert all(r["bob"] == pytest.approx(r["alice"], abs=0.02) for r in mid_call)
+    for owner in ("alice", "bob"):
+        shown = [r.get(owner, 0.0) for r in readings]
+        assert shown == sorted(shown)
+    final = usage.tenants()
+    assert final["alice"].device_seconds == pytest.approx(readings[-1]["alice"], abs=0.02)
+    assert final["alice"].device_seconds + final["bob"].device_seconds >= steps * 0.1
+
+
+def test_work_run_in_a_pause_accrues_to_its_own_tenant_while_the_paused_calls_tenant_waits(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
+) -> None:
+    started, in_pause = threading.Event(), threading.Event()
+
+    def long_generation(operations, pause):
+        started.set()
+        time.sleep(0.1)
+        pause()
+        return [(b"{}", ResultFormat.JSON) for _ in operations]
+
+    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", long_generation)])
+    scheduler.submit(_sample(ledger, "alice", 10))
+    started.wait(5)
+    step = _operation(ledger, "bob", seconds=0.4, gate=in_pause)
+    step.interleaves = True
+    scheduler.submit(step)
+    while "bob" not in _running_by_owner(scheduler):
+        time.sleep(0.005)
+    in_pause.set()
+    time.sleep(0.3)
+    running = _running_by_owner(scheduler)
+    # Bob's step has run about 0.3 s of its 0.4; alice's generation stopped accruing when it paused, at about 0.1 s.
+    assert running["bob"] >= 0.25
+    assert 0.05 <= running["alice"] < 0.2
+
+
 def test_a_tenant_label_is_a_short_stable_hash_that_shows_neither_key_nor_owner() -> None:
     owner = "key-0123456789abcdef0123456789abcdef"
     label = tenant_label(owner)
