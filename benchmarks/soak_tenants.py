@@ -180,8 +180,9 @@ def reward(tokens: list[int]) -> float:
 
 def rl_tenant(log: TenantLog, url: str, base_model: str, shape: RlShape, seed: int, until: Deadline) -> None:
     """RL steps until `until`; after an interruption, from the last saved state, in a new run. A run keeps its two
-    newest states (`keep_checkpoints`), but a run left behind keeps its own: once the new run has saved, the tenant
-    deletes them, or each restart would leave its key's storage quota a run's checkpoints fuller."""
+    newest states (`keep_checkpoints`), but a run left behind keeps its own: the tenant deletes them, all but the state
+    it resumed from when it resumes, and that one once the new run has saved, or each restart would leave its key's
+    storage quota a run's checkpoints fuller."""
     metadata = {"keep_checkpoints": "2"}
     checkpoint: tuple[int, str] | None = None  # (step, tinker path)
     left_behind: list[str] = []  # model ids of the tenant's runs it went on without
@@ -208,6 +209,13 @@ def rl_tenant(log: TenantLog, url: str, base_model: str, shape: RlShape, seed: i
                     training = log.result("load_state", loaded)
                     log.step = step
                     log.resumes.append(Resume(time.time(), step))
+                    # What the runs left behind hold besides the state resumed from goes now, not after the new run's
+                    # first save: with it, that save can pass the key's quota, be refused on every try, and the tenant
+                    # would resume over and over, each time leaving one more run behind.
+                    for run in left_behind:
+                        for old in log.result("list", rest.list_checkpoints(run)).checkpoints:
+                            if old.tinker_path != path:
+                                log.result("delete", rest.delete_checkpoint_from_tinker_path(old.tinker_path))
                 current = training.model_id
                 tokenizer = training.get_tokenizer()
                 while until.ahead():

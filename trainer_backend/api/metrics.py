@@ -107,7 +107,7 @@ class ServiceCollector(Collector):
         )
         device = CounterMetricFamily(
             "trainer_tenant_device_seconds",
-            "Device seconds a tenant's operations took (a batch's split by their tokens)",
+            "Device seconds a tenant's operations took (a batch's split by their tokens), running ones as they go",
             labels=["tenant"],
         )
         tokens = CounterMetricFamily(
