@@ -45,6 +45,19 @@ def _sample(ledger: Ledger, owner: str, tokens: int) -> Operation:
     )
 
 
+def _runs_then_pauses_once(started: threading.Event) -> Callable:
+    """A generation runner that sets `started`, runs 0.1 s of its own, then pauses once (other tenants' work that may
+    run meanwhile runs) and ends."""
+
+    def generation(operations, pause):
+        started.set()
+        time.sleep(0.1)
+        pause()
+        return [(b"{}", ResultFormat.JSON) for _ in operations]
+
+    return generation
+
+
 def _device_seconds(scheduler: Scheduler, owners: int) -> tuple[dict[str, float], threading.Event]:
     """Device seconds by owner as the scheduler reports them, and an event set once `owners` owners have some."""
     seconds: dict[str, float] = {}
@@ -89,13 +102,7 @@ def test_an_operation_run_while_a_batch_pauses_takes_its_time_out_of_the_batchs(
 ) -> None:
     started = threading.Event()
 
-    def long_generation(operations, pause):
-        started.set()
-        time.sleep(0.1)
-        pause()
-        return [(b"{}", ResultFormat.JSON) for _ in operations]
-
-    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", long_generation)])
+    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", _runs_then_pauses_once(started))])
     seconds, reported = _device_seconds(scheduler, owners=2)
     scheduler.submit(_sample(ledger, "alice", 10))
     started.wait(5)
@@ -166,13 +173,7 @@ def test_work_run_in_a_pause_accrues_to_its_own_tenant_while_the_paused_calls_te
 ) -> None:
     started, in_pause = threading.Event(), threading.Event()
 
-    def long_generation(operations, pause):
-        started.set()
-        time.sleep(0.1)
-        pause()
-        return [(b"{}", ResultFormat.JSON) for _ in operations]
-
-    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", long_generation)])
+    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", _runs_then_pauses_once(started))])
     scheduler.submit(_sample(ledger, "alice", 10))
     started.wait(5)
     step = _operation(ledger, "bob", seconds=0.4, gate=in_pause)
