@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from autoresearch.trials.paired import PairedComparison, compare, compare_by_form
+from autoresearch.trials.paired import compare, compare_by_form
 from autoresearch.trials.run_dir import RunDirectory
 from tasks.report import FORMS, HeldOutReport
 
@@ -73,10 +73,6 @@ def load_evaluation(argument: str) -> LoggedEvaluation:
     return LoggedEvaluation(name or f"{path.name}@{chosen.step}", chosen)
 
 
-def _cell(paired: PairedComparison) -> str:
-    return f"+{paired.gained}/−{paired.lost}, p={paired.p_value:.2g}"
-
-
 def comparison_table(evaluations: list[LoggedEvaluation]) -> tuple[Table, dict[str, dict]]:
     """Each evaluation against the first, overall and by form, as a table and as records.
 
@@ -103,7 +99,7 @@ def comparison_table(evaluations: list[LoggedEvaluation]) -> tuple[Table, dict[s
         by_form = compare_by_form(reference.report, evaluation.report)
         cells = [evaluation.name]
         for paired in (overall, *(by_form[form] for form in forms)):
-            cells += [f"{paired.accuracy_after:.1%}", "" if evaluation is reference else _cell(paired)]
+            cells += [f"{paired.accuracy_after:.1%}", "" if evaluation is reference else paired.summary()]
         table.add_row(*cells)
         records[evaluation.name] = {
             "step": evaluation.report.step,

@@ -82,7 +82,7 @@ def _form_table(
                 paired = compare(first_reports[set_name], reports[set_name], form)
                 cells += [
                     f"{paired.accuracy_after:.1%}",
-                    "" if name == first else f"+{paired.gained}/−{paired.lost}, p={paired.p_value:.2g}",
+                    "" if name == first else paired.summary(),
                 ]
                 record[f"{name}/{set_name}/{form}"] = {
                     "greedy": paired.accuracy_after,

@@ -213,9 +213,7 @@ def rl_tenant(log: TenantLog, url: str, base_model: str, shape: RlShape, seed: i
                     # first save: with it, that save can pass the key's quota, be refused on every try, and the tenant
                     # would resume over and over, each time leaving one more run behind.
                     for run in left_behind:
-                        for old in log.result("list", rest.list_checkpoints(run)).checkpoints:
-                            if old.tinker_path != path:
-                                log.result("delete", rest.delete_checkpoint_from_tinker_path(old.tinker_path))
+                        delete_checkpoints(log, rest, run, keeping=path)
                 current = training.model_id
                 tokenizer = training.get_tokenizer()
                 while until.ahead():
@@ -226,14 +224,20 @@ def rl_tenant(log: TenantLog, url: str, base_model: str, shape: RlShape, seed: i
                         checkpoint = (log.step, saved.path)
                         log.saved_steps.append((time.time(), log.step))
                         while left_behind:
-                            for old in log.result("list", rest.list_checkpoints(left_behind[0])).checkpoints:
-                                log.result("delete", rest.delete_checkpoint_from_tinker_path(old.tinker_path))
+                            delete_checkpoints(log, rest, left_behind[0])
                             left_behind.pop(0)
         except Exception:  # recorded by `result`: the backend went away; go on from the checkpoint in a new run
             if current is not None and current not in left_behind:
                 left_behind.append(current)
             current = None
             time.sleep(RETRY_PAUSE_S)
+
+
+def delete_checkpoints(log: TenantLog, rest: tinker.RestClient, run: str, keeping: str | None = None) -> None:
+    """Delete every checkpoint of the tenant's run `run` but the one at the tinker path `keeping`."""
+    for checkpoint in log.result("list", rest.list_checkpoints(run)).checkpoints:
+        if checkpoint.tinker_path != keeping:
+            log.result("delete", rest.delete_checkpoint_from_tinker_path(checkpoint.tinker_path))
 
 
 def rl_step(log: TenantLog, training: tinker.TrainingClient, tokenizer, shape: RlShape) -> None:

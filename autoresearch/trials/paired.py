@@ -30,6 +30,10 @@ class PairedComparison(BaseModel):
     def gain(self) -> float:
         return self.accuracy_after - self.accuracy_before
 
+    def summary(self) -> str:
+        """Gained, lost and the p-value as the benchmarks' tables show them: `+3/−16, p=0.0044`."""
+        return f"+{self.gained}/−{self.lost}, p={self.p_value:.2g}"
+
 
 def mcnemar_exact_p(gained: int, lost: int) -> float:
     """Two-sided exact p-value of `gained` against `lost` discordant pairs."""
