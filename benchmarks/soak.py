@@ -285,7 +285,11 @@ class SoakReport:
 
     @property
     def first_answer_after_kill_s(self) -> float:
-        ended = [r.ended for r in self.requests(Outcome.ANSWERED) if r.ended > self.kill.at]
+        # Sent after the kill, or ended once the new backend was healthy: an answer of the killed backend recorded a
+        # moment after the kill's time was taken is neither.
+        ended = [
+            r.ended for r in self.requests(Outcome.ANSWERED) if r.sent > self.kill.at or r.ended > self.kill.healthy_at
+        ]
         return min(ended) - self.kill.at if ended else float("nan")
 
     def resumed_from_checkpoint(self, tenant: TenantLog) -> bool:

@@ -111,7 +111,9 @@ class TenantLog:
     connection_retries: int = 0  # connection errors a client retried (a /v1 request, a new SDK session)
     step: int = 0  # RL tenants: the step it stands at
     resumes: list[Resume] = field(default_factory=list)
-    saved_steps: list[tuple[float, int]] = field(default_factory=list)  # RL tenants: (when, step) of each saved state
+    # RL tenants: (when it was asked for, step) of each state saved. When asked, not when answered: a save the killed
+    # backend answered just before the kill is recorded by a thread that may run only after the kill's time is taken.
+    saved_steps: list[tuple[float, int]] = field(default_factory=list)
     quota_refusals: int = 0  # checkpoint tenants: saves its storage quota refused
     crashed: str = ""  # the error that ended the tenant before its time, if one did
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -201,8 +203,9 @@ def rl_tenant(log: TenantLog, url: str, base_model: str, shape: RlShape, seed: i
                     training = log.result("create", created)
                     log.step = 0
                     # A state at step 0 too: a tenant interrupted before its first checkpoint also resumes from one.
-                    checkpoint = (0, log.result("save_state", training.save_state("step-00000")).path)
-                    log.saved_steps.append((time.time(), 0))
+                    asked = time.time()
+                    checkpoint = (0, log.result("save_state", training.save_state("step-00000"), asked).path)
+                    log.saved_steps.append((asked, 0))
                 else:
                     step, path = checkpoint
                     loaded = service.create_training_client_from_state_with_optimizer(path, user_metadata=metadata)
@@ -220,9 +223,10 @@ def rl_tenant(log: TenantLog, url: str, base_model: str, shape: RlShape, seed: i
                     rl_step(log, training, tokenizer, shape)
                     log.step += 1
                     if log.step % shape.checkpoint_every == 0:
-                        saved = log.result("save_state", training.save_state(f"step-{log.step:05d}"))
+                        asked = time.time()
+                        saved = log.result("save_state", training.save_state(f"step-{log.step:05d}"), asked)
                         checkpoint = (log.step, saved.path)
-                        log.saved_steps.append((time.time(), log.step))
+                        log.saved_steps.append((asked, log.step))
                         while left_behind:
                             delete_checkpoints(log, rest, left_behind[0])
                             left_behind.pop(0)

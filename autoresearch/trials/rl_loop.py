@@ -137,6 +137,11 @@ def _start_or_resume(
         earlier = types.ParsedCheckpointTinkerPath.from_tinker_path(state.checkpoint_path).training_run_id
         if earlier != training.model_id and earlier not in state.left_behind:
             state = state.model_copy(update={"left_behind": (*state.left_behind, earlier)})
+        # All the runs left behind hold but the state resumed from goes now, and that one once the new run has saved
+        # (`_checkpointed`): were it all kept until then, a key's storage quota could refuse that first save.
+        rest = service.create_rest_client()
+        for run in state.left_behind:
+            _deleted_checkpoints_of(rest, run, keeping=state.checkpoint_path)
         return training, state
     if config.init_from is not None:
         training = _from_initial_state(service, config, config.init_from)
@@ -436,12 +441,13 @@ class _Trial:
         return result
 
 
-def _deleted_checkpoints_of(rest: tinker.RestClient, run: str) -> bool:
-    """Delete every checkpoint of the backend's run `run`; whether none is left (a run the backend no longer knows
-    has none)."""
+def _deleted_checkpoints_of(rest: tinker.RestClient, run: str, keeping: str | None = None) -> bool:
+    """Delete every checkpoint of the backend's run `run` but the one at the tinker path `keeping`; whether all of
+    them went (a run the backend no longer knows has none)."""
     try:
         for checkpoint in rest.list_checkpoints(run).result().checkpoints:
-            rest.delete_checkpoint_from_tinker_path(checkpoint.tinker_path).result()
+            if checkpoint.tinker_path != keeping:
+                rest.delete_checkpoint_from_tinker_path(checkpoint.tinker_path).result()
     except tinker.NotFoundError:
         return True
     except tinker.TinkerError as error:

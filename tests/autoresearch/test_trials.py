@@ -151,6 +151,40 @@ def test_a_restarted_trial_resumes_from_its_last_checkpoint(
     assert [m["step"] for m in directory.metrics.read()] == [1, 2, 3, 4]
 
 
+def test_a_resumed_trial_deletes_what_its_earlier_run_holds_but_the_state_it_resumed_from_before_it_saves(
+    tiny_trial_config: TrialConfig, backend_url: str, tmp_path: Path
+) -> None:
+    # Kept until the new run's first save, the earlier run's states and sampler weights could fill a key's storage
+    # quota so that the save is refused.
+    config = tiny_trial_config.model_copy(
+        update={"run_id": "cleared", "steps": 4, "warmup_steps": 0, "checkpoint_interval": 2, "eval_interval": 1}
+    )
+
+    def die_at_step_3(report: HeldOutReport) -> bool:
+        if report.step == 3:
+            raise KilledError("killed after step 3")
+        return True
+
+    with pytest.raises(KilledError):
+        run_trial(config, backend_url, tmp_path, progress=False, on_eval=die_at_step_3)
+    resumed_from = RunDirectory(tmp_path / "cleared").load_state().checkpoint_path
+    earlier_run = resumed_from.removeprefix("tinker://").split("/")[0]
+    rest = tinker.RestClient(base_url=backend_url, api_key=api_key())
+    assert len(rest.list_checkpoints(earlier_run).result().checkpoints) > 1  # its sampler weights besides the state
+
+    held_at_step_3: list[list[str]] = []
+
+    def look_at_step_3(report: HeldOutReport) -> bool:
+        if report.step == 3:  # resumed from step 2, before the new run's first checkpoint (step 4)
+            held_at_step_3.append([c.tinker_path for c in rest.list_checkpoints(earlier_run).result().checkpoints])
+        return True
+
+    result = run_trial(config, backend_url, tmp_path, progress=False, on_eval=look_at_step_3)
+    assert result.resumed_from_step == 2 and result.steps_completed == 4
+    assert held_at_step_3 == [[resumed_from]]
+    assert rest.list_checkpoints(earlier_run).result().checkpoints == []  # and that went once the new run saved
+
+
 def test_a_trial_keeps_only_its_most_recent_checkpoints_on_the_backend(
     tiny_trial_config: TrialConfig, backend_url: str, tmp_path: Path
 ) -> None:
