@@ -184,7 +184,7 @@ def main() -> None:
             if args.samples:
                 cells.append(f"{sampled[name][set_name]:.1%}")
             paired = compare(greedy[first][set_name], report)
-            cells.append("" if name == first else f"+{paired.gained}/−{paired.lost}, p={paired.p_value:.2f}")
+            cells.append("" if name == first else paired.summary())
             record[f"{name}/{set_name}"] = {
                 "greedy": report.accuracy,
                 "sampled": sampled.get(name, {}).get(set_name),

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from trainer_backend.engine.weights_proof import WeightCheckCounts
 from trainer_backend.ledger import FutureRecord, FutureState
 from trainer_backend.scheduler import SchedulerStats
-from trainer_backend.tenant_usage import TenantTotals
+from trainer_backend.tenant_usage import OnDevice, TenantTotals
 from trainer_backend.wire.status import SamplerStatus
 
 # The windows, in seconds, over which the device's busy fraction is read.
@@ -50,6 +50,9 @@ class ServerState:
     # The vLLM sampler's own figures; None with the built-in sampler (part of the device).
     sampler: SamplerStatus | None
     weight_checks: WeightCheckCounts
+    # The operations on the device, with the device seconds each has accrued and not yet counted in `tenants`'
+    # figures, which include them.
+    on_device: tuple[OnDevice, ...]
     # Every owner's use since start.
     tenants: Mapping[str, TenantTotals]
 

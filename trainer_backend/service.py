@@ -56,7 +56,7 @@ from trainer_backend.scheduler import Scheduler
 from trainer_backend.server_state import BUSY_WINDOWS_S, AdapterCounts, ServerState
 from trainer_backend.status_view import server_status
 from trainer_backend.tenancy import EPHEMERAL_TTL_S, TenancyPolicy
-from trainer_backend.tenant_usage import TenantUsage, TokenPhase
+from trainer_backend.tenant_usage import OnDevice, TenantUsage, TokenPhase
 from trainer_backend.views import RegistryViews
 from trainer_backend.wire import schemas
 from trainer_backend.wire.proto import ForwardBackwardBatch, encode_forward_backward_output
@@ -260,6 +260,11 @@ class TrainingService:
         """One reading of the server's state, which the status route and /metrics show."""
         stats = self.scheduler.stats()
         in_flight = tuple(self.ledger.in_flight())
+        on_device = tuple(
+            OnDevice(operation.owner, operation.run, seconds)
+            for operation, seconds in self.scheduler.running_device_time()
+            if operation.owner is not None
+        )
         now, wall_now = time.monotonic(), time.time()
         return ServerState(
             base_model=self.loaded.name,
@@ -273,7 +278,8 @@ class TrainingService:
             tokens_by_phase=self.tokens_processed.snapshot(),
             sampler=self.sampler.status(),
             weight_checks=self.engine.weight_checks.snapshot(),
-            tenants=self.usage.tenants(now, self._running_device_time()),
+            on_device=on_device,
+            tenants=self.usage.tenants(now, on_device),
         )
 
     def status(self, owner: str) -> ServerStatus:
@@ -281,11 +287,8 @@ class TrainingService:
         against the per-key limits and has used, and its recently active runs with their share of the device."""
         state = self.state()
         usage = self.tenancy.key_usage(owner, state)
-        runs = self.tenancy.run_usage(self.usage.runs_of(owner, state.read_at))
+        runs = self.tenancy.run_usage(self.usage.runs_of(owner, state.read_at, state.on_device))
         return server_status(owner, state, usage, runs)
-
-    def _running_device_time(self) -> list[tuple[str, float]]:
-        return [(op.owner, seconds) for op, seconds in self.scheduler.running_device_time() if op.owner is not None]
 
     def _count_device_time(self, operation: Operation, seconds: float) -> None:
         if operation.owner is not None:

@@ -60,6 +60,8 @@ class _Counts:
     device_seconds: float = 0.0
     tokens_sampled: int = 0
     tokens_trained: int = 0
+    # The most device seconds shown so far, running operations' included (see `TenantUsage.tenants`).
+    shown_device_seconds: float = 0.0
 
     def add_tokens(self, phase: TokenPhase, tokens: int) -> None:
         if phase == "sampled":
@@ -79,6 +81,15 @@ class _RunCounts(_Counts):
     # When the run's first device call began; None until it has one.
     first_used: float | None = None
     last_used: float = 0.0
+
+
+@dataclass(frozen=True)
+class OnDevice:
+    """Device seconds an operation still on the device has accrued so far: its owner's, and its run's if it has one."""
+
+    owner: str
+    run: str | None
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -123,8 +134,6 @@ class TenantUsage:
         self._runs: dict[str, dict[str, _RunCounts]] = {}
         self._lock = threading.Lock()
         self._forgotten_at = float("-inf")
-        # The device seconds last shown of each owner (see `tenants`).
-        self._shown: dict[str, float] = {}
 
     def add_device_time(self, owner: str, run: str | None, seconds: float, now: float | None = None) -> None:
         """`owner`'s operation (of training run `run`, if any) used the device for `seconds`, ending `now`."""
@@ -150,40 +159,54 @@ class TenantUsage:
                 self._run(owner, run, now).add_tokens(phase, tokens)
                 self._forget_idle_runs(now)
 
-    def tenants(self, now: float | None = None, running: Iterable[tuple[str, float]] = ()) -> dict[str, TenantTotals]:
-        """Every owner's totals, by owner. `running`: (owner, seconds) of operations still on the device; their
-        seconds so far count in their owners' device seconds, so that a tenant in a generation of minutes is not shown
-        idle until it ends. A device-seconds total shown is never less than one shown before: an operation's seconds
-        move from running to counted when it ends, and a reading may fall in between."""
+    def tenants(self, now: float | None = None, running: Iterable[OnDevice] = ()) -> dict[str, TenantTotals]:
+        """Every owner's totals, by owner. `running`: the operations still on the device; their seconds so far count
+        in their owners' device seconds, so that a tenant in a generation of minutes is not shown idle until it ends.
+        A device-seconds total shown is never less than one shown before: an operation's seconds move from running to
+        counted when it ends, and a reading may fall in between."""
         now = time.monotonic() if now is None else now
         on_device: dict[str, float] = {}
-        for owner, seconds in running:
-            on_device[owner] = on_device.get(owner, 0.0) + seconds
+        for operation in running:
+            on_device[operation.owner] = on_device.get(operation.owner, 0.0) + operation.seconds
         with self._lock:
             totals = {}
             for owner in self._tenants.keys() | on_device.keys():
-                counts = self._tenants.get(owner, _TenantCounts())
-                shown = max(self._shown.get(owner, 0.0), counts.device_seconds + on_device.get(owner, 0.0))
-                self._shown[owner] = shown
-                totals[owner] = replace(_totals(counts, now), device_seconds=shown)
+                counts = self._tenants.setdefault(owner, _TenantCounts())
+                counts.shown_device_seconds = max(
+                    counts.shown_device_seconds, counts.device_seconds + on_device.get(owner, 0.0)
+                )
+                totals[owner] = replace(_totals(counts, now), device_seconds=counts.shown_device_seconds)
             return totals
 
-    def runs_of(self, owner: str, now: float | None = None) -> list[RunTotals]:
+    def runs_of(self, owner: str, now: float | None = None, running: Iterable[OnDevice] = ()) -> list[RunTotals]:
         """`owner`'s runs that used the device (or, with vLLM sampling, drew tokens) in the last `RUN_LISTED_S`, the
-        busiest now first."""
+        busiest now first. `running`: the operations still on the device, counted as in `tenants`, so that a run in a
+        generation of minutes shows its share as it runs; its device seconds shown never fall either."""
         now = time.monotonic() if now is None else now
+        on_device: dict[str, float] = {}
+        for operation in running:
+            if operation.owner == owner and operation.run is not None:
+                on_device[operation.run] = on_device.get(operation.run, 0.0) + operation.seconds
         with self._lock:
-            runs = [
-                RunTotals(
-                    model_id=model_id,
-                    device_seconds=counts.device_seconds,
-                    device_share_1m=_share(counts, now),
-                    tokens_sampled=counts.tokens_sampled,
-                    tokens_trained=counts.tokens_trained,
+            for model_id, seconds in on_device.items():
+                counts = self._run(owner, model_id, now)
+                if counts.first_used is None:
+                    counts.first_used = now - seconds
+            runs = []
+            for model_id, counts in self._runs.get(owner, {}).items():
+                if now - counts.last_used > RUN_LISTED_S:
+                    continue
+                running_s = on_device.get(model_id, 0.0)
+                counts.shown_device_seconds = max(counts.shown_device_seconds, counts.device_seconds + running_s)
+                runs.append(
+                    RunTotals(
+                        model_id=model_id,
+                        device_seconds=counts.shown_device_seconds,
+                        device_share_1m=_share(counts, now, running_s),
+                        tokens_sampled=counts.tokens_sampled,
+                        tokens_trained=counts.tokens_trained,
+                    )
                 )
-                for model_id, counts in self._runs.get(owner, {}).items()
-                if now - counts.last_used <= RUN_LISTED_S
-            ]
         return sorted(runs, key=lambda run: (-run.device_share_1m, run.model_id))
 
     def _run(self, owner: str, run: str, now: float) -> _RunCounts:
@@ -207,13 +230,14 @@ def _totals(counts: _TenantCounts, now: float) -> TenantTotals:
     return TenantTotals(counts.device_seconds, counts.tokens_sampled, counts.tokens_trained, counts.recent.at_time(now))
 
 
-def _share(counts: _RunCounts, now: float) -> float:
-    """The run's weighted device seconds over the same weighting of the wall-clock time since it began, so a run
-    that started 20 s ago and used the device all along shows 1, not the 0.28 its warming sum alone would say."""
+def _share(counts: _RunCounts, now: float, running_s: float = 0.0) -> float:
+    """The run's weighted device seconds (with `running_s`, those of its operations on the device now) over the same
+    weighting of the wall-clock time since it began, so a run that started 20 s ago and used the device all along
+    shows 1, not the 0.28 its warming sum alone would say."""
     if counts.first_used is None:
         return 0.0
     window_s = RUN_SHARE_S * (1.0 - math.exp(-max(0.0, now - counts.first_used) / RUN_SHARE_S))
-    return 0.0 if window_s <= 0 else min(1.0, counts.recent.at_time(now) / window_s)
+    return 0.0 if window_s <= 0 else min(1.0, (counts.recent.at_time(now) + running_s) / window_s)
 
 
 def tenant_series(

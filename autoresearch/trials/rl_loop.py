@@ -94,12 +94,14 @@ def run_trial(
                 open_task(config.task, config.data) as task,
                 TrialProgress(str(config.run_id), progress) as view,
             ):
-                training, state = _start_or_resume(service, config, state)
+                # Its connections are the SDK's, shared and open for the process's life: nothing to close.
+                rest = tinker.RestClient(base_url=url, api_key=api_key())
+                training, state = _start_or_resume(service, rest, config, state)
                 # Steps after the checkpoint are redone, so their records go.
                 directory.metrics.keep_until(state.step)
                 directory.evals.keep_until(state.step)
                 directory.warmup.keep_until(state.warmup_steps_done)
-                trial = _Trial(config, directory, task, service, training, view, on_eval)
+                trial = _Trial(config, directory, task, service, rest, training, view, on_eval)
                 return trial.run(state, resumed_from_step, interruption, started)
         except (tinker.RequestFailedError, tinker.APIStatusError, tinker.APIConnectionError) as error:
             if not _backend_interrupted(error) or interruption == MAX_BACKEND_INTERRUPTIONS:
@@ -122,7 +124,7 @@ def _backend_interrupted(error: tinker.TinkerError) -> bool:
 
 
 def _start_or_resume(
-    service: tinker.ServiceClient, config: TrialConfig, state: RunState | None
+    service: tinker.ServiceClient, rest: tinker.RestClient, config: TrialConfig, state: RunState | None
 ) -> tuple[tinker.TrainingClient, RunState]:
     """A training client at the run's last checkpoint (adapter and optimizer state), else at `init_from`'s weights,
     else with a fresh adapter.
@@ -139,7 +141,6 @@ def _start_or_resume(
             state = state.model_copy(update={"left_behind": (*state.left_behind, earlier)})
         # All the runs left behind hold but the state resumed from goes now, and that one once the new run has saved
         # (`_checkpointed`): were it all kept until then, a key's storage quota could refuse that first save.
-        rest = service.create_rest_client()
         for run in state.left_behind:
             _deleted_checkpoints_of(rest, run, keeping=state.checkpoint_path)
         return training, state
@@ -206,13 +207,14 @@ class _Trial:
         directory: RunDirectory,
         task: AnyTask,
         service: tinker.ServiceClient,
+        rest: tinker.RestClient,
         training: tinker.TrainingClient,
         view: TrialProgress,
         on_eval: EvalCallback | None,
     ) -> None:
         self.config = config
         self.directory = directory
-        self.service = service
+        self.rest = rest
         self.training = training
         self.task = task
         self.view = view
@@ -311,8 +313,7 @@ class _Trial:
         self.directory.save_state(state)
         if not state.left_behind:
             return state
-        rest = self.service.create_rest_client()
-        remaining = tuple(run for run in state.left_behind if not _deleted_checkpoints_of(rest, run))
+        remaining = tuple(run for run in state.left_behind if not _deleted_checkpoints_of(self.rest, run))
         state = state.model_copy(update={"left_behind": remaining})
         self.directory.save_state(state)
         return state

@@ -77,6 +77,7 @@ def test_the_status_is_the_callers_part_of_one_reading_of_the_server() -> None:
         tokens_by_phase={},
         sampler=None,
         weight_checks=WeightCheckCounts({}, {}, {}),
+        on_device=(),
         tenants={"me": TenantTotals(device_seconds=3.0)},
     )
     usage = KeyUsage(

@@ -17,6 +17,7 @@ from trainer_backend.scheduler import Scheduler
 from trainer_backend.tenant_usage import (
     OTHER_TENANTS,
     RUN_LISTED_S,
+    OnDevice,
     TenantTotals,
     TenantUsage,
     tenant_label,
@@ -151,7 +152,7 @@ def test_tenants_in_a_long_call_are_shown_working_before_it_ends_and_their_total
     readings: list[dict[str, float]] = []
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        running = [(op.owner, seconds) for op, seconds in scheduler.running_device_time()]
+        running = [OnDevice(op.owner, None, seconds) for op, seconds in scheduler.running_device_time()]
         readings.append({owner: totals.device_seconds for owner, totals in usage.tenants(running=running).items()})
         if scheduler.stats().batches == 1 and not running:
             break
@@ -244,3 +245,21 @@ def test_a_runs_share_follows_its_last_minute_and_an_idle_run_drops_off_the_list
     assert usage.runs_of("bob", now=120.0) == []
     # A run idle for longer than the status looks back is no longer listed.
     assert [run.model_id for run in usage.runs_of("alice", now=21.0 + RUN_LISTED_S)] == ["half-busy"]
+
+
+def test_a_run_in_a_long_call_shows_its_share_as_it_runs_and_its_seconds_never_fall() -> None:
+    usage = TenantUsage()
+    # 30 s into a generation that is the run's first device call: nothing has ended, yet the run has the device.
+    [run] = usage.runs_of("alice", now=30.0, running=[OnDevice("alice", "run", 30.0), OnDevice("bob", "run", 30.0)])
+    assert run.model_id == "run" and run.device_seconds == 30.0
+    assert run.device_share_1m == pytest.approx(1.0, abs=0.01)
+    # The call ends and its final split (by tokens) gives the run less than its running count said.
+    usage.add_device_time("alice", "run", 28.0, now=31.0)
+    [run] = usage.runs_of("alice", now=31.0)
+    assert run.device_seconds == 30.0 and run.device_share_1m > 0.9
+    usage.add_device_time("alice", "run", 5.0, now=40.0)
+    [run] = usage.runs_of("alice", now=40.0)
+    assert run.device_seconds == 33.0
+    # Idle for a minute after: its share falls.
+    [run] = usage.runs_of("alice", now=100.0)
+    assert run.device_share_1m < 0.5
