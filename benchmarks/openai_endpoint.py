@@ -102,7 +102,7 @@ def main() -> None:
     storage = Path(tempfile.mkdtemp(prefix="openai-benchmark-"))
     config = ServerConfig(base_model=args.model, device="cpu", storage_root=storage, port=0, api_keys=[KEY])
     with running_server(config) as server, tinker.ServiceClient(base_url=server.url, api_key=KEY) as client:
-        sampler = client.create_sampling_client(base_model=args.model)
+        sampler = client.create_sampling_client(base_model=args.model).result()
         tokenizer = server.service.loaded.tokenizer
         prompt = types.ModelInput.from_ints(tokenizer.encode(PROMPT))
         oai = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=600)

@@ -46,9 +46,9 @@ def trained(client: tinker.ServiceClient, seed: int) -> tinker.TrainingClient:
 
 
 def sample(client: tinker.ServiceClient, path: str) -> types.SampleResponse:
-    tokenizer = client.create_lora_training_client(base_model=TINY, rank=1).get_tokenizer()
+    tokenizer = client.create_lora_training_client(base_model=TINY, rank=1).result().get_tokenizer()
     prompt = types.ModelInput.from_ints(tokenizer.encode(SQL)[:6])
-    return client.create_sampling_client(model_path=path).sample(prompt, 1, GREEDY).result(timeout=60)
+    return client.create_sampling_client(model_path=path).result().sample(prompt, 1, GREEDY).result(timeout=60)
 
 
 def folder_of(server: RunningServer, path: str) -> Path:
@@ -81,7 +81,7 @@ def test_a_fresh_adapter_is_exempt_from_the_probe_and_answers_as_the_base_model(
     assert '"zero":true' in (folder_of(server, path) / PROOF_FILE).read_text()
     tokenizer = fresh.get_tokenizer()
     prompt = types.ModelInput.from_ints(tokenizer.encode(SQL)[:6])
-    base = client.create_sampling_client(base_model=TINY).sample(prompt, 1, GREEDY).result(timeout=60)
+    base = client.create_sampling_client(base_model=TINY).result().sample(prompt, 1, GREEDY).result(timeout=60)
     assert sample(client, path).sequences[0].tokens == base.sequences[0].tokens
 
 

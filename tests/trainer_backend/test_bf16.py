@@ -115,7 +115,7 @@ def test_bf16_samples_with_the_trainers_logprobs(bf16_server: RunningServer) -> 
         tokenizer = training.get_tokenizer()
         training.forward_backward([datum_for(tokenizer, SQL)], "cross_entropy").result(timeout=60)
         training.optim_step(types.AdamParams(learning_rate=2e-2)).result(timeout=60)
-        sampler = training.save_weights_and_get_sampling_client("bf16")
+        sampler = training.save_weights_and_get_sampling_client("bf16").result()
         prompt = types.ModelInput.from_ints(tokenizer.encode("SELECT"))
         params = types.SamplingParams(max_tokens=12, temperature=1.0, seed=5)
         sample = sampler.sample(prompt=prompt, num_samples=4, sampling_params=params).result()

@@ -45,7 +45,7 @@ def wait_for(condition: Callable[[], bool], timeout_s: float) -> None:
 
 def trained_sampler(service_client: tinker.ServiceClient, text: str, seed: int) -> tinker.SamplingClient:
     training = trained_adapter(service_client, text, seed=seed, steps=2, weighted=True)
-    return training.save_weights_and_get_sampling_client()
+    return training.save_weights_and_get_sampling_client().result()
 
 
 def test_queued_samples_of_several_weights_match_their_answers_alone(
@@ -54,7 +54,7 @@ def test_queued_samples_of_several_weights_match_their_answers_alone(
     samplers = [
         trained_sampler(service_client, "select name from airlines where country = 'Peru'", seed=1),
         trained_sampler(service_client, "how many hotels are there in Austin and Seoul", seed=2),
-        service_client.create_sampling_client(base_model=TINY),
+        service_client.create_sampling_client(base_model=TINY).result(),
     ]
     prompts = [types.ModelInput.from_ints(ids) for ids in ([5, 9, 14], [7, 3, 22, 41, 8, 2], [11])]
     greedy = types.SamplingParams(max_tokens=12, temperature=0.0)

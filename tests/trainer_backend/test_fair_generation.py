@@ -65,14 +65,14 @@ def test_a_tenants_request_runs_inside_another_tenants_long_generation(server: R
         tinker.ServiceClient(base_url=server.url, api_key=key_b) as client_b,
     ):
         very_long = types.SamplingParams(max_tokens=400, temperature=1.0, stop=[])
-        a_future = client_a.create_sampling_client(base_model=TINY).sample(PROMPT, 1, very_long)
+        a_future = client_a.create_sampling_client(base_model=TINY).result().sample(PROMPT, 1, very_long)
         deadline = time.monotonic() + 30
         while "sample" not in status_of(server, key_a)["device"]["running_kinds"]:
             assert time.monotonic() < deadline, "A's generation never started"
             time.sleep(0.02)
 
         short = types.SamplingParams(max_tokens=8, temperature=1.0, stop=[])
-        b_result = client_b.create_sampling_client(base_model=TINY).sample(PROMPT, 4, short).result()
+        b_result = client_b.create_sampling_client(base_model=TINY).result().sample(PROMPT, 4, short).result()
         assert [len(sequence.tokens) for sequence in b_result.sequences] == [8] * 4
         # B's answer came while A's generation was still running.
         running = [f for f in status_of(server, key_a)["in_flight"] if f["kind"] == "sample"]

@@ -73,9 +73,9 @@ def trained_sampler_path(client: tinker.ServiceClient) -> str:
 
 def tinker_sample(client: tinker.ServiceClient, prompt: list[int], model_path: str | None = None, **params: object):
     sampler = (
-        client.create_sampling_client(model_path=model_path)
+        client.create_sampling_client(model_path=model_path).result()
         if model_path
-        else client.create_sampling_client(base_model=TINY)
+        else client.create_sampling_client(base_model=TINY).result()
     )
     return sampler.sample(
         prompt=types.ModelInput.from_ints(prompt), num_samples=1, sampling_params=types.SamplingParams(**params)
@@ -98,7 +98,7 @@ def test_models_lists_the_base_and_the_keys_own_sampler_checkpoints(
 def test_a_greedy_completion_is_tinkers_sample_of_the_same_prompt(
     oai: openai.OpenAI, client: tinker.ServiceClient, trained_sampler_path: str
 ) -> None:
-    tokenizer = client.create_lora_training_client(base_model=TINY, rank=4).get_tokenizer()
+    tokenizer = client.create_lora_training_client(base_model=TINY, rank=4).result().get_tokenizer()
     prompt = tokenizer.encode(PROMPT)
     for model, path in ((TINY, None), (trained_sampler_path, trained_sampler_path)):
         reference = tinker_sample(client, prompt, path, max_tokens=12, temperature=0.0).sequences[0]
@@ -155,7 +155,7 @@ def test_chat_renders_the_given_template_and_answers_as_the_completion_of_it(
     messages = [{"role": "system", "content": "Answer in SQL."}, {"role": "user", "content": "How many employees?"}]
     chat = oai.chat.completions.create(model=TINY, messages=messages, max_tokens=10, temperature=0, logprobs=True)
     rendered = "<bos>" + "".join(f"<start_of_turn>{m['role']}\n{m['content']}<end_of_turn>\n" for m in messages)
-    tokenizer = client.create_lora_training_client(base_model=TINY, rank=4).get_tokenizer()
+    tokenizer = client.create_lora_training_client(base_model=TINY, rank=4).result().get_tokenizer()
     prompt = tokenizer.encode(rendered + "<start_of_turn>model\n", add_special_tokens=False)
     reference = tinker_sample(client, prompt, max_tokens=10, temperature=0.0).sequences[0]
     tokens = without_eos(list(reference.tokens), tokenizer.eos_token_id)
@@ -188,8 +188,8 @@ def test_json_schema_output_always_parses_validates_and_reports_constrained_logp
         logprobs=True,
         response_format={"type": "json_schema", "json_schema": {"name": "proposal", "schema": PROPOSAL_SCHEMA}},
     )
-    tokenizer = client.create_lora_training_client(base_model=TINY, rank=4).get_tokenizer()
-    base = client.create_sampling_client(base_model=TINY)
+    tokenizer = client.create_lora_training_client(base_model=TINY, rank=4).result().get_tokenizer()
+    base = client.create_sampling_client(base_model=TINY).result()
     raised = 0
     for choice in answer.choices:
         assert choice.finish_reason == "stop"
@@ -250,7 +250,7 @@ def test_neutral_values_are_accepted_and_keys_are_checked(server: RunningServer,
 
 
 def test_a_prompt_of_token_ids_is_the_prompt_those_ids_spell(oai: openai.OpenAI, client: tinker.ServiceClient) -> None:
-    tokenizer = client.create_lora_training_client(base_model=TINY, rank=4).get_tokenizer()
+    tokenizer = client.create_lora_training_client(base_model=TINY, rank=4).result().get_tokenizer()
     by_ids = oai.completions.create(model=TINY, prompt=tokenizer.encode(PROMPT), max_tokens=6, temperature=0)
     by_text = oai.completions.create(model=TINY, prompt=PROMPT, max_tokens=6, temperature=0)
     assert by_ids.choices[0].text == by_text.choices[0].text

@@ -101,7 +101,7 @@ def test_a_lora_rank_over_the_limit_is_refused_by_name(client: tinker.ServiceCli
 
 
 def test_num_samples_over_the_limit_is_refused_by_name(client: tinker.ServiceClient, ids: list[int]) -> None:
-    sampler = client.create_sampling_client(base_model=TINY)
+    sampler = client.create_sampling_client(base_model=TINY).result()
     params = types.SamplingParams(max_tokens=2)
     with pytest.raises(tinker.BadRequestError, match=r"--max-num-samples.*asks for 17"):
         sampler.sample(types.ModelInput.from_ints(ids), num_samples=17, sampling_params=params).result(timeout=20)

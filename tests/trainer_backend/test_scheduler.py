@@ -645,9 +645,9 @@ def test_without_a_window_the_first_request_runs_at_once(
 def test_another_clients_training_step_runs_while_a_long_generation_is_under_way(server: RunningServer) -> None:
     key = "tml-interleaving"
     with tinker.ServiceClient(base_url=server.url, api_key=key) as client:
-        training = client.create_lora_training_client(base_model=TINY, rank=4)
+        training = client.create_lora_training_client(base_model=TINY, rank=4).result()
         tokenizer = training.get_tokenizer()
-        sampler = client.create_sampling_client(base_model=TINY)
+        sampler = client.create_sampling_client(base_model=TINY).result()
         long_generation = sampler.sample(
             prompt=types.ModelInput.from_ints([3, 5, 7]),
             num_samples=1,

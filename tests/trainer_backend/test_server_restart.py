@@ -40,7 +40,7 @@ def test_checkpoints_survive_a_restart_and_cut_off_futures_fail_with_a_reason(tm
         sampler_path = training.save_weights_for_sampler("kept-sampler").result().path
         logprobs = training.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
         prompt = types.ModelInput.from_ints(ids[:4])
-        sampler = client.create_sampling_client(model_path=sampler_path)
+        sampler = client.create_sampling_client(model_path=sampler_path).result()
         sampled = sampler.sample(prompt=prompt, num_samples=1, sampling_params=greedy).result().sequences[0].tokens
         stranded = request_id_of(
             RawApi(first.url, KEY).forward_backward(training.model_id, STRANDED_SEQ_ID, [datum], forward_only=True)
@@ -61,7 +61,7 @@ def test_checkpoints_survive_a_restart_and_cut_off_futures_fail_with_a_reason(tm
         restored.forward_backward([datum], "cross_entropy")
         restored.optim_step(types.AdamParams(learning_rate=1e-2)).result()
 
-        sampler = client.create_sampling_client(model_path=sampler_path)
+        sampler = client.create_sampling_client(model_path=sampler_path).result()
         assert (
             sampler.sample(prompt=prompt, num_samples=1, sampling_params=greedy).result().sequences[0].tokens == sampled
         )

@@ -89,9 +89,9 @@ def test_two_tenants_together_never_take_longer_than_one_after_the_other(
         tinker.ServiceClient(base_url=server.url, api_key=key_a) as client_a,
         tinker.ServiceClient(base_url=server.url, api_key=key_b) as client_b,
     ):
-        sampler_a = client_a.create_sampling_client(base_model=MODEL)
+        sampler_a = client_a.create_sampling_client(base_model=MODEL).result()
         training = client_b.create_lora_training_client(base_model=MODEL, rank=4, seed=0).result()
-        sampler_b = training.save_weights_and_get_sampling_client()
+        sampler_b = training.save_weights_and_get_sampling_client().result()
 
         sampler_a.sample(A_PROMPT, 1, LONG).result()
         rl_step(training, sampler_b)

@@ -109,7 +109,7 @@ def test_the_status_is_the_callers_part_of_one_reading_of_the_server() -> None:
 
 def test_the_status_shows_the_callers_futures_with_their_age_and_the_device_busy(server: RunningServer) -> None:
     with tinker.ServiceClient(base_url=server.url, api_key="tml-status-owner") as client:
-        sampler = client.create_sampling_client(base_model=TINY)
+        sampler = client.create_sampling_client(base_model=TINY).result()
         prompt = types.ModelInput.from_ints([3, 5, 7])
         # Long enough to be seen running; stop=[] so that no EOS ends it early.
         params = types.SamplingParams(max_tokens=300, temperature=1.0, stop=[])

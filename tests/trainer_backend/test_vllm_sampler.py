@@ -63,7 +63,9 @@ def trained_sampler(client: tinker.ServiceClient, seed: int, text: str) -> tinke
 
 
 def prompt_of(client: tinker.ServiceClient, text: str = SQL) -> types.ModelInput:
-    tokenizer = client.create_lora_training_client(base_model=TINY, rank=1, train_unembed=False).get_tokenizer()
+    tokenizer = (
+        client.create_lora_training_client(base_model=TINY, rank=1, train_unembed=False).result().get_tokenizer()
+    )
     return types.ModelInput.from_ints(tokenizer.encode(text)[:6])
 
 
@@ -93,12 +95,13 @@ def test_greedy_samples_and_prompt_logprobs_are_the_builtin_engines(
     prompt = prompt_of(on_vllm)
     answers = []
     for client in (on_vllm, on_builtin):
-        sampler = client.create_sampling_client(base_model=TINY)
+        sampler = client.create_sampling_client(base_model=TINY).result()
         answers.append(sampler.sample(prompt, 2, GREEDY, include_prompt_logprobs=True).result(timeout=120))
     assert_same(*answers)
     assert answers[0].prompt_logprobs == pytest.approx(answers[1].prompt_logprobs, abs=LOGPROB_ROUNDING)
     scores = [
-        c.create_sampling_client(base_model=TINY).compute_logprobs(prompt).result() for c in (on_vllm, on_builtin)
+        c.create_sampling_client(base_model=TINY).result().compute_logprobs(prompt).result()
+        for c in (on_vllm, on_builtin)
     ]
     assert scores[0] == pytest.approx(scores[1], abs=LOGPROB_ROUNDING)
 
@@ -114,7 +117,7 @@ def test_trained_adapters_in_one_batch_each_answer_as_on_the_builtin_engine(
         with ThreadPoolExecutor(len(samplers)) as pool:  # at once: one vLLM batch holds both adapters
             futures = [pool.submit(lambda s: s.sample(prompt, 1, GREEDY).result(timeout=120), s) for s in samplers]
             answers[name] = [future.result() for future in futures]
-    base = on_vllm.create_sampling_client(base_model=TINY).sample(prompt, 1, GREEDY).result(timeout=120)
+    base = on_vllm.create_sampling_client(base_model=TINY).result().sample(prompt, 1, GREEDY).result(timeout=120)
     for from_vllm, from_builtin in zip(answers["vllm"], answers["builtin"], strict=True):
         assert_same(from_vllm, from_builtin)
     assert answers["vllm"][0].sequences[0].tokens != answers["vllm"][1].sequences[0].tokens
@@ -122,7 +125,7 @@ def test_trained_adapters_in_one_batch_each_answer_as_on_the_builtin_engine(
 
 
 def test_seeded_samples_repeat_and_their_logprobs_are_the_trainers(on_vllm: tinker.ServiceClient) -> None:
-    sampler = on_vllm.create_sampling_client(base_model=TINY)
+    sampler = on_vllm.create_sampling_client(base_model=TINY).result()
     prompt = prompt_of(on_vllm)
     params = types.SamplingParams(max_tokens=12, temperature=1.0, seed=11)
     first = sampler.sample(prompt, 3, params).result(timeout=120)
@@ -144,12 +147,14 @@ def test_stop_tokens_and_strings_end_where_the_builtin_engine_ends(
     on_vllm: tinker.ServiceClient, on_builtin: tinker.ServiceClient
 ) -> None:
     prompt = prompt_of(on_builtin)
-    tokenizer = on_builtin.create_lora_training_client(base_model=TINY, rank=1).get_tokenizer()
-    free = on_builtin.create_sampling_client(base_model=TINY).sample(prompt, 1, GREEDY).result(timeout=120)
+    tokenizer = on_builtin.create_lora_training_client(base_model=TINY, rank=1).result().get_tokenizer()
+    free = on_builtin.create_sampling_client(base_model=TINY).result().sample(prompt, 1, GREEDY).result(timeout=120)
     third = free.sequences[0].tokens[2]
     for stop in ([third], tokenizer.decode([third]), []):
         params = types.SamplingParams(max_tokens=10, temperature=0.0, stop=stop)
-        answers = [c.create_sampling_client(base_model=TINY).sample(prompt, 1, params) for c in (on_vllm, on_builtin)]
+        answers = [
+            c.create_sampling_client(base_model=TINY).result().sample(prompt, 1, params) for c in (on_vllm, on_builtin)
+        ]
         assert_same(*(a.result(timeout=120) for a in answers))
 
 
@@ -215,7 +220,7 @@ def test_weights_saved_again_under_one_name_are_served_by_vllm_as_saved(
     tokenizer = training.get_tokenizer()
     prompt = tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 20)[:200]
     path = training.save_weights_for_sampler("again").result().path
-    sampler = on_vllm.create_sampling_client(model_path=path)
+    sampler = on_vllm.create_sampling_client(model_path=path).result()
     first = sampler.sample(types.ModelInput.from_ints(prompt), 1, GREEDY).result(timeout=120)
     train_steps(training, "SELECT name FROM employees;", steps=3)
     assert training.save_weights_for_sampler("again").result().path == path
@@ -249,7 +254,9 @@ def test_weights_vllm_does_not_apply_are_refused(
     path = training.save_weights_for_sampler("not-applied").result().path  # the save stands; its load is refused
     assert refused(vllm_server, "vllm", "no_effect") == before + 1
     with pytest.raises(tinker.RequestFailedError, match="change nothing"):
-        on_vllm.create_sampling_client(model_path=path).sample(prompt_of(on_vllm), 1, GREEDY).result(timeout=120)
+        on_vllm.create_sampling_client(model_path=path).result().sample(prompt_of(on_vllm), 1, GREEDY).result(
+            timeout=120
+        )
     assert refused(vllm_server, "vllm", "no_effect") == before + 2
 
 
@@ -275,7 +282,9 @@ def test_the_previous_version_loaded_into_vllm_is_refused(
     training.save_weights_for_sampler("versions").result()
     assert refused(vllm_server, "vllm", "probe_mismatch") == before + 1
     with pytest.raises(tinker.RequestFailedError, match="unlike the weights saved"):
-        on_vllm.create_sampling_client(model_path=path).sample(prompt_of(on_vllm), 1, GREEDY).result(timeout=120)
+        on_vllm.create_sampling_client(model_path=path).result().sample(prompt_of(on_vllm), 1, GREEDY).result(
+            timeout=120
+        )
 
 
 def test_an_adapter_cache_on_vllm_that_returns_the_old_weights_is_refused(
@@ -287,7 +296,7 @@ def test_an_adapter_cache_on_vllm_that_returns_the_old_weights_is_refused(
     monkeypatch.setattr(vllm_client, "adapter_name", lambda folder, _: str(folder))
     training = trained_adapter(on_vllm, SQL, seed=15, steps=2, train_unembed=False)
     path = training.save_state("cached").result().path
-    sampler = on_vllm.create_sampling_client(model_path=path)
+    sampler = on_vllm.create_sampling_client(model_path=path).result()
     sampler.sample(prompt_of(on_vllm), 1, GREEDY).result(timeout=120)
     train_steps(training, "SELECT name FROM employees;", steps=2)
     assert training.save_state("cached").result().path == path
@@ -360,9 +369,9 @@ def test_real_models_greedy_tokens_through_vllm_are_the_builtin_engines(base_mod
         prompt = tokenizer.encode("The Eiffel Tower is located in the city of")
         for path in (None, trained_path):
             sampler = (
-                client.create_sampling_client(model_path=path)
+                client.create_sampling_client(model_path=path).result()
                 if path
-                else client.create_sampling_client(base_model=base_model)
+                else client.create_sampling_client(base_model=base_model).result()
             )
             answer = sampler.sample(types.ModelInput.from_ints(prompt), 1, GREEDY).result(timeout=300).sequences[0]
             folder = None if path is None else server.service.checkpoints.folder(CheckpointPath.parse(path))
