@@ -60,8 +60,15 @@ class _Counts:
     device_seconds: float = 0.0
     tokens_sampled: int = 0
     tokens_trained: int = 0
-    # The most device seconds shown so far, running operations' included (see `TenantUsage.tenants`).
+    # The most device seconds shown so far, running operations' included (`show_device_seconds`).
     shown_device_seconds: float = 0.0
+
+    def show_device_seconds(self, running_s: float) -> float:
+        """The device seconds to show with `running_s` of operations still on the device: never less than shown
+        before, since an operation's seconds move from running to counted when it ends and a reading may fall in
+        between."""
+        self.shown_device_seconds = max(self.shown_device_seconds, self.device_seconds + running_s)
+        return self.shown_device_seconds
 
     def add_tokens(self, phase: TokenPhase, tokens: int) -> None:
         if phase == "sampled":
@@ -162,20 +169,15 @@ class TenantUsage:
     def tenants(self, now: float | None = None, running: Iterable[OnDevice] = ()) -> dict[str, TenantTotals]:
         """Every owner's totals, by owner. `running`: the operations still on the device; their seconds so far count
         in their owners' device seconds, so that a tenant in a generation of minutes is not shown idle until it ends.
-        A device-seconds total shown is never less than one shown before: an operation's seconds move from running to
-        counted when it ends, and a reading may fall in between."""
+        A device-seconds total shown is never less than one shown before (`_Counts.show_device_seconds`)."""
         now = time.monotonic() if now is None else now
-        on_device: dict[str, float] = {}
-        for operation in running:
-            on_device[operation.owner] = on_device.get(operation.owner, 0.0) + operation.seconds
+        on_device = _summed((operation.owner, operation.seconds) for operation in running)
         with self._lock:
             totals = {}
             for owner in self._tenants.keys() | on_device.keys():
                 counts = self._tenants.setdefault(owner, _TenantCounts())
-                counts.shown_device_seconds = max(
-                    counts.shown_device_seconds, counts.device_seconds + on_device.get(owner, 0.0)
-                )
-                totals[owner] = replace(_totals(counts, now), device_seconds=counts.shown_device_seconds)
+                shown = counts.show_device_seconds(on_device.get(owner, 0.0))
+                totals[owner] = replace(_totals(counts, now), device_seconds=shown)
             return totals
 
     def runs_of(self, owner: str, now: float | None = None, running: Iterable[OnDevice] = ()) -> list[RunTotals]:
@@ -183,10 +185,11 @@ class TenantUsage:
         busiest now first. `running`: the operations still on the device, counted as in `tenants`, so that a run in a
         generation of minutes shows its share as it runs; its device seconds shown never fall either."""
         now = time.monotonic() if now is None else now
-        on_device: dict[str, float] = {}
-        for operation in running:
-            if operation.owner == owner and operation.run is not None:
-                on_device[operation.run] = on_device.get(operation.run, 0.0) + operation.seconds
+        on_device = _summed(
+            (operation.run, operation.seconds)
+            for operation in running
+            if operation.owner == owner and operation.run is not None
+        )
         with self._lock:
             for model_id, seconds in on_device.items():
                 counts = self._run(owner, model_id, now)
@@ -197,11 +200,10 @@ class TenantUsage:
                 if now - counts.last_used > RUN_LISTED_S:
                     continue
                 running_s = on_device.get(model_id, 0.0)
-                counts.shown_device_seconds = max(counts.shown_device_seconds, counts.device_seconds + running_s)
                 runs.append(
                     RunTotals(
                         model_id=model_id,
-                        device_seconds=counts.shown_device_seconds,
+                        device_seconds=counts.show_device_seconds(running_s),
                         device_share_1m=_share(counts, now, running_s),
                         tokens_sampled=counts.tokens_sampled,
                         tokens_trained=counts.tokens_trained,
@@ -224,6 +226,14 @@ class TenantUsage:
                 del runs[model_id]
             if not runs:
                 del self._runs[owner]
+
+
+def _summed(seconds: Iterable[tuple[str, float]]) -> dict[str, float]:
+    """Seconds summed by key."""
+    sums: dict[str, float] = {}
+    for key, amount in seconds:
+        sums[key] = sums.get(key, 0.0) + amount
+    return sums
 
 
 def _totals(counts: _TenantCounts, now: float) -> TenantTotals:
