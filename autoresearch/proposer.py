@@ -327,10 +327,16 @@ def _proposal_prompt(
         "\n".join(f"- {kind}: weight in [{r.low}, {r.high}]" for kind, r in space.reward.components.items())
         or "- (none)"
     )
+    samples = (
+        ""
+        if space.samples_per_step is None
+        else f"Each step samples {space.samples_per_step} completions: batch_size (prompts per step) = "
+        f"{space.samples_per_step} / group_size.\n"
+    )
     return (
         f"Study {spec.study}: base model {spec.base_model}, {spec.budget.steps_per_trial} RL steps per trial, "
         f"held-out split {spec.eval_split} ({spec.eval_size} questions).\n"
-        f"Fixed trial settings: {json.dumps(spec.trial, default=str)}\n"
+        f"Fixed trial settings: {json.dumps(spec.trial, default=str)}\n{samples}"
         f"Searched hyperparameters (params):\n{params}\n"
         f"Reward: {base} at weight 1 always; optional components (reward_weights, 0 leaves one out):\n"
         f"{rewards}\n{_reward_code_text(spec)}\n{_history_text(history, baseline, best)}\n\nPropose {count} "

@@ -8,7 +8,6 @@ proposal's values must lie in the spec's ranges and pass `TrialConfig`'s own val
 from __future__ import annotations
 
 import math
-import os
 import re
 from pathlib import Path
 from typing import Annotated, Literal
@@ -27,6 +26,7 @@ from pydantic import (
 
 from autoresearch.errors import ConfigurationError
 from autoresearch.trials.config import (
+    LOSS_CONFIG_KEYS,
     InitialState,
     TrialConfig,
     data_source_of,
@@ -37,6 +37,7 @@ from tasks.registry import registered_task, task_class
 from tasks.report import ScoreName
 from tasks.reward_code.admission import CodeRewardTask
 from validation_errors import describe_validation_error
+from validation_errors.environment import expand_environment
 
 # TrialConfig fields a study may search, and the kind of value each takes.
 SEARCHABLE: dict[str, type] = {
@@ -52,7 +53,14 @@ SEARCHABLE: dict[str, type] = {
     "normalize_advantages": bool,
     "mode": str,
     "max_turns": int,
+    "max_tokens": int,
+    # The clip of a loss that has one (ppo, cispo): its `loss_fn_config` thresholds on the probability ratio. A flat
+    # search space samples them for every trial; a trial whose loss has no clip does not use them.
+    "clip_low_threshold": float,
+    "clip_high_threshold": float,
 }
+# Searched names that are keys of the trial's `loss_fn_config`, not fields of their own.
+LOSS_CONFIG_PARAMS = ("clip_low_threshold", "clip_high_threshold")
 # Fields the study itself sets on every trial; a spec's base trial config may not set them.
 STUDY_OWNED = ("run_id", "steps", "task", "data", "base_model", "eval_split", "eval_size", "eval_seed", "init_from")
 # What a shared warm-up fixes for every trial, so a study that shares one cannot search it.
@@ -138,6 +146,33 @@ class RewardSearch(_Strict):
 class SearchSpace(_Strict):
     params: dict[str, Param] = Field(default_factory=dict)
     reward: RewardSearch = Field(default_factory=RewardSearch)
+    samples_per_step: int | None = Field(
+        None,
+        ge=2,
+        description="completions sampled per RL step, held fixed: each trial's batch_size (prompts per step) is this "
+        "divided by its group_size (completions per prompt), so the search trades breadth against group size at one "
+        "cost; group_size is then searched as choices that divide it",
+    )
+
+    @model_validator(mode="after")
+    def _group_size_divides_the_samples(self) -> SearchSpace:
+        if self.samples_per_step is None:
+            return self
+        group_size = self.params.get("group_size")
+        if not isinstance(group_size, Choices):
+            raise ValueError("samples_per_step: search group_size as choices that divide it (e.g. [4, 8, 16])")
+        indivisible = [g for g in group_size.choices if self.samples_per_step % g]
+        if indivisible:
+            raise ValueError(f"samples_per_step: {self.samples_per_step} is not a multiple of group_size {indivisible}")
+        if "batch_size" in self.params:
+            raise ValueError("samples_per_step: batch_size follows from group_size; do not search it")
+        return self
+
+    def batch_size_of(self, group_size: object) -> int | None:
+        """The prompts per step of a trial with this group size where samples_per_step fixes them, else None."""
+        if self.samples_per_step is None or not isinstance(group_size, int) or group_size <= 0:
+            return None
+        return self.samples_per_step // group_size
 
     @field_validator("params")
     @classmethod
@@ -260,7 +295,6 @@ class KubernetesExecutorSettings(_Strict):
 
 
 ExecutorSettings = Annotated[LocalExecutorSettings | KubernetesExecutorSettings, Field(discriminator="kind")]
-_ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 class StudySpec(_Strict):
@@ -342,10 +376,10 @@ class StudySpec(_Strict):
         Raises:
             ConfigurationError: a referenced variable is not set.
         """
-        missing = [name for name in _ENV_REFERENCE.findall(self.storage) if name not in os.environ]
-        if missing:
-            raise ConfigurationError(f"storage refers to {', '.join(missing)}, which the environment does not set")
-        return _ENV_REFERENCE.sub(lambda match: os.environ[match.group(1)], self.storage)
+        try:
+            return expand_environment(self.storage)
+        except ValueError as error:
+            raise ConfigurationError(f"storage {error}") from None
 
     @model_validator(mode="after")
     def _local_llm_needs_the_local_backend(self) -> StudySpec:
@@ -391,6 +425,8 @@ class StudySpec(_Strict):
         searched = sorted(set(self.trial) & set(self.search_space.params))
         if searched:
             raise ValueError(f"trial: {', '.join(searched)} are searched; drop them from the base trial config")
+        if self.search_space.samples_per_step is not None and "batch_size" in self.trial:
+            raise ValueError("trial: batch_size follows from search_space.samples_per_step; drop it")
         try:
             base = self.trial_config({})
         except ConfigurationError as error:
@@ -423,9 +459,11 @@ class StudySpec(_Strict):
         Raises:
             ConfigurationError: naming the field that does not validate.
         """
+        fields = {name: value for name, value in params.items() if name not in LOSS_CONFIG_PARAMS}
         data = {
             **self.trial,
-            **params,
+            **fields,
+            **self._loss_config(params),
             "base_model": self.base_model,
             "steps": self.budget.steps_per_trial,
             "task": self.task,
@@ -435,11 +473,27 @@ class StudySpec(_Strict):
             "eval_seed": self.eval_seed,
             "run_id": run_id,
         }
+        batch_size = self.search_space.batch_size_of(data.get("group_size"))
+        if batch_size is not None:
+            data["batch_size"] = batch_size
         if reward_spec is not None:
             data["reward_spec"] = reward_spec
         if init_from is not None:
             data.update(init_from=init_from.model_dump(), warmup_steps=0)
         return parse_trial_config(data, f"study {self.study} trial")
+
+    def _loss_config(self, params: dict[str, object]) -> dict[str, object]:
+        """The base trial's `loss_fn_config` with the searched clip thresholds its loss reads (none for a loss
+        without a clip), as the `loss_fn_config` field; nothing when no clip is searched."""
+        searched = {name: params[name] for name in LOSS_CONFIG_PARAMS if name in params}
+        if not searched:
+            return {}
+        loss = params.get("loss", self.trial.get("loss", TrialConfig.model_fields["loss"].default))
+        reads = LOSS_CONFIG_KEYS.get(loss, ()) if isinstance(loss, str) else ()
+        base = self.trial.get("loss_fn_config") or {}
+        if not isinstance(base, dict):
+            return {}  # TrialConfig refuses it, naming the field
+        return {"loss_fn_config": {**base, **{name: v for name, v in searched.items() if name in reads}}}
 
 
 def load_study_spec(path: Path) -> StudySpec:

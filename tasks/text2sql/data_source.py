@@ -18,6 +18,7 @@ from tasks.text2sql.errors import DatasetError
 from tasks.text2sql.spider import load_bird, load_spider
 from tasks.text2sql.spider.layout import bird_layout, spider_layout
 from tasks.text2sql.synthesis.loader import load_synthesized
+from validation_errors.environment import expand_environment, missing_variables
 
 
 class SourceKind(StrEnum):
@@ -42,12 +43,26 @@ class DataSource(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     source: SourceKind = Field(SourceKind.bundled, description="bundled, or the format of the release at `path`")
-    path: Path | None = Field(None, description="the folder the Spider or BIRD release was unpacked into")
+    path: Path | None = Field(
+        None,
+        description="the folder the Spider or BIRD release was unpacked into; ${VAR} is read from the environment "
+        "(e.g. path: ${SPIDER_RELEASE}, so a shared spec need not name a user's folder)",
+    )
     cache_dir: Path | None = Field(
         None,
         description="where the release's databases are kept as DuckDB files; None: "
         "~/.cache/rl-posttrain/text2sql/<source>-<hash of path>",
     )
+
+    @field_validator("path", "cache_dir", mode="before")
+    @classmethod
+    def _environment_filled_in(cls, path: object) -> object:
+        if not isinstance(path, str):
+            return path
+        try:
+            return expand_environment(path)
+        except ValueError as error:
+            raise ValueError(f"{error}: set it to the folder (export {_first_missing(path)}=/path/to/it)") from None
 
     @field_validator("path", "cache_dir")
     @classmethod
@@ -86,6 +101,10 @@ class DataSource(BaseModel):
         assert self.path is not None  # validation asks a release for its path
         dataset, _ = _LOADERS[self.source](self.path, self.cache_dir)
         return dataset
+
+
+def _first_missing(text: str) -> str:
+    return missing_variables(text)[0]
 
 
 def _synthesized_judged_on_bundled() -> Text2SqlDataset:

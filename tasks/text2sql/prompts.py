@@ -13,6 +13,7 @@ import sqlglot
 from sqlglot import exp
 
 from tasks.text2sql.dataset import Example
+from tasks.text2sql.declared_keys import DeclaredKeys
 
 INSTRUCTION = (
     "Write one DuckDB SQL query that answers the question. Use only the tables and columns of the schema. "
@@ -28,7 +29,8 @@ def _quote(name: str) -> str:
 def schema_ddl(db_path: Path) -> tuple[tuple[str, str], ...]:
     """(table name, CREATE TABLE statement) for every table of a database, one column a line.
 
-    Rendered from the catalog rather than DuckDB's stored one-line DDL, which is hard for a model to read.
+    Rendered from the catalog rather than DuckDB's stored one-line DDL, which is hard for a model to read; keys are
+    the database's constraints, or those a converted release declares without enforcing them (`declared_keys`).
     """
     with duckdb.connect(str(db_path), read_only=True, config={"autoload_known_extensions": False}) as con:
         columns = con.execute(
@@ -40,9 +42,19 @@ def schema_ddl(db_path: Path) -> tuple[tuple[str, str], ...]:
             "FROM duckdb_constraints() WHERE constraint_type IN ('PRIMARY KEY', 'FOREIGN KEY') "
             "ORDER BY table_oid, constraint_index"
         ).fetchall()
+        comments = con.execute("SELECT table_name, comment FROM duckdb_tables() WHERE NOT internal").fetchall()
     lines: dict[str, list[str]] = {}
     for table, column, data_type in columns:
         lines.setdefault(table, []).append(f"{_quote(column)} {data_type}")
+    for table, comment in comments:
+        declared = DeclaredKeys.of_comment(comment)
+        if declared is not None and table in lines:
+            if declared.primary_key:
+                constraints.append((table, "PRIMARY KEY", declared.primary_key, None, ()))
+            constraints += [
+                (table, "FOREIGN KEY", key.columns, key.references, key.referenced_columns)
+                for key in declared.foreign_keys
+            ]
     for table, kind, names, referenced, referenced_names in constraints:
         keys = ", ".join(_quote(n) for n in names)
         if kind == "PRIMARY KEY":

@@ -158,6 +158,24 @@ def test_a_study_spec_on_a_folder_that_is_no_release_is_refused_with_the_fix(tmp
         load_study_spec(spider_spec(tmp_path, release))
 
 
+def test_the_shipped_spider_study_reads_the_release_from_the_environment(
+    tmp_path: Path, release: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shipped = TINY_SPEC.with_name("text2sql_spider.yaml")
+    monkeypatch.setenv("SPIDER_RELEASE", str(release))
+    spec = load_study_spec(shipped)
+    assert spec.data.path == release
+    shapes = {g: spec.trial_config({"group_size": g}) for g in (4, 8, 16)}
+    assert {g: (c.batch_size, c.group_size) for g, c in shapes.items()} == {4: (16, 4), 8: (8, 8), 16: (4, 16)}
+    assert all(c.eval_size == 400 and c.data == spec.data for c in shapes.values())
+    monkeypatch.delenv("SPIDER_RELEASE")
+    with pytest.raises(ConfigurationError, match=r"data\.path: refers to SPIDER_RELEASE, .* \(export SPIDER_RELEASE="):
+        load_study_spec(shipped)
+    monkeypatch.setenv("SPIDER_RELEASE", str(tmp_path / "elsewhere"))
+    with pytest.raises(ConfigurationError, match="no such folder; give the folder the Spider"):
+        load_study_spec(shipped)
+
+
 def test_a_studys_trials_cannot_set_their_own_data(tmp_path: Path, release: Path) -> None:
     path = spider_spec(tmp_path, release, data={"source": "bundled"})
     with pytest.raises(ConfigurationError, match="trial: data are set by the study"):

@@ -36,6 +36,48 @@ def test_a_proposal_fills_the_base_trial_config(tmp_path: Path) -> None:
     assert (agentic.mode, agentic.max_turns) == ("agentic", 3)
 
 
+def test_samples_per_step_fixes_the_batch_from_the_group_size(tmp_path: Path) -> None:
+    spec = load_study_spec(
+        write(
+            tmp_path,
+            search_space__samples_per_step=16,
+            search_space__params__batch_size=None,
+            search_space__params__group_size={"choices": [2, 4, 8]},
+            trial__group_size=None,
+        )
+    )
+    shapes = {g: spec.trial_config({"group_size": g}) for g in (2, 4, 8)}
+    assert {g: (c.batch_size, c.group_size) for g, c in shapes.items()} == {2: (8, 2), 4: (4, 4), 8: (2, 8)}
+    with pytest.raises(ConfigurationError, match=r"batch_size follows from search_space\.samples_per_step"):
+        load_study_spec(
+            write(
+                tmp_path,
+                search_space__samples_per_step=16,
+                search_space__params__batch_size=None,
+                search_space__params__group_size={"choices": [2, 4]},
+                trial__group_size=None,
+                trial__batch_size=4,
+            )
+        )
+
+
+def test_a_searched_clip_reaches_the_loss_that_has_one_and_max_tokens_is_searched(tmp_path: Path) -> None:
+    spec = load_study_spec(
+        write(
+            tmp_path,
+            search_space__params__clip_low_threshold={"low": 0.5, "high": 0.9},
+            search_space__params__clip_high_threshold={"low": 1.1, "high": 2.0},
+            search_space__params__max_tokens={"low": 32, "high": 128, "step": 32},
+            trial__max_tokens=None,
+        )
+    )
+    clip = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.3}
+    ppo = spec.trial_config({"loss": "ppo", "max_tokens": 64, **clip})
+    assert (ppo.loss_fn_config, ppo.max_tokens) == (clip, 64)
+    # Importance sampling has no clip: the sampled thresholds are not its to use.
+    assert spec.trial_config({"loss": "importance_sampling", **clip}).loss_fn_config == {}
+
+
 def write(tmp_path: Path, **changes: object) -> Path:
     data = yaml.safe_load((EXPERIMENTS / "text2sql_tiny.yaml").read_text())
     for dotted, value in changes.items():
@@ -55,7 +97,24 @@ def write(tmp_path: Path, **changes: object) -> Path:
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"search_space__params__max_tokens": {"low": 1, "high": 9}}, "'max_tokens' cannot be searched"),
+        ({"search_space__params__eps": {"low": 1e-9, "high": 1e-6}}, "'eps' cannot be searched"),
+        ({"search_space__samples_per_step": 8}, "samples_per_step: search group_size as choices"),
+        (
+            {
+                "search_space__samples_per_step": 8,
+                "search_space__params__group_size": {"choices": [2, 3]},
+                "trial__group_size": None,
+            },
+            "samples_per_step: 8 is not a multiple of group_size \\[3\\]",
+        ),
+        (
+            {
+                "search_space__samples_per_step": 8,
+                "search_space__params__group_size": {"choices": [2, 4]},
+                "trial__group_size": None,
+            },
+            "samples_per_step: batch_size follows from group_size",
+        ),
         ({"search_space__params__learning_rate": {"low": 1e-2, "high": 1e-4}}, "low < high"),
         ({"search_space__params__learning_rate": {"low": 0.0, "high": 1e-2, "log": True}}, "low > 0"),
         ({"search_space__params__lora_rank": {"low": 1.5, "high": 9.0}}, "lora_rank: takes whole numbers"),

@@ -52,6 +52,17 @@ def test_a_relative_path_is_made_absolute(release: Path, monkeypatch: pytest.Mon
     assert source.path == release and source.cache_dir == release.parent / "cache"
 
 
+def test_a_path_may_name_an_environment_variable_and_an_unset_one_is_named_with_the_fix(
+    release: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TEST_SPIDER_RELEASE", str(release))
+    assert DataSource(source="spider", path="${TEST_SPIDER_RELEASE}").path == release
+    monkeypatch.delenv("TEST_SPIDER_RELEASE")
+    refused = refusal(source="spider", path="${TEST_SPIDER_RELEASE}")
+    assert "refers to TEST_SPIDER_RELEASE, which the environment does not set" in refused
+    assert "export TEST_SPIDER_RELEASE=" in refused
+
+
 def test_a_release_needs_its_path_and_the_bundled_data_takes_none(release: Path) -> None:
     assert "path: required with source spider" in refusal(source="spider")
     assert "path: only with source spider or bird" in refusal(path=str(release))

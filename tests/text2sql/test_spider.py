@@ -14,6 +14,7 @@ from support.spider_release import write_json, write_sqlite
 
 from tasks.text2sql.dataset import Text2SqlDataset
 from tasks.text2sql.errors import DatasetError
+from tasks.text2sql.prompts import schema_ddl
 from tasks.text2sql.spider import (
     DUCKDB_CONFIG,
     REPAIR_BARE_COLUMN,
@@ -185,6 +186,68 @@ def test_dirty_numeric_columns_become_text_or_lose_their_blanks(
         "Rating": "VARCHAR",
     }
     assert rows == [(7, "5"), (None, "N/A"), (10, "3")]
+
+
+def test_a_column_declared_nocase_compares_and_groups_ignoring_case_as_in_sqlite(tmp_path: Path) -> None:
+    root = tmp_path / "spider"
+    sqlite_path = write_sqlite(
+        root / "database" / "pets" / "pets.sqlite",
+        """
+        CREATE TABLE "Pet" ("id" INTEGER, "Name" TEXT COLLATE NOCASE, city varchar(20) collate nocase, "Code" TEXT);
+        INSERT INTO "Pet" VALUES (1, 'Rex', 'Paris', 'AB'), (2, 'rex', 'paris', 'ab'), (3, 'Tom', 'Rome', 'AB');
+        """,
+    )
+    golds = [
+        ("How many pets are called rex?", "SELECT count(*) FROM Pet WHERE Name = 'REX'"),
+        ("Which cities have more than one pet?", "SELECT city FROM Pet GROUP BY city HAVING count(*) > 1"),
+        ("How many pets have code ab?", "SELECT count(*) FROM Pet WHERE Code = 'ab'"),
+        ("How many distinct names?", "SELECT count(DISTINCT Name) FROM Pet"),
+    ]
+    write_json(root / "tables.json", [{"db_id": "pets"}])
+    write_json(root / "dev.json", [{"db_id": "pets", "question": q, "query": sql} for q, sql in golds])
+    dataset, report = load_spider(root, cache_dir=tmp_path / "cache")
+    assert report.failures == ()
+    with (
+        closing(sqlite3.connect(sqlite_path)) as lite,
+        closing(duckdb.connect(str(dataset.database("pets").path), read_only=True, config=DUCKDB_CONFIG)) as duck,
+    ):
+        answers = [duck.execute(e.gold_sql).fetchall() for e in dataset.split("dev")]
+        assert answers == [lite.execute(sql).fetchall() for _, sql in golds]
+        # A model's answer in the question's case finds the row, as SQLite would; an undeclared column stays exact.
+        assert duck.execute("SELECT id FROM Pet WHERE city = 'ROME'").fetchall() == [(3,)]
+        assert duck.execute("SELECT count(*) FROM Pet WHERE Code = 'Ab'").fetchall() == [(0,)]
+    assert answers == [[(2,)], [("Paris",)], [(1,)], [(2,)]]
+
+
+def test_declared_keys_reach_the_prompt_without_being_enforced(tmp_path: Path) -> None:
+    root = tmp_path / "spider"
+    write_sqlite(
+        root / "database" / "school" / "school.sqlite",
+        """
+        CREATE TABLE dept (code TEXT, name TEXT, PRIMARY KEY (code));
+        CREATE TABLE "Student" ("StuID" INTEGER PRIMARY KEY, dept_code TEXT, advisor INTEGER, club TEXT,
+            FOREIGN KEY (dept_code) REFERENCES dept(code), FOREIGN KEY (advisor) REFERENCES "Student",
+            FOREIGN KEY (club) REFERENCES dept(name));
+        INSERT INTO dept VALUES ('CS', 'Computing');
+        -- A dangling department and a club naming a column that is no key: SQLite does not enforce them by default.
+        INSERT INTO "Student" VALUES (1, 'CS', NULL, 'Chess'), (2, 'XX', 1, 'Go');
+        """,
+    )
+    write_json(root / "tables.json", [{"db_id": "school"}])
+    count = {"db_id": "school", "question": "How many students?", "query": "SELECT count(*) FROM Student"}
+    write_json(root / "dev.json", [count])
+    dataset, report = load_spider(root, cache_dir=tmp_path / "cache")
+    assert report.failures == ()
+    ddl = dict(schema_ddl(dataset.database("school").path))
+    assert ddl["dept"].endswith("  PRIMARY KEY (code)\n);")
+    assert ddl["Student"].endswith(
+        '  PRIMARY KEY ("StuID"),\n'
+        "  FOREIGN KEY (dept_code) REFERENCES dept(code),\n"
+        '  FOREIGN KEY (advisor) REFERENCES "Student"("StuID"),\n'
+        "  FOREIGN KEY (club) REFERENCES dept(name)\n);"
+    )
+    with closing(duckdb.connect(str(dataset.database("school").path), read_only=True, config=DUCKDB_CONFIG)) as con:
+        assert con.execute('SELECT count(*) FROM "Student"').fetchone() == (2,)
 
 
 def test_second_load_reuses_the_cached_duckdb_file(spider_root: Path, tmp_path: Path) -> None:

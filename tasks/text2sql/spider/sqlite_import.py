@@ -1,5 +1,7 @@
 """Converting a SQLite database into a DuckDB file: reading it with sqlite3, choosing each column's type from
-its declaration and its values, writing the DuckDB file, and keeping it in the cache until the SQLite file changes.
+its declaration and its values, carrying its case-insensitive text columns over (COLLATE NOCASE) and its declared
+keys (as table comments: `declared_keys`), writing the DuckDB file, and keeping it in the cache until the SQLite file
+changes.
 """
 
 from __future__ import annotations
@@ -11,13 +13,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import duckdb
+import sqlglot
 from pydantic import BaseModel, ValidationError
+from sqlglot import exp
+from sqlglot.errors import SqlglotError
 
+from tasks.text2sql.declared_keys import DeclaredKeys, ForeignKey
 from tasks.text2sql.errors import DatasetError
 from tasks.text2sql.spider.cache import write_atomically
 
 # Bump when the conversion changes, so that cached DuckDB files are rebuilt.
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 4
 # DuckDB 2.0 would otherwise try to download extensions (sqlite, icu…) on first use; we run offline.
 DUCKDB_CONFIG = {"autoload_known_extensions": False, "autoinstall_known_extensions": False}
 _INSERT_CHUNK_ROWS = 100_000
@@ -63,6 +69,13 @@ class _ColumnPlan:
     select_sql: str
     text_fallback: bool
     blanks_as_null: bool
+    # SQLite compares the column's text ignoring ASCII case (declared COLLATE NOCASE); DuckDB's NOCASE does the same.
+    nocase: bool = False
+
+    @property
+    def column_type(self) -> str:
+        collated = self.nocase and self.duckdb_type == "VARCHAR"
+        return f"{self.duckdb_type} COLLATE NOCASE" if collated else self.duckdb_type
 
 
 def convert_cached(db_id: str, sqlite_path: Path, cache_dir: Path) -> ConvertedDatabase:
@@ -143,10 +156,14 @@ def _copy_table(source: sqlite3.Connection, target: duckdb.DuckDBPyConnection, t
     declared = [(row[1], row[2]) for row in source.execute(f"PRAGMA table_info({_quote(table)})")]
     # TEXT affinity makes every value text, so those columns need no look at their values.
     profiles = _profile_columns(source, table, [name for name, t in declared if _affinity(t) != "TEXT"])
-    plans = {name: _plan_column(name, t, profiles.get(name, _ColumnProfile())) for name, t in declared}
+    nocase = _nocase_columns(source, table)
+    plans = {
+        name: replace(_plan_column(name, t, profiles.get(name, _ColumnProfile())), nocase=name.lower() in nocase)
+        for name, t in declared
+    }
     target.execute(
         f"CREATE TABLE {_quote(table)} ("
-        + ", ".join(f"{_quote(name)} {plan.duckdb_type}" for name, plan in plans.items())
+        + ", ".join(f"{_quote(name)} {plan.column_type}" for name, plan in plans.items())
         + ")"
     )
     insert = f"INSERT INTO {_quote(table)} SELECT " + ", ".join(
@@ -157,7 +174,62 @@ def _copy_table(source: sqlite3.Connection, target: duckdb.DuckDBPyConnection, t
     )
     while rows := cursor.fetchmany(_INSERT_CHUNK_ROWS):
         target.execute(insert, [list(values) for values in zip(*rows, strict=True)])
+    keys = _declared_keys(source, table)
+    if keys.primary_key or keys.foreign_keys:
+        # COMMENT takes no parameter, only a literal.
+        comment = keys.as_comment().replace("'", "''")
+        target.execute(f"COMMENT ON TABLE {_quote(table)} IS '{comment}'")
     return plans
+
+
+def _declared_keys(source: sqlite3.Connection, table: str) -> DeclaredKeys:
+    """The primary key and foreign keys the SQLite schema declares for a table."""
+    by_id: dict[int, list[tuple]] = defaultdict(list)
+    # (id, seq, table, from, to, …); `to` is NULL where the key names the referenced table's primary key.
+    for row in source.execute(f"PRAGMA foreign_key_list({_quote(table)})").fetchall():
+        by_id[row[0]].append(row)
+    foreign_keys = []
+    # SQLite numbers a table's foreign keys from the last declared.
+    for _, rows in sorted(by_id.items(), reverse=True):
+        rows.sort(key=lambda row: row[1])
+        referenced = rows[0][2]
+        targets = [row[4] for row in rows]
+        if any(target is None for target in targets):
+            targets = _primary_key_of(source, referenced) or targets
+        if all(targets):
+            foreign_keys.append(
+                ForeignKey(
+                    columns=tuple(row[3] for row in rows), references=referenced, referenced_columns=tuple(targets)
+                )
+            )
+    return DeclaredKeys(primary_key=tuple(_primary_key_of(source, table)), foreign_keys=tuple(foreign_keys))
+
+
+def _primary_key_of(source: sqlite3.Connection, table: str) -> list[str]:
+    """The columns of a table's primary key, in key order (table_info's `pk` is each one's position, 0 for none)."""
+    columns = source.execute(f"PRAGMA table_info({_quote(table)})").fetchall()
+    return [row[1] for row in sorted(columns, key=lambda row: row[5]) if row[5] > 0]
+
+
+def _nocase_columns(source: sqlite3.Connection, table: str) -> set[str]:
+    """Lower-cased names of the columns the table's CREATE statement declares COLLATE NOCASE.
+
+    SQLite has no pragma for a column's collation, so it is read from the statement; one sqlglot cannot parse keeps
+    SQLite's default (binary) collation for every column.
+    """
+    row = source.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone()
+    try:
+        create = sqlglot.parse_one(row[0], read="sqlite") if row and row[0] else None
+    except SqlglotError:
+        return set()
+    if create is None:
+        return set()
+    return {
+        column.name.lower()
+        for column in create.find_all(exp.ColumnDef)
+        for constraint in column.constraints
+        if isinstance(constraint.kind, exp.CollateColumnConstraint) and constraint.kind.this.name.upper() == "NOCASE"
+    }
 
 
 @dataclass(frozen=True)
