@@ -39,6 +39,7 @@ from autoresearch.spec import StudySpec
 from autoresearch.study import ENDED, RlGain, history, rl_gain_from, run_id_of
 from autoresearch.study_sampler import study_sampler
 from autoresearch.trials.evaluation import evaluate_checkpoint
+from autoresearch.trials.start_evaluations import StartEvaluations
 from tasks.errors import TaskError
 
 log = logging.getLogger(__name__)
@@ -124,8 +125,12 @@ class Controller:
         not hold them up); a study goes on without it if it fails."""
         if StudyAttributes.of(self.study).baseline_accuracy is not None:
             return {}
+        config = self.spec.trial_config({})
         try:
-            report = evaluate_checkpoint(self.spec.trial_config({}), self.backend_urls[0])
+            # The trials that start from the base model read it too, where their answer settings are the same.
+            report = StartEvaluations(self.executor.run_root).get_or_evaluate(
+                config, lambda: evaluate_checkpoint(config, self.backend_urls[0])
+            )
         except (TrialError, TaskError, tinker.TinkerError) as error:
             log.warning("no baseline for this study: %s", error)
             return {}

@@ -62,7 +62,18 @@ SEARCHABLE: dict[str, type] = {
 # Searched names that are keys of the trial's `loss_fn_config`, not fields of their own.
 LOSS_CONFIG_PARAMS = ("clip_low_threshold", "clip_high_threshold")
 # Fields the study itself sets on every trial; a spec's base trial config may not set them.
-STUDY_OWNED = ("run_id", "steps", "task", "data", "base_model", "eval_split", "eval_size", "eval_seed", "init_from")
+STUDY_OWNED = (
+    "run_id",
+    "steps",
+    "task",
+    "data",
+    "base_model",
+    "eval_split",
+    "eval_size",
+    "eval_seed",
+    "init_from",
+    "share_start_evaluation",
+)
 # What a shared warm-up fixes for every trial, so a study that shares one cannot search it.
 # (The mode too: a warm-up teaches the answer format of one mode.)
 FIXED_BY_SHARED_WARMUP = ("warmup_steps", "warmup_learning_rate", "lora_rank", "mode")
@@ -419,8 +430,8 @@ class StudySpec(_Strict):
         owned = sorted(set(self.trial) & set(STUDY_OWNED))
         if owned:
             raise ValueError(
-                f"trial: {', '.join(owned)} are set by the study (its budget, task, data, base_model, eval_* and "
-                "init_from)"
+                f"trial: {', '.join(owned)} are set by the study (its budget, task, data, base_model, eval_*, "
+                "init_from and share_start_evaluation)"
             )
         searched = sorted(set(self.trial) & set(self.search_space.params))
         if searched:
@@ -471,6 +482,8 @@ class StudySpec(_Strict):
             "eval_split": self.eval_split,
             "eval_size": self.eval_size,
             "eval_seed": self.eval_seed,
+            # Every trial that starts from the base model scores the same answers where RL starts: once per study.
+            "share_start_evaluation": True,
             "run_id": run_id,
         }
         batch_size = self.search_space.batch_size_of(data.get("group_size"))

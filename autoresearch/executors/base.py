@@ -50,6 +50,9 @@ class TrialExecutor(Protocol):
     """Runs trials somewhere and reports on them by run id. `launch` is idempotent: a run id that runs or finished
     is left alone, and one that died is started again, which resumes it from its last checkpoint."""
 
+    # The folder every run's directory is in, `<run_root>/<run_id>/`, on a volume the trials share.
+    run_root: Path
+
     def launch(self, run_id: str, config: TrialConfig, backend_url: str) -> None: ...
 
     def status(self, run_id: str) -> TrialStatus: ...

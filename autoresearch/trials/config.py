@@ -134,6 +134,12 @@ class TrialConfig(BaseModel):
     eval_size: int = Field(32, ge=1, description="questions in the fixed held-out subset")
     eval_interval: int = Field(10, ge=0, description="evaluate every this many steps (and at the end); 0 = end only")
     eval_seed: int = Field(0, ge=0, description="picks the held-out subset; shared by a study's trials")
+    share_start_evaluation: bool = Field(
+        False,
+        description="where RL starts from the base model (no warm-up, no init_from), read the base model's evaluation "
+        "that another run in the same folder saved for the same questions and answer settings, or save it for them "
+        "(a study's trials do: autoresearch/trials/start_evaluations.py); False: every run evaluates it",
+    )
     eval_batch_invariant: bool = Field(
         False,
         description="answer each held-out question as if alone on the backend (its greedy requests in generation "

@@ -33,6 +33,7 @@ from autoresearch.trials.plot import plot_run
 from autoresearch.trials.progress import TrialProgress
 from autoresearch.trials.rollouts import derived_seed, sample_groups, score_groups
 from autoresearch.trials.run_dir import RunDirectory, RunState, TrialResult
+from autoresearch.trials.start_evaluations import StartEvaluations, starts_from_the_base_model
 from autoresearch.trials.training_batch import build_training_batch, select_samples
 from tasks.interface import AnyTask
 from tasks.registry import open_task
@@ -214,6 +215,7 @@ class _Trial:
     ) -> None:
         self.config = config
         self.directory = directory
+        self.service = service
         self.rest = rest
         self.training = training
         self.task = task
@@ -240,7 +242,7 @@ class _Trial:
         if state.step == 0 and config.eval_interval and last_report is None:
             # Where RL starts from (after any warm-up), so the curve separates what each phase did. Not passed to
             # on_eval: no RL has run yet to judge.
-            last_report = self._evaluate(sampler, 0)
+            last_report = self._evaluate_start(sampler)
         stopped_early = False
         self.view.phase("RL", config.steps, state.step)
         for step in range(state.step + 1, config.steps + 1):
@@ -391,6 +393,25 @@ class _Trial:
         report = evaluate_sampler(
             sampler, self.renderer, self.held_out, config.eval_split, config.max_tokens, config.stop, step
         )
+        return self._record(report)
+
+    def _evaluate_start(self, sampler: tinker.SamplingClient) -> HeldOutReport:
+        """Where RL starts; from the base model, the base model's evaluation the run's folder shares, if it does."""
+        config = self.config
+        if not (config.share_start_evaluation and starts_from_the_base_model(config)):
+            return self._evaluate(sampler, 0)
+        base = self.service.create_sampling_client(base_model=config.base_model).result()
+        shared = StartEvaluations(self.directory.root.parent)
+        return self._record(
+            shared.get_or_evaluate(
+                config,
+                lambda: evaluate_sampler(
+                    base, self.renderer, self.held_out, config.eval_split, config.max_tokens, config.stop, 0
+                ),
+            )
+        )
+
+    def _record(self, report: HeldOutReport) -> HeldOutReport:
         self.directory.evals.append(report.model_dump(mode="json"))
         self.view.held_out(report)
         return report

@@ -31,6 +31,7 @@ from autoresearch.shared_warmup import shared_warmup_run_id
 from autoresearch.study import open_study
 from autoresearch.trials.config import TrialConfig
 from autoresearch.trials.run_dir import RunDirectory
+from autoresearch.trials.start_evaluations import FOLDER_NAME
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -239,7 +240,7 @@ def test_a_killed_controller_started_again_finishes_the_budget_without_repeating
     assert [t.state for t in trials] == [TrialState.COMPLETE] * spec.budget.trials
     run_ids = [t.user_attrs["run_id"] for t in trials]
     assert run_ids == [f"{spec.study}-{i:04d}" for i in range(spec.budget.trials)]
-    trial_dirs = sorted(p.name for p in (tmp_path / "runs" / spec.study / "trials").iterdir())
+    trial_dirs = sorted(p.name for p in (tmp_path / "runs" / spec.study / "trials").iterdir() if p.name != FOLDER_NAME)
     assert trial_dirs == run_ids
     assert all((tmp_path / "runs" / spec.study / "trials" / r / "result.json").exists() for r in run_ids)
     summary = json.loads((tmp_path / "runs" / spec.study / "summary" / "summary.json").read_text())

@@ -20,6 +20,8 @@ import yaml
 from optuna.trial import TrialState
 from support.postgres_server import postgres_bin, postgres_server
 
+from autoresearch.trials.start_evaluations import FOLDER_NAME
+
 ROOT = Path(__file__).resolve().parents[2]
 CRONJOB = ROOT / "k8s" / "base" / "autoresearch-cronjob.yaml"
 
@@ -76,7 +78,9 @@ def test_the_cronjob_command_run_twice_continues_one_study(backend_url: str, sto
     trials = optuna.load_study(study_name=data["study"], storage=url).get_trials(deepcopy=False)
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 3
     assert [t.user_attrs["run_id"] for t in trials] == [f"{data['study']}-{i:04d}" for i in range(3)]
-    trial_dirs = sorted(p.name for p in (tmp_path / "runs" / data["study"] / "trials").iterdir())
+    trial_dirs = sorted(
+        p.name for p in (tmp_path / "runs" / data["study"] / "trials").iterdir() if p.name != FOLDER_NAME
+    )
     assert trial_dirs == [t.user_attrs["run_id"] for t in trials]
 
     if storage.startswith("postgresql"):
