@@ -60,6 +60,12 @@ class ServerConfig(BaseSettings):
     max_queued_per_key: int | None = Field(
         None, ge=1, description="operations one API key may have queued; past it that key alone is told to back off"
     )
+    abandoned_session_s: float = Field(
+        120.0,
+        gt=0,
+        description="a session whose heartbeats stopped this many seconds before the latest session's is taken for "
+        "gone (a killed client) and its queued samples are failed, so they do not take device time from live ones",
+    )
     max_storage_bytes_per_key: int | None = Field(
         None, ge=1, description="bytes of checkpoints one API key may keep; a save past it fails, naming this limit"
     )

@@ -95,6 +95,15 @@ class Lane:
         self.gap_since = None
         return expired
 
+    def take_unordered(self) -> list[Operation]:
+        """Remove and return the operations that wait in arrival order (samples); a training client's stay."""
+        taken = list(self._unordered)
+        self._unordered.clear()
+        return taken
+
+    def has_unordered(self) -> bool:
+        return bool(self._unordered)
+
     def operations(self) -> list[Operation]:
         return [*self._waiting.values(), *self._unordered]
 

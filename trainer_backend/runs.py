@@ -141,6 +141,26 @@ class RunStore:
         with self._lock:
             self._db.execute("UPDATE sessions SET finished_at = ? WHERE session_id = ?", (time.time(), session_id))
 
+    def silent_sampling_sessions(self, sampling_session_ids: set[str], silent_for_s: float) -> set[str]:
+        """Those of these sampling sessions whose client session has sent heartbeats but none in the `silent_for_s`
+        seconds before the latest heartbeat any session sent.
+
+        Measured against the latest heartbeat, not the clock, so a server too busy to take heartbeats for a while
+        takes no one for gone; a client that never sends any (not the SDK) is never taken for gone.
+        """
+        if not sampling_session_ids:
+            return set()
+        marks = ", ".join("?" * len(sampling_session_ids))
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT s.sampling_session_id FROM sampling_sessions s JOIN sessions c ON s.session_id = c.session_id"
+                f" WHERE s.sampling_session_id IN ({marks}) AND c.finished_at IS NULL"
+                " AND c.last_heartbeat > c.created_at"
+                " AND c.last_heartbeat < (SELECT max(last_heartbeat) FROM sessions) - ?",
+                (*sampling_session_ids, silent_for_s),
+            ).fetchall()
+        return {row[0] for row in rows}
+
     def model_id_for(self, session_id: str, model_seq_id: int) -> str:
         return f"{session_id}:train:{model_seq_id}"
 

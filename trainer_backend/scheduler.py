@@ -179,6 +179,20 @@ class Scheduler:
         with self._condition:
             return self._queued_by(owner)
 
+    def lanes_with_queued_samples(self) -> set[str]:
+        """The lanes with operations waiting in arrival order (samples), not yet running."""
+        with self._condition:
+            return {name for name, lane in self._lanes.items() if lane.has_unordered()}
+
+    def drop_queued_samples(self, lanes: set[str], reason: str) -> int:
+        """Fail the operations of these lanes that wait in arrival order (samples), with `reason`, before they run;
+        those already running finish. How many were dropped."""
+        with self._condition:
+            dropped = [op for name in lanes if (lane := self._lanes.get(name)) for op in lane.take_unordered()]
+        for operation in dropped:
+            self.ledger.fail(operation.request_id, reason, "user")
+        return len(dropped)
+
     def folders_in_use(self) -> set[Path]:
         """Checkpoint folders that queued or running operations read."""
         with self._condition:

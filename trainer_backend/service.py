@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
 
+from trainer_backend.abandoned_sessions import AbandonedSessions
 from trainer_backend.batch_invariance import runs_alone, session_batch_invariance
 from trainer_backend.batches import BatchKind, PauseCallback
 from trainer_backend.checkpoints import (
@@ -180,8 +181,10 @@ class TrainingService:
         answers = SampleAnswers(self.ledger, self.tokens_processed, self.usage)
         builtin = BuiltinSampler(self.engine, self.scheduler, answers, config.max_generation_batch_tokens)
         self.sampler = build_sampler(config, builtin, loaded, answers)
+        self.abandoned = AbandonedSessions(self.runs, self.scheduler, config.abandoned_session_s)
 
     def close(self) -> None:
+        self.abandoned.close()
         self.sampler.close()
         self.scheduler.stop()
         self.ledger.close()
