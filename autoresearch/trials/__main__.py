@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+import yaml
 
-from autoresearch.errors import TrialError
+from autoresearch.errors import ConfigurationError, TrialError
 from autoresearch.sdk_logging import quiet_sdk_logs
 from autoresearch.trials.backend import backend_for
 from autoresearch.trials.config import load_trial_config, parse_trial_config
@@ -33,13 +34,24 @@ def trial(
     run_id: Annotated[str | None, typer.Option(help="overrides the config's run_id; an existing run resumes")] = None,
     progress: Annotated[bool, typer.Option(help="live progress bar (else log lines)")] = True,
     baseline: Annotated[bool, typer.Option(help="only score the base model on the held-out subset")] = False,
+    set_fields: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="FIELD=VALUE (repeatable): a config field changed for this run, the value read as YAML, e.g. "
+            '--set eval_size=400 --set "data={source: spider, path: $SPIDER_RELEASE}"',
+        ),
+    ] = None,
 ) -> None:
     """Train a LoRA adapter with RL on the config's task and report its held-out accuracy."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     quiet_sdk_logs()
     trial_config = load_trial_config(config)
+    changes = dict(_field_change(text) for text in set_fields or [])
     if run_id is not None:
-        trial_config = parse_trial_config({**trial_config.model_dump(), "run_id": run_id}, "--run-id")
+        changes["run_id"] = run_id
+    if changes:
+        trial_config = parse_trial_config({**trial_config.model_dump(), **changes}, f"{config} with --set/--run-id")
     if baseline:
         with backend_for(trial_config.base_model, backend_url, run_dir / "baseline-backend") as url:
             report = evaluate_checkpoint(trial_config, url)
@@ -67,6 +79,17 @@ def trial(
             f"{rl.questions} questions; {rl.gained} gained, {rl.lost} lost, McNemar exact p = {rl.p_value:.3g}"
         )
     typer.echo(f"results in {result.run_dir}; sampler weights {result.sampler_path}")
+
+
+def _field_change(text: str) -> tuple[str, object]:
+    """`FIELD=VALUE` as the field's name and its value read as YAML; a malformed one is refused with the form."""
+    name, equals, value = text.partition("=")
+    if not equals or not name.strip():
+        raise ConfigurationError(f"--set {text!r}: expected FIELD=VALUE, e.g. --set eval_size=400")
+    try:
+        return name.strip(), yaml.safe_load(value)
+    except yaml.YAMLError as error:
+        raise ConfigurationError(f"--set {text!r}: the value is not YAML: {error}") from None
 
 
 def _breakdown(accuracies: dict[str, float | None]) -> str:

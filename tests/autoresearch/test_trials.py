@@ -293,6 +293,28 @@ def test_the_command_line_scores_the_baseline_without_training(
     assert not list(tmp_path.glob("*/metrics.jsonl"))  # nothing was trained
 
 
+def test_the_command_line_changes_config_fields_with_set_and_names_a_bad_one(backend_url: str, tmp_path: Path) -> None:
+    environment = dict(os.environ) | {"TINKER_BASE_URL": backend_url, "OMP_NUM_THREADS": "1"}
+    config = "experiments/trials/text2sql_tiny.yaml"
+
+    def trials(*arguments: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "autoresearch.trials", config, "--run-dir", str(tmp_path), *arguments]
+        return subprocess.run(
+            command, cwd=Path(__file__).parents[2], env=environment, capture_output=True, text=True, timeout=300
+        )
+
+    scored = trials("--baseline", "--set", "eval_size=3", "--set", "eval_split=test")
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    assert "baseline tiny-gemma3 on test (3 questions)" in scored.stdout
+    for arguments, message in (
+        (("--set", "eval_size"), "--set 'eval_size': expected FIELD=VALUE"),
+        (("--set", "colour=red"), "colour: unknown field"),
+        (("--set", "eval_size=0"), "eval_size"),
+    ):
+        refused = trials("--baseline", *arguments)
+        assert refused.returncode == 1 and message in refused.stderr, refused.stderr[-2000:]
+
+
 def test_the_endpoint_evaluation_of_a_checkpoint_agrees_with_the_trials_own(
     tiny_trial_config: TrialConfig, backend_url: str, tmp_path: Path
 ) -> None:
