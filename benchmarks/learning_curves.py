@@ -23,7 +23,7 @@ from rich.table import Table
 
 from autoresearch.trials.config import load_trial_config
 from autoresearch.trials.run_dir import RunDirectory
-from benchmarks.paired_trials import EvaluationNotFoundError
+from benchmarks.paired_trials import EvaluationNotFoundError, parse_reference
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,9 @@ def curve_of(argument: str) -> Curve:
     Raises:
         EvaluationNotFoundError: no run there, or one that has evaluated nothing.
     """
-    name, _, path_text = argument.rpartition("=") if "=" in argument else ("", "", argument)
-    path = Path(path_text)
+    name, path, step = parse_reference(argument)
+    if step is not None:
+        raise EvaluationNotFoundError(f"{argument}: a curve is the whole run; name its folder without @{step}")
     directory = RunDirectory(path)
     if not directory.config_path.exists() or not directory.evals.path.exists():
         raise EvaluationNotFoundError(f"{path}: no trial's config and evaluations here")

@@ -62,7 +62,8 @@ class DataSource(BaseModel):
         try:
             return expand_environment(path)
         except ValueError as error:
-            raise ValueError(f"{error}: set it to the folder (export {_first_missing(path)}=/path/to/it)") from None
+            variable = missing_variables(path)[0]
+            raise ValueError(f"{error}: set it to the folder (export {variable}=/path/to/it)") from None
 
     @field_validator("path", "cache_dir")
     @classmethod
@@ -101,10 +102,6 @@ class DataSource(BaseModel):
         assert self.path is not None  # validation asks a release for its path
         dataset, _ = _LOADERS[self.source](self.path, self.cache_dir)
         return dataset
-
-
-def _first_missing(text: str) -> str:
-    return missing_variables(text)[0]
 
 
 def _synthesized_judged_on_bundled() -> Text2SqlDataset:

@@ -23,7 +23,7 @@ from tasks.text2sql.errors import DatasetError
 from tasks.text2sql.spider.cache import write_atomically
 
 # Bump when the conversion changes, so that cached DuckDB files are rebuilt.
-CONVERTER_VERSION = 4
+CONVERTER_VERSION = 2
 # DuckDB 2.0 would otherwise try to download extensions (sqlite, icu…) on first use; we run offline.
 DUCKDB_CONFIG = {"autoload_known_extensions": False, "autoinstall_known_extensions": False}
 _INSERT_CHUNK_ROWS = 100_000
