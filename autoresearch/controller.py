@@ -125,8 +125,8 @@ class Controller:
         not hold them up); a study goes on without it if it fails."""
         if StudyAttributes.of(self.study).baseline_accuracy is not None:
             return {}
-        config = self.spec.trial_config({})
         try:
+            config = self.spec.trial_config({})
             # The trials that start from the base model read it too, where their answer settings are the same.
             report = StartEvaluations(self.executor.run_root).get_or_evaluate(
                 config, lambda: evaluate_checkpoint(config, self.backend_urls[0])

@@ -25,9 +25,9 @@ from collections import Counter
 from rich.console import Console
 from rich.table import Table
 
-from autoresearch.trials.config import load_trial_config
+from autoresearch.trials.config import TrialConfig, load_trial_config
 from autoresearch.trials.run_dir import RunDirectory
-from benchmarks.paired_trials import EvaluationNotFoundError, LoggedEvaluation, load_evaluation, parse_reference
+from benchmarks.paired_trials import EvaluationNotFoundError, LoggedEvaluation, load_evaluation
 from tasks.registry import open_task
 from tasks.text2sql.prompts import parse_completion
 from tasks.text2sql.sandbox import ExecutionResult, ExecutionStatus
@@ -106,12 +106,20 @@ def main(argv: list[str] | None = None) -> int:
     except EvaluationNotFoundError as error:
         console.print(f"[red]error:[/red] {error}")
         return 2
-    counts: dict[str, Counter[str]] = {}
-    for argument, evaluation in zip(args.evaluations, evaluations, strict=True):
-        _, path, _ = parse_reference(argument)
-        config = load_trial_config(RunDirectory(path).config_path)
-        with open_task(config.task, config.data) as task, Scorer(task.dataset) as scorer:
-            counts[evaluation.name] = count_kinds(evaluation, task, scorer)
+    # Evaluations of one data source (several steps of one run, or runs on one release) share its task and sandbox:
+    # opening a release's task loads every database and gold query.
+    by_source: dict[str, list[LoggedEvaluation]] = {}
+    configs: dict[str, TrialConfig] = {}
+    for evaluation in evaluations:
+        config = load_trial_config(RunDirectory(evaluation.run_dir).config_path)
+        key = f"{config.task}:{config.data.model_dump_json()}"
+        configs.setdefault(key, config)
+        by_source.setdefault(key, []).append(evaluation)
+    counted: dict[str, Counter[str]] = {}
+    for key, group in by_source.items():
+        with open_task(configs[key].task, configs[key].data) as task, Scorer(task.dataset) as scorer:
+            counted.update((evaluation.name, count_kinds(evaluation, task, scorer)) for evaluation in group)
+    counts = {evaluation.name: counted[evaluation.name] for evaluation in evaluations}
     table = Table(title="held-out answers by kind")
     table.add_column("kind")
     for name in counts:

@@ -37,6 +37,8 @@ class LoggedEvaluation:
 
     name: str
     report: HeldOutReport
+    # The trial's run directory it was read from.
+    run_dir: Path
 
 
 def parse_reference(argument: str) -> tuple[str | None, Path, int | None]:
@@ -70,7 +72,7 @@ def load_evaluation(argument: str) -> LoggedEvaluation:
     chosen = reports[-1] if step is None else by_step.get(step)
     if chosen is None:
         raise EvaluationNotFoundError(f"{path}: no evaluation at step {step}; it evaluated at steps {sorted(by_step)}")
-    return LoggedEvaluation(name or f"{path.name}@{chosen.step}", chosen)
+    return LoggedEvaluation(name or f"{path.name}@{chosen.step}", chosen, path)
 
 
 def comparison_table(evaluations: list[LoggedEvaluation]) -> tuple[Table, dict[str, dict]]:

@@ -400,16 +400,14 @@ class _Trial:
         config = self.config
         if not (config.share_start_evaluation and starts_from_the_base_model(config)):
             return self._evaluate(sampler, 0)
-        base = self.service.create_sampling_client(base_model=config.base_model).result()
-        shared = StartEvaluations(self.directory.root.parent)
-        return self._record(
-            shared.get_or_evaluate(
-                config,
-                lambda: evaluate_sampler(
-                    base, self.renderer, self.held_out, config.eval_split, config.max_tokens, config.stop, 0
-                ),
+
+        def evaluate_base_model() -> HeldOutReport:
+            base = self.service.create_sampling_client(base_model=config.base_model).result()
+            return evaluate_sampler(
+                base, self.renderer, self.held_out, config.eval_split, config.max_tokens, config.stop, 0
             )
-        )
+
+        return self._record(StartEvaluations(self.directory.root.parent).get_or_evaluate(config, evaluate_base_model))
 
     def _record(self, report: HeldOutReport) -> HeldOutReport:
         self.directory.evals.append(report.model_dump(mode="json"))

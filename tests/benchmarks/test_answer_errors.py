@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 from benchmarks.answer_errors import KINDS, count_kinds
 from benchmarks.paired_trials import LoggedEvaluation
@@ -30,7 +31,7 @@ def test_each_kind_of_wrong_answer_is_told_apart(text2sql: Text2SqlTask, scorer:
         HeldOutAnswer(example_id=example.id, difficulty="easy", completion=sql + ";", correct=False)
         for sql in written.values()
     ]
-    evaluation = LoggedEvaluation("made", HeldOutReport.of(answers, "dev", ["easy"]))
+    evaluation = LoggedEvaluation("made", HeldOutReport.of(answers, "dev", ["easy"]), Path("written-here"))
     counts = count_kinds(evaluation, text2sql, scorer)
     assert counts == Counter({"right": 1, **dict.fromkeys(written, 1)})
     assert set(counts) <= set(KINDS)
