@@ -87,6 +87,9 @@ class Controller:
         self.started = time.monotonic()
         self.distributions = distributions(spec)
         self.warmups = SharedWarmups(spec, study, executor, self.backend_urls, on_tick, poll_s)
+        # Trials this controller launched. One an earlier controller launched whose process is gone most likely
+        # ended with it (stopped, killed, the machine restarted): no fault of the trial's, so not one of its relaunches.
+        self._launched: set[int] = set()
 
     # --- the graph --------------------------------------------------------------------------------------------
 
@@ -184,6 +187,7 @@ class Controller:
         TrialAttributes(reward_spec=reward_spec, trial_config=config.model_dump_json()).write_to(trial)
         try:
             self.executor.launch(run_id, config, backend_url)
+            self._launched.add(trial.number)
         except ExecutorError as error:
             self._fail(trial, f"could not launch: {error}")
 
@@ -287,6 +291,9 @@ class Controller:
             self.study.tell(frozen.number, values)
         elif status.phase is TrialPhase.NOT_STARTED:
             # Asked, then the controller stopped before the launch: record and launch it now.
+            self._start(trial)
+        elif status.phase is TrialPhase.DIED and frozen.number not in self._launched:
+            log.info("trial %d ended with the study's last run; it resumes from its checkpoint", trial.number)
             self._start(trial)
         elif status.phase is TrialPhase.DIED:
             relaunches = TrialAttributes.of(frozen).relaunches

@@ -19,6 +19,8 @@ from autoresearch.search import REWARD_PREFIX
 from autoresearch.spec import Pruning, StudySpec
 
 ENDED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+# The seed of the TPE that proposes every trial that is not the LLM's.
+TPE_SEED = 0
 
 
 def open_study(spec: StudySpec) -> optuna.Study:
@@ -35,14 +37,21 @@ def open_study(spec: StudySpec) -> optuna.Study:
         storage = optuna.storages.RDBStorage(url)
     except sqlalchemy.exc.OperationalError as error:
         raise ConfigurationError(f"cannot reach the study's storage {spec.storage}: {error.orig}") from None
-    return optuna.create_study(
+    study = optuna.create_study(
         study_name=spec.study,
         storage=storage,
         directions=directions,
         load_if_exists=True,
-        sampler=optuna.samplers.TPESampler(seed=0),
         pruner=pruner_of(spec.pruning),
     )
+    study.sampler = tpe_sampler(study)
+    return study
+
+
+def tpe_sampler(study: optuna.Study, seed: int = TPE_SEED) -> optuna.samplers.TPESampler:
+    """Optuna's TPE for `study`, seeded past the trials it holds: a resumed study draws values of its own instead of
+    retracing, from the same seed, the random draws of its first trials (which it did, trial for trial)."""
+    return optuna.samplers.TPESampler(seed=seed + len(study.get_trials(deepcopy=False)))
 
 
 def pruner_of(pruning: Pruning) -> optuna.pruners.BasePruner:

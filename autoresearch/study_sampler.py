@@ -14,9 +14,7 @@ from autoresearch.proposer import LlmProposer, TrialRecord
 from autoresearch.reward_code import RewardCodeAdmission
 from autoresearch.search import Candidate, candidate_from_params, check_candidate, distributions
 from autoresearch.spec import StudySpec
-
-# The TPE of `study.open_study`, which proposes every trial that is not the LLM's.
-TPE_SEED = 0
+from autoresearch.study import TPE_SEED, tpe_sampler
 
 
 def study_sampler(
@@ -53,6 +51,7 @@ def study_sampler(
         llm,
         llm_share=proposer.settings.share,
         seed=seed,
+        base_sampler=tpe_sampler(study, seed),
         # The proposer's client bounds each request (llm.timeout_s, with its retries).
         timeout_s=None,
         candidates_per_call=spec.budget.candidates_per_round,

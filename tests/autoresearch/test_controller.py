@@ -22,9 +22,10 @@ from support.scripted_llm import ScriptedLlm
 from support.studies import run_study_with_a_real_llm, run_study_with_llm, tiny_spec
 
 from autoresearch.attributes import SHARED_WARMUP_PREFIX, SharedWarmup, StudyAttributes
-from autoresearch.controller import Controller
+from autoresearch.controller import RELAUNCHES, Controller
 from autoresearch.controller_state import open_controller_state
 from autoresearch.executors import LocalExecutor
+from autoresearch.executors.local import PID_FILE
 from autoresearch.proposer import LlmProposer
 from autoresearch.search import distributions
 from autoresearch.shared_warmup import shared_warmup_run_id
@@ -209,17 +210,7 @@ def test_a_killed_controller_started_again_finishes_the_budget_without_repeating
     )
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
-    command = [
-        sys.executable,
-        "-m",
-        "autoresearch",
-        str(spec_path),
-        "--run-root",
-        str(tmp_path / "runs"),
-        "--no-progress",
-        "--poll-s",
-        "0.2",
-    ]
+    command = controller_command(spec_path, tmp_path / "runs")
     env = {**os.environ, "TINKER_TELEMETRY": "0"}
     first = subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
@@ -255,6 +246,68 @@ def test_a_killed_controller_started_again_finishes_the_budget_without_repeating
     for row in summary["best"]:
         assert row["rl_gain"] == pytest.approx(by_number[row["number"]].user_attrs["rl_gain"])
         assert row["held_out_at_rl_start"] == by_number[row["number"]].intermediate_values[0]
+
+
+def controller_command(spec_path: Path, run_root: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "autoresearch",
+        str(spec_path),
+        "--run-root",
+        str(run_root),
+        "--no-progress",
+        "--poll-s",
+        "0.2",
+    ]
+
+
+@pytest.mark.slow
+def test_a_trial_outlasts_more_controller_stops_than_it_has_relaunches(backend_url: str, tmp_path: Path) -> None:
+    """A long study is stopped and started again many times while one trial runs: each stop ends the trial's process
+    with the controller's, which is no fault of the trial's, so the next controller resumes it without counting a
+    relaunch (which a trial that dies on its own gets only RELAUNCHES of before it fails)."""
+    spec = tiny_spec(
+        tmp_path,
+        backend_url,
+        pruning={"kind": "none"},
+        budget={"trials": 1, "concurrency": 1, "steps_per_trial": 2, "trial_time_limit_s": 300},
+    )
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    command = controller_command(spec_path, tmp_path / "runs")
+    pid_file = tmp_path / "runs" / spec.study / "trials" / f"{spec.study}-0000" / PID_FILE
+    env = {**os.environ, "TINKER_TELEMETRY": "0"}
+    trial_pids: list[int] = []
+    for _ in range(RELAUNCHES + 1):
+        controller = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+        deadline = time.monotonic() + 120
+        while not pid_file.exists() or json.loads(pid_file.read_text())["pid"] in trial_pids:
+            assert controller.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        trial_pids.append(json.loads(pid_file.read_text())["pid"])
+        os.killpg(controller.pid, signal.SIGKILL)
+        controller.wait()
+        wait_until_gone(trial_pids[-1:], within_s=35)  # the trial's lifeline ends it
+
+    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    (trial,) = optuna.load_study(study_name=spec.study, storage=spec.storage).get_trials(deepcopy=False)
+    assert trial.state is TrialState.COMPLETE, trial.user_attrs.get("failure")
+    assert "relaunches" not in trial.user_attrs
+    assert len(set(trial_pids)) == RELAUNCHES + 1
+
+
+def test_a_resumed_study_draws_new_values_instead_of_retracing_its_first_trials(tmp_path: Path) -> None:
+    spec = tiny_spec(tmp_path, "local")
+    first_run = open_study(spec)
+    for value in (0.1, 0.2):
+        first_run.tell(first_run.ask(distributions(spec)), value)
+    drawn_before = [trial.params for trial in first_run.get_trials(deepcopy=False)]
+    resumed = open_study(spec)  # the study's next run, on its storage
+    assert resumed.ask(distributions(spec)).params not in drawn_before
 
 
 def processes_mentioning(text: str) -> list[int]:
