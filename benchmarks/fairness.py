@@ -2,7 +2,7 @@
 
 Run: python -m benchmarks.fairness [--heavy-queue 40] [--light-requests 20] [--work-ms 20]
      python -m benchmarks.fairness --engine [--model google/gemma-3-270m] [--before COMMIT] [--steps 3] [--log-dir DIR]
-         [--variants no-joining no-nesting no-pause-share-limit no-gathering-window join-within-budget]
+         [--same-key] [--variants no-joining no-nesting no-pause-share-limit no-gathering-window join-within-budget]
 
 Without `--engine`: the real scheduler and ledger, with device work replaced by a fixed sleep so that only the policy
 differs (least recently served, the server's, against first come, first served). A heavy tenant keeps a deep queue
@@ -15,7 +15,8 @@ With `--engine`: a real server (`python -m trainer_backend serve` of this tree, 
 real engine. Tenant B runs a trial of `--steps` RL steps of the model's trial recipe (8 prompts x 4 completions)
 alone; tenant A (another API key) runs the trial's held-out evaluation of the whole dev split (332 prompts, every one
 sent at once) alone; then both are started at once. Reported: B's median step alone and while A's evaluation runs
-(its steps wholly inside A's), A's evaluation alone and beside B, the makespan of both at once against the sum of the
+(its steps wholly inside A's), A's evaluation alone and beside B (`--same-key`: A under B's key, as a study's
+trials and evaluations run, the two runs of one tenant), the makespan of both at once against the sum of the
 two alone, the device's busy seconds alone and together (the server's /metrics), the backend's peak resident memory,
 and whether the goals hold: B's step beside A at most B_STEP_GOAL times alone, the makespan at most MAKESPAN_GOAL of
 the sum alone (sharing the device costs nothing and gains batching's share). `--log-dir` keeps each server's log;
@@ -42,6 +43,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from autoresearch.sdk_logging import quiet_sdk_logs
+from autoresearch.trials.backend import DEFAULT_API_KEY
 from autoresearch.trials.config import TrialConfig, load_trial_config
 from autoresearch.trials.evaluation import evaluate_checkpoint
 from autoresearch.trials.rl_loop import run_trial
@@ -113,7 +115,8 @@ def run(policy: SchedulingPolicy, heavy_queue: int, light_requests: int, work_s:
 # and the two tenants together within this share of the time they take one after the other.
 B_STEP_GOAL = 1.5
 MAKESPAN_GOAL = 0.9
-# A's key; B's trial uses the default key of a trial. Two keys make two tenants on /metrics.
+# A's key; B's trial uses the default key of a trial. Two keys make two tenants on /metrics; with --same-key A uses
+# B's, as a study's trials and evaluations all do, and the two are told apart by run only.
 A_API_KEY = "tml-fairness-tenant-a"
 
 
@@ -278,10 +281,16 @@ def timed(work: Callable[[], object]) -> tuple[float, float]:
 
 
 def run_engine(
-    tree: Path, workdir: Path, model: str, steps: int, launcher: Sequence[str] = ("trainer_backend",)
+    tree: Path,
+    workdir: Path,
+    model: str,
+    steps: int,
+    launcher: Sequence[str] = ("trainer_backend",),
+    a_api_key: str = A_API_KEY,
 ) -> EngineFigures:
     """B's trial alone, A's evaluation alone, then both started at once; each phase's wall time and device work.
-    `launcher`: the module that serves (`benchmarks.scheduler_variants` and a variant's name, for a variant)."""
+    `launcher`: the module that serves (`benchmarks.scheduler_variants` and a variant's name, for a variant).
+    `a_api_key`: A's key (B's trial uses a trial's default key)."""
     b_config, a_config = tenant_configs(model, steps)
     runs = workdir / "runs"
     serving = server_from(tree, workdir / "backend", Path(b_config.base_model), launcher)
@@ -310,14 +319,14 @@ def run_engine(
 
         b_steps_alone: list[Step] = []
         b_alone = phase(lambda: b_steps_alone.extend(run_b(b_config, url, runs, "b-alone")))
-        a_alone = phase(lambda: evaluate_checkpoint(a_config, url, api_key=A_API_KEY))
+        a_alone = phase(lambda: evaluate_checkpoint(a_config, url, api_key=a_api_key))
 
         windows: dict[str, tuple[float, float]] = {}
         b_steps_beside: list[Step] = []
 
         def both() -> None:
             def a() -> None:
-                windows["a"] = timed(lambda: evaluate_checkpoint(a_config, url, api_key=A_API_KEY))
+                windows["a"] = timed(lambda: evaluate_checkpoint(a_config, url, api_key=a_api_key))
 
             def b() -> None:
                 windows["b"] = timed(lambda: b_steps_beside.extend(run_b(b_config, url, runs, "b-beside-a")))
@@ -344,14 +353,18 @@ def run_engine(
     )
 
 
-def engine_main(model: str, before: str | None, steps: int, log_dir: Path | None, variants: Sequence[str]) -> None:
+def engine_main(
+    model: str, before: str | None, steps: int, log_dir: Path | None, variants: Sequence[str], same_key: bool
+) -> None:
     from rich.console import Console
     from rich.table import Table
 
     quiet_sdk_logs()
     console = Console(width=140)
+    keys = "one key" if same_key else "two keys"
     table = Table(
-        title=f"tenant B's trial ({steps} RL steps of 8 x 4), tenant A's {DEV_QUESTIONS}-prompt evaluation, {model}"
+        title=f"tenant B's trial ({steps} RL steps of 8 x 4), tenant A's {DEV_QUESTIONS}-prompt evaluation, {keys}, "
+        f"{model}"
     )
     columns = (
         "server", "B's step alone", "beside A", "ratio", "A alone", "beside B", "B's trial alone", "beside A",
@@ -368,7 +381,8 @@ def engine_main(model: str, before: str | None, steps: int, log_dir: Path | None
         for name, tree_folder, launcher in servers:
             folder = workdir / name.replace(" ", "-")
             try:
-                figures = run_engine(tree_folder, folder, model, steps, launcher)
+                a_key = DEFAULT_API_KEY if same_key else A_API_KEY
+                figures = run_engine(tree_folder, folder, model, steps, launcher, a_key)
             finally:
                 if log_dir is not None:
                     log_dir.mkdir(parents=True, exist_ok=True)
@@ -430,6 +444,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="with --engine: B's RL steps per trial")
     parser.add_argument("--log-dir", type=Path, default=None, help="with --engine: keep each server's log here")
     parser.add_argument(
+        "--same-key",
+        action="store_true",
+        help="with --engine: A's evaluation under B's key, as a study's trials run (two runs of one tenant)",
+    )
+    parser.add_argument(
         "--variants",
         nargs="*",
         default=[],
@@ -438,7 +457,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.engine:
-        engine_main(args.model, args.before, args.steps, args.log_dir, args.variants)
+        engine_main(args.model, args.before, args.steps, args.log_dir, args.variants, args.same_key)
         return
 
     from rich.console import Console

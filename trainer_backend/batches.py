@@ -106,6 +106,8 @@ class BatchCall:
         self._joined_at: dict[str, float] = {}
         self._accrued: dict[str, float] = {}
         self._accrued_until = 0.0
+        # The pauses (start, end) that may still fall in the window `recent_seconds` reads.
+        self._pauses: list[tuple[float, float]] = []
 
     def __call__(self) -> None:
         """Pause: other tenants' ready work that may run meanwhile runs now."""
@@ -127,19 +129,19 @@ class BatchCall:
     def unfinished(self) -> list[Operation]:
         return [op for op in self.operations if op.request_id not in self.finished]
 
-    def lanes(self) -> set[str]:
-        """Lanes with an operation still running in this call."""
-        return {op.lane for op in self.unfinished()}
+    def parties(self) -> set[str]:
+        """Parties (`Operation.party`) with an operation still running in this call."""
+        return {op.party for op in self.unfinished()}
 
-    def held_by_lane(self) -> dict[str, float]:
-        """Each lane's share of the kind's budget in the operations still running."""
+    def held_by_party(self) -> dict[str, float]:
+        """Each party's share of the kind's budget in the operations still running."""
         held: dict[str, float] = {}
         for op in self.unfinished():
-            held[op.lane] = held.get(op.lane, 0.0) + self._share(op)
+            held[op.party] = held.get(op.party, 0.0) + self._share(op)
         return held
 
     def held(self) -> float:
-        return sum(self.held_by_lane().values())
+        return sum(self.held_by_party().values())
 
     def started_at(self, operation: Operation) -> float:
         return self._joined_at.get(operation.request_id, self.started)
@@ -147,6 +149,19 @@ class BatchCall:
     def own_seconds(self, now: float) -> float:
         end = now if self.pausing_since is None else self.pausing_since
         return end - self.started - self.paused_seconds
+
+    def paused_for(self, started: float, ended: float) -> None:
+        """Work of others ran in this call's pause from `started` to `ended`."""
+        self.paused_seconds += ended - started
+        self._pauses.append((started, ended))
+
+    def recent_seconds(self, now: float, window_s: float) -> tuple[float, float]:
+        """The call's own seconds and the seconds others' work ran in its pauses, in the last `window_s` (between
+        pauses): how the device was shared lately, which a call of many minutes must not average over its life."""
+        since = max(self.started, now - window_s)
+        self._pauses = [(start, end) for start, end in self._pauses if end > since]
+        paused = sum(end - max(start, since) for start, end in self._pauses)
+        return now - since - paused, paused
 
     def accrue(self, now: float) -> None:
         """Split the call's own time since the last split among the operations running, by their budget shares."""

@@ -57,3 +57,10 @@ class Operation(Generic[PayloadT]):
     # Tokens the device processed for this operation, set by its batch runner: a batch's device time is split among
     # its operations in proportion to them (a token costs about the same whoever sent it), evenly where none are set.
     processed_tokens: int = 0
+
+    @property
+    def party(self) -> str:
+        """Whose fair share of the device this operation counts toward: its training run (the run's own requests, and
+        the samples and evaluations that read its weights, from whichever sampling session), else its lane. Runs of
+        one key share the device as runs of two keys do."""
+        return self.run or self.lane

@@ -24,9 +24,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,11 +48,44 @@ SchedulingPolicy = Literal["least_recently_served", "fifo"]
 # another tenant's 332-prompt evaluation ran about as fast as alone and the evaluation's batches took 9 times as long;
 # at 2, the RL steps took 1.20 times as long as alone and the evaluation no longer than before nested batches.
 PAUSE_SHARE_LIMIT = 2.0
+# ...counted over the last this many seconds of the batch, not its whole life: a generation that other tenants keep
+# feeding may run for many minutes, and over its life it would owe them minutes of pauses back to back (nested
+# generations that do not pause), or none at all once they had run ahead, while its own tenant waits.
+PAUSE_SHARE_WINDOW_S = 60.0
 # A running call takes in other tenants' operations while it holds less than its kind's budget, and past it while the
 # joining tenant holds no more than its even share of one budget among the call's tenants (half when it is the
 # second), never more than twice the budget in all: what a batch and a batch nested in its pause held before calls
 # took operations in.
 JOIN_BUDGET_LIMIT = 2.0
+
+
+class _Turn(Enum):
+    """What a lane's turn came to (`_in_turns`)."""
+
+    TOOK = "took"  # an operation: the lane goes behind its party's other lanes
+    LANE_DONE = "lane done"  # nothing more from this lane
+    PARTY_DONE = "party done"  # nothing more from this lane's party
+
+
+def _in_turns(lanes: Sequence[tuple[str, str]], take: Callable[[str], _Turn]) -> None:
+    """Offer (lane, party) pairs their turns one party at a time: each round, every party, in the order its first lane
+    comes in `lanes`, offers its next lane to `take`, until every lane is done. A run whose requests come through
+    several sampling sessions so gets one turn a round, as a run with one session does."""
+    parties: dict[str, deque[str]] = {}
+    for name, party in lanes:
+        parties.setdefault(party, deque()).append(name)
+    while parties:
+        for party in list(parties):
+            names = parties[party]
+            turn = take(names[0])
+            if turn is _Turn.TOOK:
+                names.rotate(-1)
+            elif turn is _Turn.LANE_DONE:
+                names.popleft()
+            else:
+                names.clear()
+            if not names:
+                del parties[party]
 
 
 @dataclass(frozen=True)
@@ -95,6 +129,8 @@ class Scheduler:
         self._batches = 0
         self._batched_operations = 0
         self._lanes: dict[str, Lane] = {}
+        # When each party (`Operation.party`) was last served (monotonic): the least recently served goes first.
+        self._party_served: dict[str, float] = {}
         self._condition = threading.Condition()
         self._stopping = False
         self._busy_seconds = 0.0
@@ -241,7 +277,7 @@ class Scheduler:
         only_interleaving = paused is not None
         # Set again below while the chosen batch still gathers; never left over from an earlier look.
         self._gathering_until = None
-        paused_lanes = paused.lanes() if paused is not None else set()
+        paused_parties = paused.parties() if paused is not None else set()
         candidates = []
         for name, lane in self._lanes.items():
             operation = lane.ready()
@@ -253,27 +289,35 @@ class Scheduler:
             if paused is not None and not self._runs_in_pause(operation, paused, now):
                 continue
             lane.gap_since = None
-            candidates.append((lane.last_served, name, operation))
+            candidates.append((self._turn(name, operation), name, operation))
         if not candidates:
             return []
-        if self.policy == "fifo":
-            candidates.sort(key=lambda c: c[2].enqueued_at)
-        else:
-            candidates.sort(key=lambda c: c[0])
+        candidates.sort(key=lambda c: c[0])
         _, name, first = candidates[0]
         kind = self._kind_of(first)
         window_s = kind.window_s if kind is not None else 0.0
         if not only_interleaving and now < first.enqueued_at + window_s:
             self._gathering_until = first.enqueued_at + window_s
             return []
-        lane = self._lanes[name]
-        lane.pop(first)
-        lane.last_served = now
+        self._lanes[name].pop(first)
+        self._served(name, first, now)
         if kind is None or first.alone:
             return [first]
-        # A nested batch takes nothing from the lanes of the batch it runs in.
-        mate_lanes = [name for _, name, _ in candidates if name not in paused_lanes]
+        # A nested batch takes nothing from the parties of the batch it runs in.
+        mate_lanes = [name for _, name, operation in candidates if operation.party not in paused_parties]
         return [first, *self._batch_mates(first, kind, mate_lanes, now)]
+
+    def _turn(self, lane_name: str, operation: Operation) -> tuple[float, float]:
+        """When `operation` gets its turn among the ready ones, lowest first: by arrival under "fifo"; else the least
+        recently served party first (a run's new sampling session does not put it ahead of other runs), and within
+        a party its least recently served lane."""
+        if self.policy == "fifo":
+            return operation.enqueued_at, 0.0
+        return self._party_served.get(operation.party, 0.0), self._lanes[lane_name].last_served
+
+    def _served(self, lane_name: str, operation: Operation, now: float) -> None:
+        self._lanes[lane_name].last_served = now
+        self._party_served[operation.party] = now
 
     def _runs_in_pause(self, operation: Operation, paused: BatchCall, now: float) -> bool:
         """Whether `operation` may run while `paused` pauses: it interleaves, or it nests (its kind nests, its lane has
@@ -285,72 +329,81 @@ class Scheduler:
         return (
             kind is not None
             and kind.nests
-            and operation.lane not in paused.lanes()
+            and operation.party not in paused.parties()
             and now >= operation.enqueued_at + kind.window_s
             and (not paused.admits or (operation.request_id in paused.refused and paused.held() <= 1.0))
         )
 
     def _batch_mates(self, first: Operation, kind: BatchKind, lane_names: list[str], now: float) -> list[Operation]:
-        """Ready operations of `first`'s batch kind to run with it: one lane at a time in turn (in `lane_names`'
+        """Ready operations of `first`'s batch kind to run with it: one party at a time in turn (in `lane_names`'
         order, least recently served first), while the kind's budget has room."""
         used = kind.share(first)
-        # The other lanes take their turns before `first`'s lane takes a second one. A training client's next ordered
-        # operation depends on the one taken before it: one per lane and batch.
-        turns = [name for name in lane_names if name != first.lane] + ([first.lane] if first.seq_id is None else [])
+        # The other parties take their turns before `first`'s party takes a second one. A training client's next
+        # ordered operation depends on the one taken before it: one per lane and batch.
+        ready_of = {name: self._lanes[name].ready() for name in lane_names if name != first.lane}
+        others = [(name, op.party) for name, op in ready_of.items() if op is not None and op.party != first.party]
+        own = [(name, first.party) for name, op in ready_of.items() if op is not None and op.party == first.party]
         mates: list[Operation] = []
-        while turns:
-            for name in list(turns):
-                lane = self._lanes[name]
-                operation = lane.next_of_kind(kind.name)
-                if operation is None or operation.alone or used + kind.share(operation) > 1.0 + 1e-9:
-                    turns.remove(name)
-                    continue
-                lane.pop(operation)
-                lane.last_served = now
-                used += kind.share(operation)
-                mates.append(operation)
-                if operation.seq_id is not None:
-                    turns.remove(name)
+
+        def take(name: str) -> _Turn:
+            lane = self._lanes[name]
+            operation = lane.next_of_kind(kind.name)
+            nonlocal used
+            if operation is None or operation.alone or used + kind.share(operation) > 1.0 + 1e-9:
+                return _Turn.LANE_DONE
+            lane.pop(operation)
+            self._served(name, operation, now)
+            used += kind.share(operation)
+            mates.append(operation)
+            return _Turn.TOOK if operation.seq_id is None else _Turn.LANE_DONE
+
+        _in_turns([*others, *own, *([(first.lane, first.party)] if first.seq_id is None else [])], take)
         return mates
 
     def _admit(self, call: BatchCall, accepts: Callable[[Operation], bool]) -> list[Operation]:
-        """Ready operations of `call`'s kind that it takes in now: from lanes that have nothing in it, gathered for the
-        kind's window, one lane at a time in turn (least recently served first) within JOIN_BUDGET_LIMIT, each one
-        `accepts` and none that runs alone (those are marked refused: they may run nested in the call's pause)."""
+        """Ready operations of `call`'s kind that it takes in now: from parties that have nothing in it, gathered for
+        the kind's window, one lane at a time in turn (least recently served party first) within JOIN_BUDGET_LIMIT,
+        each one `accepts` and none that runs alone (those are marked refused: they may run nested in the call's
+        pause). While an operation it refused still waits, it takes nothing in: a call that others keep feeding would
+        otherwise never end, nor hold little enough to let the refused one nest, and its party would wait for good."""
         kind = call.kind
         with self._condition:
             if self._stopping or kind is None:
                 return []
             now = time.monotonic()
-            inside = call.lanes()
+            queued = [op for lane in self._lanes.values() for op in lane.operations()]
+            if any(op.request_id in call.refused for op in queued):
+                return []
+            inside = call.parties()
             waiting = []
             for name, lane in self._lanes.items():
                 oldest = lane.next_of_kind(kind.name)
-                if name not in inside and oldest is not None and now >= oldest.enqueued_at + kind.window_s:
-                    waiting.append((oldest.enqueued_at if self.policy == "fifo" else lane.last_served, name))
-            turns = [name for _, name in sorted(waiting)]
-            held = call.held_by_lane()
+                if oldest is not None and oldest.party not in inside and now >= oldest.enqueued_at + kind.window_s:
+                    waiting.append((self._turn(name, oldest), name, oldest.party))
+            held = call.held_by_party()
             taken: list[Operation] = []
-            while turns:
-                for name in list(turns):
-                    lane = self._lanes[name]
-                    operation = lane.next_of_kind(kind.name)
-                    share = kind.share(operation) if operation is not None else 0.0
-                    tenants = len(held) + (name not in held)
-                    total = sum(held.values()) + share
-                    own = held.get(name, 0.0) + share
-                    fits = total <= 1.0 + 1e-9 or (own <= 1.0 / tenants + 1e-9 and total <= JOIN_BUDGET_LIMIT + 1e-9)
-                    if operation is None or not fits or operation.seq_id is not None:
-                        turns.remove(name)
-                        continue
-                    if operation.alone or not accepts(operation):
-                        call.refused.add(operation.request_id)
-                        turns.remove(name)
-                        continue
-                    lane.pop(operation)
-                    lane.last_served = now
-                    held[name] = own
-                    taken.append(operation)
+
+            def take(name: str) -> _Turn:
+                lane = self._lanes[name]
+                operation = lane.next_of_kind(kind.name)
+                if operation is None or operation.seq_id is not None:
+                    return _Turn.LANE_DONE
+                share = kind.share(operation)
+                tenants = len(held) + (operation.party not in held)
+                total = sum(held.values()) + share
+                own = held.get(operation.party, 0.0) + share
+                if not (total <= 1.0 + 1e-9 or (own <= 1.0 / tenants + 1e-9 and total <= JOIN_BUDGET_LIMIT + 1e-9)):
+                    return _Turn.PARTY_DONE
+                if operation.alone or not accepts(operation):
+                    call.refused.add(operation.request_id)
+                    return _Turn.LANE_DONE
+                lane.pop(operation)
+                self._served(name, operation, now)
+                held[operation.party] = own
+                taken.append(operation)
+                return _Turn.TOOK
+
+            _in_turns([(name, party) for _, name, party in sorted(waiting)], take)
             call.join(taken, now)
         for operation in taken:
             self.ledger.mark_running(operation.request_id)
@@ -391,9 +444,10 @@ class Scheduler:
 
     def _pause(self, call: BatchCall) -> None:
         """A long call pauses: run one batch of other tenants' ready operations that interleave or nest, if any, unless
-        they have had their share of this call's time (PAUSE_SHARE_LIMIT)."""
+        they have had their share of this call's recent time (PAUSE_SHARE_LIMIT over PAUSE_SHARE_WINDOW_S)."""
         with self._condition:
-            if self._stopping or call.paused_seconds > PAUSE_SHARE_LIMIT * call.own_seconds(time.monotonic()):
+            own, paused = call.recent_seconds(time.monotonic(), PAUSE_SHARE_WINDOW_S)
+            if self._stopping or paused > PAUSE_SHARE_LIMIT * own:
                 return
             batch = self._next(paused=call)
             if not batch:
@@ -405,7 +459,7 @@ class Scheduler:
             started = call.pausing_since = time.monotonic()
         self._execute(nested)
         with self._condition:
-            call.paused_seconds += time.monotonic() - started
+            call.paused_for(started, time.monotonic())
             call.pausing_since = None
             self._calls.remove(nested)
 

@@ -159,29 +159,31 @@ def test_retention_never_removes_weights_a_queued_request_reads(retaining_server
         training = client.create_lora_training_client(
             base_model=TINY, rank=4, seed=6, user_metadata={"keep_checkpoints": "1"}
         ).result()
-        oldest = training.save_weights_for_sampler("oldest").result().path
-        # A long generation holds the device; a request for the oldest weights queues behind it.
+        first = training.save_weights_for_sampler("first").result().path
+        # A long generation of the run's first weights holds the device; a request of the same run for the next
+        # weights queues behind it (a run's requests neither join its running generation nor nest in its pauses).
         long_one = request_id_of(
-            api_b.post("/asample", sample_request(types.SamplingParams(max_tokens=2000, stop=[]), base_model=TINY))
+            api_b.post("/asample", sample_request(types.SamplingParams(max_tokens=2000, stop=[]), model_path=first))
         )
         deadline = time.monotonic() + 10
         while long_one not in server.service.scheduler.stats().running and time.monotonic() < deadline:
             time.sleep(0.005)
+        oldest = training.save_weights_for_sampler("oldest").result().path
         queued = request_id_of(api_b.post("/asample", sample_request(model_path=oldest)))
         rest = tinker.RestClient(base_url=server.url, api_key=KEY_B)
 
         def names() -> list[str]:
             return sorted(c.checkpoint_id for c in rest.list_checkpoints(training.model_id).result().checkpoints)
 
-        # Saves run while the generation pauses; the weights the queued request reads stay.
+        # Saves run while the generation pauses; the weights the running and the queued request read stay.
         training.save_weights_for_sampler("newer").result()
         assert server.service.ledger.get(queued).state is FutureState.QUEUED, "the generation ended too soon"
-        assert names() == ["sampler_weights/newer", "sampler_weights/oldest"]
+        assert names() == ["sampler_weights/first", "sampler_weights/newer", "sampler_weights/oldest"]
         assert api_b.result(queued, timeout=120).status_code == 200
+        assert api_b.result(long_one, timeout=60).status_code == 200
         # Once nothing reads them, the next save removes them.
         training.save_weights_for_sampler("newest").result()
         assert names() == ["sampler_weights/newest"]
-        assert api_b.result(long_one, timeout=60).status_code == 200
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "two"])

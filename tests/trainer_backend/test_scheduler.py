@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 
 import pytest
@@ -102,6 +103,32 @@ def test_tenants_take_turns_instead_of_first_come_first_served(
     assert log.index(("quiet", 2)) < log.index(("busy", 4))
 
 
+def test_a_runs_new_sampling_sessions_do_not_put_it_ahead_of_another_run(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
+) -> None:
+    """An RL trial samples each step through a new sampling session of its run's latest weights: a lane never served
+    before. Runs take turns as tenants do, whichever sessions their requests come through, all under one key."""
+    scheduler = start_scheduler()
+    log: list = []
+    gate = threading.Event()
+    scheduler.submit(_operation(ledger, "blocker", None, log, _held_until(gate)))
+    busy = [_operation(ledger, f"busy-session-{step}", None, log) for step in range(5)]
+    quiet = [_operation(ledger, "quiet-session", None, log) for _ in range(2)]
+    for operation in busy:
+        operation.run = "busy-run"
+    for operation in quiet:
+        operation.run = "quiet-run"
+    for operation in [*busy, *quiet]:
+        scheduler.submit(operation)
+    gate.set()
+    wait_for(lambda: len(log) == 7)
+
+    order = [lane for lane, _ in log]
+    assert order.index("quiet-session") <= 1 and order.count("quiet-session") == 2
+    assert order[: order.index("quiet-session") + 1].count("quiet-session") == 1
+    assert order.index("busy-session-3") > len(order) - 1 - order[::-1].index("quiet-session"), order
+
+
 def test_failures_are_recorded_and_the_worker_keeps_serving(
     ledger: Ledger, start_scheduler: Callable[..., Scheduler], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -147,9 +174,10 @@ def test_full_queues_push_back(ledger: Ledger, start_scheduler: Callable[..., Sc
     gate.set()
 
 
-def _sample_operation(ledger: Ledger, lane: str, payload: str) -> Operation:
+def _sample_operation(ledger: Ledger, lane: str, payload: str, run: str | None = None) -> Operation:
+    """A sample of `lane` (a sampling session), reading the weights of training run `run` when given."""
     record, _ = ledger.submit("alice", "sample", f"{lane}-{payload}-{time.monotonic_ns()}")
-    return Operation(record.request_id, "sample", lane, None, batch_kind="sample", payload=payload)
+    return Operation(record.request_id, "sample", lane, None, batch_kind="sample", payload=payload, run=run)
 
 
 def test_ready_operations_of_a_batch_kind_from_all_tenants_run_in_one_call(
@@ -389,9 +417,10 @@ def test_another_tenants_gathered_batch_nests_in_a_long_batchs_pause_but_the_sam
     assert nested_at[0] >= light.enqueued_at + window_s
 
 
-def _stepping_generation(steps: int, admitted: list, refuse: str | None = None):
+def _stepping_generation(steps: int, admitted: list, refuse: str | None = None, pause_first: bool = False):
     """A batch runner that runs `steps` steps, taking other lanes' operations in before each (all but payload
-    `refuse`) and finishing each operation two steps after it joined; those it was given run to the end."""
+    `refuse`) and finishing each operation two steps after it joined; those it was given run to the end. Each step
+    pauses after its finished operations are answered, or before with `pause_first`."""
 
     def generation(operations, call):
         running = list(operations)
@@ -401,10 +430,13 @@ def _stepping_generation(steps: int, admitted: list, refuse: str | None = None):
             admitted.append([op.payload for op in taken])
             running += taken
             joined_at.update((op.request_id, step) for op in taken)
+            if pause_first:
+                call()
             for op in running:
                 if joined_at.get(op.request_id, steps) + 2 == step:
                     call.finish(op, (op.payload.encode(), ResultFormat.JSON))
-            call()
+            if not pause_first:
+                call()
             time.sleep(0.02)
         return [(op.payload.encode(), ResultFormat.JSON) for op in running]
 
@@ -455,6 +487,64 @@ def test_what_a_running_batch_does_not_take_in_runs_nested_in_its_pause(
 
     assert all("scored" not in taken for taken in admitted)
     assert not ledger.get(heavy.request_id).finished, "it ran in the heavy batch's pause, not after it"
+
+
+def test_a_run_flooding_through_two_sessions_holds_one_runs_share_of_a_running_batch(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
+) -> None:
+    """The batch is full; past its budget a tenant joins up to its even share among the batch's tenants. A run's
+    requests through two sampling sessions are one tenant's: they take as much as the other run's through one."""
+    admitted: list[list[str]] = []
+    scheduler = start_scheduler()
+    budget = BatchBudget(lambda payload: 1.0 if payload == "heavy" else 0.25)
+    scheduler.register(
+        BatchKind("sample", _stepping_generation(40, admitted), window_s=0.05, budget=budget, nests=True)
+    )
+    heavy = _sample_operation(ledger, "heavy", "heavy", run="heavy-run")
+    scheduler.submit(heavy)
+    wait_for(lambda: heavy.request_id in scheduler.stats().running)
+    flood = [_sample_operation(ledger, f"flood-session-{i % 2}", f"flood-{i}", run="flood-run") for i in range(4)]
+    other = [_sample_operation(ledger, "other-session", f"other-{i}", run="other-run") for i in range(2)]
+    for operation in [*flood, *other]:
+        scheduler.submit(operation)
+    wait_for(lambda: any(admitted))
+
+    first_joined = Counter(payload.split("-")[0] for payload in next(taken for taken in admitted if taken))
+    assert first_joined == {"flood": 1, "other": 1}
+
+
+def test_a_request_the_running_batch_refuses_is_not_held_behind_a_run_that_keeps_feeding_it(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
+) -> None:
+    """A batch that is full past its budget keeps taking in a run's next requests as the last ones finish (two
+    sessions of one run, one after the other); another run's request that it cannot take in (a prompt scored, a cache
+    too small) may run nested only once the batch holds no more than its budget. Once it refuses that request, the
+    batch takes nothing more in, so the request runs in one of its next pauses, not after the batch's last step."""
+    admitted: list[list[str]] = []
+    scheduler = start_scheduler()
+    shares = {"heavy": 1.0, "light": 0.25, "scored": 0.25}
+    budget = BatchBudget(lambda payload: shares[payload.split("-")[0]])
+    scheduler.register(
+        BatchKind(
+            "sample",
+            _stepping_generation(60, admitted, refuse="scored-0", pause_first=True),
+            window_s=0.05,
+            budget=budget,
+            nests=True,
+        )
+    )
+    heavy = _sample_operation(ledger, "heavy", "heavy-0", run="heavy-run")
+    scheduler.submit(heavy)
+    wait_for(lambda: heavy.request_id in scheduler.stats().running)
+    light = [_sample_operation(ledger, f"light-session-{i % 2}", f"light-{i}", run="light-run") for i in range(60)]
+    for operation in light:
+        scheduler.submit(operation)
+    wait_for(lambda: any(admitted))
+    scored = _sample_operation(ledger, "scored-session", "scored-0", run="scored-run")
+    scheduler.submit(scored)
+    wait_for(lambda: ledger.get(scored.request_id).finished, timeout=20)
+
+    assert not ledger.get(heavy.request_id).finished, "it ran in the batch's pause, not after it"
 
 
 def test_a_tenant_joins_past_the_budget_only_up_to_its_even_share(
@@ -548,6 +638,52 @@ def test_a_long_batch_yields_at_most_its_share_of_the_device_to_other_tenants(
     first_start, first_end = spans[1]
     second_start = spans[2][0]
     assert second_start - generation_started[0] >= 1.35 * (first_end - first_start)
+
+
+def test_a_long_batch_yields_its_share_of_recent_time_not_of_its_whole_life(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A generation that ran alone for a while owes others no long run of pauses for it: once others' work queues, it
+    yields them PAUSE_SHARE_LIMIT times its own time over the last PAUSE_SHARE_WINDOW_S, so it keeps a third of the
+    device while they have work, instead of next to none for twice its age."""
+    monkeypatch.setattr(scheduler_module, "PAUSE_SHARE_LIMIT", 2.0)
+    monkeypatch.setattr(scheduler_module, "PAUSE_SHARE_WINDOW_S", 0.5)
+    alone_s, own_step_s, other_step_s = 1.5, 0.02, 0.2
+    spans: list[tuple[float, float]] = []
+
+    def slow_step() -> tuple[bytes, ResultFormat]:
+        started = time.monotonic()
+        time.sleep(other_step_s)
+        spans.append((started, time.monotonic()))
+        return b"{}", ResultFormat.JSON
+
+    steps = [_operation(ledger, "trainer", seq, [], slow_step) for seq in range(1, 9)]
+
+    def long_generation(operations, pause):
+        deadline = time.monotonic() + alone_s
+        while time.monotonic() < deadline:  # alone: nothing else is queued
+            pause()
+            time.sleep(own_step_s)
+        for operation in steps:
+            operation.interleaves = True
+            scheduler.submit(operation)
+        deadline = time.monotonic() + 30
+        while len(spans) < len(steps) and time.monotonic() < deadline:
+            pause()
+            time.sleep(own_step_s)
+        return [(b"{}", ResultFormat.JSON) for _ in operations]
+
+    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", long_generation)])
+    generation = _sample_operation(ledger, "sampler", "long")
+    scheduler.submit(generation)
+    wait_for(lambda: ledger.get(generation.request_id).finished, timeout=40)
+
+    assert len(spans) == len(steps), "all the steps ran inside the generation"
+    # While the steps had work queued, the generation's own share of the time: over its life (1.5 s alone, which
+    # would leave them 3 s) it would get a step of 20 ms per step of theirs of 200 ms, 9%; over the last 0.5 s, a third.
+    while_queued = spans[-1][1] - spans[0][0]
+    own_share = 1 - sum(end - start for start, end in spans) / while_queued
+    assert own_share > 0.25, own_share
 
 
 def test_a_batch_kind_that_does_not_nest_waits_for_the_long_batch(
