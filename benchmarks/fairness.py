@@ -211,15 +211,19 @@ class EngineFigures:
         }
 
 
+def recipe_trial(model: str) -> tuple[TrialConfig, int]:
+    """The model's trial recipe (the tiny trial for a tiny model) on its converted weights, and the completion length
+    its benchmarks sample."""
+    if model.startswith("tiny-"):
+        return load_trial_config(TINY_TRIAL).model_copy(update={"base_model": model}), 16
+    folder = resolve_base_model(model, default_cache_root()).folder
+    recipe = RECIPES[model]
+    return load_trial_config(recipe.trial).model_copy(update={"base_model": str(folder)}), recipe.max_tokens
+
+
 def tenant_configs(model: str, steps: int) -> tuple[TrialConfig, TrialConfig]:
     """B's RL recipe (8 prompts x 4 completions, the model's trial prompts) and A's evaluation of the dev split."""
-    if model.startswith("tiny-"):
-        base = load_trial_config(TINY_TRIAL).model_copy(update={"base_model": model})
-        max_tokens = 16
-    else:
-        folder = resolve_base_model(model, default_cache_root()).folder
-        base = load_trial_config(RECIPES[model].trial).model_copy(update={"base_model": str(folder)})
-        max_tokens = RECIPES[model].max_tokens
+    base, max_tokens = recipe_trial(model)
     b = base.model_copy(
         update={
             "steps": steps, "warmup_steps": 0, "batch_size": 8, "group_size": 4, "max_tokens": max_tokens,

@@ -1,0 +1,316 @@
+"""Two trials of one key on one backend, as a study runs them: how evenly they share the device, and what running them
+together saves over one after the other.
+
+Run: python -m benchmarks.trial_pair [--model google/gemma-3-270m] [--steps 20] [--eval-interval 10]
+         [--eval-size 64] [--serial] [--before COMMIT] [--log-dir DIR]
+     python -m benchmarks.trial_pair --watch URL --run-dir TRIAL_DIR TRIAL_DIR [--minutes 60]
+
+A real server (`python -m trainer_backend serve` of this tree, and of `--before` when given) and two trials of the
+model's trial recipe under the trials' default key, started at once: trial 1 evaluates every `--eval-interval` steps
+on `--eval-size` held-out questions, trial 2 only at its end (one question), as a study's trials at different points
+of their runs do. The backend's status is read every POLL_S seconds for each trial's device seconds (its sampling,
+training and saves). Reported, per server: each trial's median and longest step; the longest step of either against
+the median step of both (goal: at most STEP_GOAL); each trial's share of the device over every WINDOW_S window while
+both ran (goal: within SHARE_GOAL of an even split); the device's busy fraction of the makespan; with `--serial`, the
+two trials one after the other first, and the makespan together against that sum (the seed's goal: at most
+MAKESPAN_GOAL where the device has room, which a 2-core CPU has little of); the backend's peak resident memory.
+
+With `--watch`: two trials already running on a backend (a study's, under the trials' default key), followed for
+`--minutes` or until one ends, their steps read from their run folders' metrics as they appear: the same figures
+but the serial makespan and the memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from autoresearch.device_share import device_use_by_trial
+from autoresearch.sdk_logging import quiet_sdk_logs
+from autoresearch.trials.backend import DEFAULT_API_KEY
+from autoresearch.trials.config import TrialConfig
+from benchmarks.against_commit import MemoryWatch, compared_trees, server_from
+from benchmarks.fairness import DeviceCounters, Step, recipe_trial, run_b
+from benchmarks.rl_step import REWARD_WITH_SPREAD
+from trainer_backend.models.gemma import GEMMA_3_270M
+from trainer_backend.models.qwen import QWEN_2_5_CODER_0_5B_INSTRUCT
+
+# Issue 48's goals: no step of either trial above this many times the median step of the two running together; each
+# trial's share of the device within this much of an even split over any WINDOW_S window while both run; together at
+# most this share of one after the other.
+STEP_GOAL = 2.0
+SHARE_GOAL = 0.10
+WINDOW_S = 300.0
+MAKESPAN_GOAL = 0.9
+# How often the backend's status is read for the trials' device seconds.
+POLL_S = 5.0
+TRIALS = ("trial-1", "trial-2")
+
+
+def pair_configs(model: str, steps: int, eval_interval: int, eval_size: int) -> tuple[TrialConfig, TrialConfig]:
+    """The model's recipe twice: trial 1 evaluating every `eval_interval` steps, trial 2 only at its end."""
+    base, max_tokens = recipe_trial(model)
+    common = {
+        "steps": steps, "warmup_steps": 0, "max_tokens": max_tokens, "reward_spec": REWARD_WITH_SPREAD,
+        "checkpoint_interval": 1000, "eval_batch_invariant": False, "share_start_evaluation": False,
+    }  # fmt: skip
+    first = base.model_copy(update={**common, "eval_size": eval_size, "eval_interval": eval_interval})
+    second = base.model_copy(update={**common, "seed": base.seed + 1, "eval_size": 1, "eval_interval": 0})
+    return first, second
+
+
+@dataclass(frozen=True)
+class Shares:
+    """Each trial's share of the device in the windows of a run of both (or the whole overlap, when shorter)."""
+
+    window_s: float
+    worst_deviation: float  # the largest |share - 1/2| of trial 1 over the windows
+    windows: int
+
+
+def shares_over_windows(
+    samples: Sequence[tuple[float, dict[str, float]]], until: float, trials: tuple[str, str] = TRIALS
+) -> Shares | None:
+    """From (time, device seconds by trial) readings, the first trial's share of the two trials' device time in every
+    WINDOW_S window that ends by `until` (the first trial's end), one window per reading; None without two readings."""
+    readings = [(at, seconds) for at, seconds in samples if at <= until]
+    if len(readings) < 2:
+        return None
+    span = readings[-1][0] - readings[0][0]
+    window = min(WINDOW_S, span)
+    deviations = []
+    for index, (start, before) in enumerate(readings):
+        end_index = next((j for j in range(index + 1, len(readings)) if readings[j][0] - start >= window - 1e-9), None)
+        if end_index is None:
+            break
+        after = readings[end_index][1]
+        used = {trial: after.get(trial, 0.0) - before.get(trial, 0.0) for trial in trials}
+        total = sum(used.values())
+        if total > 0:
+            deviations.append(abs(used[trials[0]] / total - 0.5))
+    if not deviations:
+        return None
+    return Shares(window, max(deviations), len(deviations))
+
+
+@dataclass(frozen=True)
+class PairFigures:
+    steps: dict[str, tuple[Step, ...]]
+    together_s: float
+    busy_s: float
+    shares: Shares | None
+    serial_s: float | None  # the two trials one after the other, with --serial
+    peak_gib: float | None  # the backend's peak resident memory, where this process started it
+
+    @property
+    def step_ratio(self) -> float:
+        every = [step.seconds for steps in self.steps.values() for step in steps]
+        return max(every) / statistics.median(every)
+
+    @property
+    def passed(self) -> dict[str, bool]:
+        verdicts = {f"longest step <= {STEP_GOAL}x the pair's median": self.step_ratio <= STEP_GOAL}
+        if self.shares is not None:
+            verdicts[f"device share within {SHARE_GOAL:.0%} of even over {self.shares.window_s:.0f} s"] = (
+                self.shares.worst_deviation <= SHARE_GOAL
+            )
+        if self.serial_s is not None:
+            verdicts[f"together <= {MAKESPAN_GOAL} of one after the other"] = (
+                self.together_s <= MAKESPAN_GOAL * self.serial_s
+            )
+        return verdicts
+
+
+def run_pair(
+    tree: Path, workdir: Path, configs: tuple[TrialConfig, TrialConfig], serial: bool, launcher: Sequence[str]
+) -> PairFigures:
+    """With `serial`, each trial alone first; then both at once, the backend's status polled for their shares."""
+    runs = workdir / "runs"
+    serving = server_from(tree, workdir / "backend", Path(configs[0].base_model), launcher)
+    with serving as (url, server), MemoryWatch(server) as watch:
+        serial_s = None
+        if serial:
+            serial_s = 0.0
+            for name, config in zip(TRIALS, configs, strict=True):
+                began = time.time()
+                run_b(config, url, runs, f"{name}-alone")
+                serial_s += time.time() - began
+        steps: dict[str, list[Step]] = {trial: [] for trial in TRIALS}
+        ended: dict[str, float] = {}
+        samples: list[tuple[float, dict[str, float]]] = []
+
+        def trial(name: str, config: TrialConfig) -> None:
+            try:
+                steps[name].extend(run_b(config, url, runs, name))
+            finally:
+                ended[name] = time.time()
+
+        def poll() -> None:
+            while len(ended) < len(TRIALS):
+                use = device_use_by_trial([url], DEFAULT_API_KEY)
+                samples.append((time.time(), {name: use[name].seconds for name in TRIALS if name in use}))
+                time.sleep(POLL_S)
+
+        before = DeviceCounters.read(url)
+        began = time.time()
+        threads = [threading.Thread(target=trial, args=pair) for pair in zip(TRIALS, configs, strict=True)]
+        threads.append(threading.Thread(target=poll, daemon=True))
+        for thread in threads:
+            thread.start()
+        for thread in threads[:-1]:
+            thread.join()
+        together_s = time.time() - began
+        busy_s = (DeviceCounters.read(url) - before).busy_s
+        if any(not steps[name] for name in TRIALS):
+            raise RuntimeError("a trial failed beside the other; the server log has the reason")
+    return PairFigures(
+        {name: tuple(found) for name, found in steps.items()},
+        together_s,
+        busy_s,
+        shares_over_windows(samples, min(ended.values())),
+        serial_s,
+        watch.peak_bytes / 2**30,
+    )
+
+
+def watch_trials(url: str, run_dirs: tuple[Path, Path], minutes: float, api_key: str) -> PairFigures:
+    """Follow two trials that run on `url` already (a study's), for `minutes` or until either ends: their steps from
+    their run folders' metrics (each step placed on the wall clock when its line appears) and their device shares
+    from the backend's status, as `run_pair` measures its own."""
+    names = (run_dirs[0].name, run_dirs[1].name)
+    steps: dict[str, list[Step]] = {name: [] for name in names}
+    seen = {name: _metric_lines(folder) for name, folder in zip(names, run_dirs, strict=True)}
+    samples: list[tuple[float, dict[str, float]]] = []
+    before = DeviceCounters.read(url)
+    began = time.time()
+    while time.time() - began < minutes * 60 and not any((folder / "result.json").exists() for folder in run_dirs):
+        use = device_use_by_trial([url], api_key)
+        now = time.time()
+        samples.append((now, {name: use[name].seconds for name in names if name in use}))
+        for name, folder in zip(names, run_dirs, strict=True):
+            lines = _metric_lines(folder)
+            steps[name] += [Step(now - line["step_time_s"], now) for line in lines[len(seen[name]) :]]
+            seen[name] = lines
+        time.sleep(POLL_S)
+    together_s = time.time() - began
+    busy_s = (DeviceCounters.read(url) - before).busy_s
+    if any(not found for found in steps.values()):
+        raise RuntimeError(f"no step of both trials ended in {together_s:.0f} s; watch for longer")
+    found = {name: tuple(found) for name, found in steps.items()}
+    return PairFigures(found, together_s, busy_s, shares_over_windows(samples, time.time(), names), None, None)
+
+
+def _metric_lines(run_dir: Path) -> list[dict]:
+    """A trial's metrics records so far (whole lines only: the last may be half written)."""
+    path = run_dir / "metrics.jsonl"
+    text = path.read_text() if path.exists() else ""
+    return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
+
+
+COLUMNS = (
+    "server", "trial 1 median / longest", "trial 2 median / longest", "longest ÷ pair median", "worst share off even",
+    "together", "busy", "one after the other", "peak",
+)  # fmt: skip
+
+
+def row(name: str, figures: PairFigures) -> list[str]:
+    """One server's figures as a row of COLUMNS."""
+
+    def steps_cell(steps: tuple[Step, ...]) -> str:
+        seconds = [step.seconds for step in steps]
+        return f"{statistics.median(seconds):.1f} / {max(seconds):.1f} s"
+
+    shares, serial_s = figures.shares, figures.serial_s
+    first, second = figures.steps.values()
+    return [
+        name,
+        steps_cell(first),
+        steps_cell(second),
+        f"{figures.step_ratio:.2f}",
+        f"{shares.worst_deviation:.1%} ({shares.windows} x {shares.window_s:.0f} s)" if shares else "-",
+        f"{figures.together_s:.0f} s",
+        f"{figures.busy_s / figures.together_s:.0%}",
+        f"{serial_s:.0f} s ({figures.together_s / serial_s:.2f})" if serial_s else "-",
+        f"{figures.peak_gib:.1f} GiB" if figures.peak_gib is not None else "-",
+    ]
+
+
+def measured(
+    before: str | None, configs: tuple[TrialConfig, TrialConfig], serial: bool, log_dir: Path | None
+) -> Iterator[tuple[str, PairFigures]]:
+    """The pair on the server of commit `before` (when given), then on this tree's, each as it is measured."""
+    with tempfile.TemporaryDirectory(prefix="trial-pair-") as scratch, compared_trees(before, "before") as trees:
+        for tree in trees:
+            name = tree.commit or "this tree"
+            folder = Path(scratch) / name.replace(" ", "-")
+            try:
+                figures = run_pair(tree.folder, folder, configs, serial, ("trainer_backend",))
+            finally:
+                if log_dir is not None:
+                    log_dir.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(folder / "backend" / "server.log", log_dir / f"{name.replace(' ', '-')}.log")
+            yield name, figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--model", default="tiny-gemma3", help=f"tiny-gemma3, {GEMMA_3_270M} or {QWEN_2_5_CODER_0_5B_INSTRUCT}"
+    )
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--eval-interval", type=int, default=10, help="trial 1 evaluates every this many steps")
+    parser.add_argument("--eval-size", type=int, default=64, help="held-out questions of trial 1's evaluations")
+    parser.add_argument("--serial", action="store_true", help="also run the two trials one after the other first")
+    parser.add_argument("--before", default=None, help="also measure the server of this commit")
+    parser.add_argument("--log-dir", type=Path, default=None, help="keep each server's log here")
+    parser.add_argument("--watch", default=None, metavar="URL", help="follow two trials running on this backend")
+    parser.add_argument("--run-dir", type=Path, nargs=2, default=None, help="with --watch: the two trials' folders")
+    parser.add_argument("--minutes", type=float, default=60.0, help="with --watch: for at most this long")
+    args = parser.parse_args()
+    if (args.watch is None) != (args.run_dir is None):
+        parser.error("--watch and --run-dir go together")
+
+    from rich.console import Console
+    from rich.table import Table
+
+    quiet_sdk_logs()
+    console = Console(width=140)
+    verdicts: list[str] = []
+    if args.watch is not None:
+        table = Table(title=f"two running trials on {args.watch}: {args.run_dir[0].name}, {args.run_dir[1].name}")
+        figures = watch_trials(args.watch, tuple(args.run_dir), args.minutes, DEFAULT_API_KEY)
+        rows = [row("watched", figures)]
+        verdicts += [f"watched: {goal}: {'pass' if ok else 'FAIL'}" for goal, ok in figures.passed.items()]
+    else:
+        configs = pair_configs(args.model, args.steps, args.eval_interval, args.eval_size)
+        table = Table(
+            title=f"two trials of one key ({args.steps} steps; trial 1 evaluates {args.eval_size} questions every "
+            f"{args.eval_interval}), {args.model}"
+        )
+        rows = []
+        for name, figures in measured(args.before, configs, args.serial, args.log_dir):
+            # Each server's figures as soon as they exist: a run stopped midway keeps what it measured.
+            console.print(f"{name}: {figures}")
+            rows.append(row(name, figures))
+            verdicts += [f"{name}: {goal}: {'pass' if ok else 'FAIL'}" for goal, ok in figures.passed.items()]
+    for column in COLUMNS:
+        table.add_column(column, justify="right")
+    for cells in rows:
+        table.add_row(*cells)
+    console.print(table)
+    for line in verdicts:
+        console.print(line)
+    console.print("command: python -m benchmarks.trial_pair " + " ".join(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()
