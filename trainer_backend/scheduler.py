@@ -210,11 +210,6 @@ class Scheduler:
             found = self._lanes.get(lane)
             return len(found) if found is not None else 0
 
-    def queued_by(self, owner: str) -> int:
-        """Operations of one owner waiting to run."""
-        with self._condition:
-            return self._queued_by(owner)
-
     def lanes_with_queued_samples(self) -> set[str]:
         """The lanes with operations waiting in arrival order (samples), not yet running."""
         with self._condition:

@@ -196,19 +196,18 @@ class TrainingService:
         self,
         owner: str,
         kind: RequestKind,
-        lane: str,
+        model_id: str,
         body: bytes,
-        work: Callable[[], tuple[bytes, ResultFormat]] | None,
-        seq_id: int | None = None,
-        idempotency_key: str | None = None,
-        model_id: str | None = None,
+        *,
+        seq_id: int | None,
+        idempotency_key: str | None,
+        work: Callable[[], tuple[bytes, ResultFormat]] | None = None,
         batch: tuple[str, ForwardBackwardCall] | None = None,
         reads: Path | None = None,
-        run: str | None = None,
     ) -> FutureRecord:
-        """Record a future and queue its operation: `work`, or a (batch kind, payload) for that kind's runner.
-        `reads`: the checkpoint folder it needs, kept until it has run. `run`: the training run its usage counts
-        toward, if not `model_id`'s."""
+        """Record a future of training run `model_id` and queue its operation on the run's lane, in `seq_id` order:
+        `work`, or a (batch kind, payload) for that kind's runner. `reads`: the checkpoint folder it needs, kept until
+        it has run."""
         record, created = self.ledger.submit(
             owner,
             kind,
@@ -222,14 +221,14 @@ class TrainingService:
             operation = Operation(
                 record.request_id,
                 kind,
-                lane,
+                model_id,
                 work,
                 seq_id,
                 batch_kind=batch_kind,
                 payload=payload,
                 interleaves=kind in INTERLEAVING_KINDS,
                 owner=owner,
-                run=model_id if run is None else run,
+                run=model_id,
                 reads=reads,
             )
             self._start(record, lambda: self.scheduler.submit(operation))
@@ -349,7 +348,9 @@ class TrainingService:
             return _json(schemas.CreateModelResponse(model_id=run.model_id))
 
         self.scheduler.expect_sequence(run.model_id, 0)
-        record = self._submit(owner, RequestKind.CREATE_MODEL, run.model_id, body, work, 0, key, run.model_id)
+        record = self._submit(
+            owner, RequestKind.CREATE_MODEL, run.model_id, body, seq_id=0, idempotency_key=key, work=work
+        )
         return Submitted(record, model_id=run.model_id)
 
     def get_info(self, owner: str, model_id: str) -> schemas.GetInfoResponse:
@@ -376,7 +377,7 @@ class TrainingService:
             batch.model_id, batch.datums, batch.loss_fn, batch.loss_fn_config, batch.forward_only
         )
         record = self._submit(
-            owner, kind, batch.model_id, body, None, batch.seq_id, key, batch.model_id, batch=(TRAINING_PASS, call)
+            owner, kind, batch.model_id, body, seq_id=batch.seq_id, idempotency_key=key, batch=(TRAINING_PASS, call)
         )
         return Submitted(record, model_id=batch.model_id)
 
@@ -410,7 +411,7 @@ class TrainingService:
             return _json(schemas.OptimStepResponse(metrics=metrics))
 
         record = self._submit(
-            owner, RequestKind.OPTIM_STEP, request.model_id, body, work, request.seq_id, key, request.model_id
+            owner, RequestKind.OPTIM_STEP, request.model_id, body, seq_id=request.seq_id, idempotency_key=key, work=work
         )
         return Submitted(record, model_id=request.model_id)
 
@@ -448,7 +449,13 @@ class TrainingService:
             return _json(schemas.SaveWeightsResponse(path=info.path))
 
         record = self._submit(
-            owner, RequestKind.SAVE_WEIGHTS, request.model_id, body, work, request.seq_id, key, request.model_id
+            owner,
+            RequestKind.SAVE_WEIGHTS,
+            request.model_id,
+            body,
+            seq_id=request.seq_id,
+            idempotency_key=key,
+            work=work,
         )
         return Submitted(record, model_id=request.model_id)
 
@@ -474,10 +481,9 @@ class TrainingService:
             RequestKind.SAVE_WEIGHTS_FOR_SAMPLER,
             request.model_id,
             body,
-            work,
-            request.seq_id,
-            key,
-            request.model_id,
+            seq_id=request.seq_id,
+            idempotency_key=key,
+            work=work,
         )
         return Submitted(record, model_id=request.model_id)
 
@@ -508,7 +514,7 @@ class TrainingService:
             return _json(schemas.LoadWeightsResponse(path=str(path), model_id=model_id))
 
         record = self._submit(
-            owner, RequestKind.LOAD_WEIGHTS, model_id, body, work, seq_id, key, model_id, reads=folder
+            owner, RequestKind.LOAD_WEIGHTS, model_id, body, seq_id=seq_id, idempotency_key=key, work=work, reads=folder
         )
         return Submitted(record, model_id=model_id)
 
@@ -566,7 +572,7 @@ class TrainingService:
                 f"(--max-num-samples), this one asks for {samples}"
             )
         # Refused here, a 400 to the request itself, rather than as a future that fails once the sampler takes it.
-        request.check_fits(self.loaded.max_context_length)
+        request.check(self.loaded.vocab_size, self.loaded.max_context_length)
         record, created = self.ledger.submit(owner, RequestKind.SAMPLE, body_hash(body), idempotency_key=key)
         ids = [f"{record.request_id}-{i}" for i in range(samples)]
         if not created:

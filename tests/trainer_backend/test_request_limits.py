@@ -130,6 +130,30 @@ def test_a_sample_past_the_context_is_a_400_to_the_request_not_a_failed_future(
     assert len(fits.sequences[0].tokens) <= 2
 
 
+@pytest.mark.parametrize(
+    ("params", "prompt_ids", "problem"),
+    [
+        ({"temperature": -0.5}, None, "temperature must be a finite number >= 0, got -0.5"),
+        ({"top_p": 1.5}, None, "top_p must be in (0, 1], got 1.5"),
+        ({"top_k": -3}, None, "top_k must be -1 or 0 (no limit) or a positive count, got -3"),
+        ({"max_tokens": 0}, None, "max_tokens must be at least 1, got 0"),
+        ({}, [1, 10**9], "prompt_tokens[1] = 1000000000 is outside the vocabulary"),
+        ({"stop": [10**9]}, None, "stop_token_ids[0] = 1000000000 is outside the vocabulary"),
+    ],
+    ids=["temperature", "top_p", "top_k", "max_tokens", "prompt id", "stop id"],
+)
+def test_a_sample_out_of_range_is_a_400_naming_the_field_before_it_is_queued(
+    server: RunningServer, api: RawApi, ids: list[int], params: dict, prompt_ids: list[int] | None, problem: str
+) -> None:
+    prompt = types.ModelInput.from_ints(prompt_ids or ids[:4])
+    sampling = types.SamplingParams(**{"max_tokens": 2, **params})
+    request = types.SampleRequest(prompt=prompt, sampling_params=sampling, base_model=TINY)
+    recorded = recorded_futures(server)
+    error = error_of(api.post("/asample", request), 400)
+    assert problem in error, error
+    assert recorded_futures(server) == recorded
+
+
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("route", ["completions", "chat"])
 def test_an_openai_request_past_the_context_is_a_400_before_any_stream_starts(

@@ -122,7 +122,7 @@ class JoinRoom:
         if _scores_wanted(request):
             return False
         try:
-            _validate(request, self._vocab_size, self._max_context_length)
+            request.check(self._vocab_size, self._max_context_length)
         except SamplingInputError:
             return False
         length = max(self.length, len(request.prompt_tokens))
@@ -212,7 +212,7 @@ def sample_batch(
     batched: list[int] = []
     for index, job in enumerate(jobs):
         try:
-            _validate(job.request, vocab_size, max_context_length)
+            job.request.check(vocab_size, max_context_length)
         except SamplingInputError as error:
             deliver(index, error)
             continue
@@ -553,32 +553,6 @@ class _Rows:
 def _left_zeros(mask_NT: Tensor, length: int) -> Tensor:
     """`mask_NT` with zero columns in front, to `length` columns."""
     return F.pad(mask_NT, (length - mask_NT.shape[1], 0))
-
-
-def _validate(request: SamplingRequest, vocab_size: int, max_context_length: int) -> None:
-    prompt = request.prompt_tokens
-    if not prompt:
-        raise SamplingInputError("prompt_tokens must not be empty")
-    for field, ids in (("prompt_tokens", prompt), ("stop_token_ids", request.stop_token_ids)):
-        for index, token in enumerate(ids):
-            if not 0 <= token < vocab_size:
-                raise SamplingInputError(f"{field}[{index}] = {token} is outside the vocabulary [0, {vocab_size})")
-    if request.num_samples < 1:
-        raise SamplingInputError(f"num_samples must be at least 1, got {request.num_samples}")
-    if request.max_tokens < 1:
-        raise SamplingInputError(f"max_tokens must be at least 1, got {request.max_tokens}")
-    request.check_fits(max_context_length)
-    if not (math.isfinite(request.temperature) and request.temperature >= 0):
-        raise SamplingInputError(f"temperature must be a finite number >= 0, got {request.temperature}")
-    if request.top_k < -1:
-        raise SamplingInputError(f"top_k must be -1 or 0 (no limit) or a positive count, got {request.top_k}")
-    if not 0 < request.top_p <= 1:
-        raise SamplingInputError(f"top_p must be in (0, 1], got {request.top_p}")
-    if request.topk_prompt_logprobs < 0:
-        raise SamplingInputError(f"topk_prompt_logprobs must be >= 0, got {request.topk_prompt_logprobs}")
-    for index, stop in enumerate(request.stop_strings):
-        if not stop:
-            raise SamplingInputError(f"stop_strings[{index}] is empty; it would stop every sequence at once")
 
 
 def _prefill_scoring(

@@ -131,6 +131,35 @@ class SamplingRequest:
     # A sampler checkpoint folder whose weights it samples; None for the base model.
     weights_folder: Path | None = None
 
+    def check(self, vocab_size: int, max_context_length: int) -> None:
+        """Raises SamplingInputError naming the field when the request cannot be served: an empty prompt, token ids
+        outside the vocabulary, a count or a sampling parameter out of range, or a prompt plus `max_tokens` past the
+        model's context. The service checks at its edge (a 400 before anything is queued), the engine again for the
+        callers in process."""
+        prompt = self.prompt_tokens
+        if not prompt:
+            raise SamplingInputError("prompt_tokens must not be empty")
+        for field, ids in (("prompt_tokens", prompt), ("stop_token_ids", self.stop_token_ids)):
+            for index, token in enumerate(ids):
+                if not 0 <= token < vocab_size:
+                    raise SamplingInputError(f"{field}[{index}] = {token} is outside the vocabulary [0, {vocab_size})")
+        if self.num_samples < 1:
+            raise SamplingInputError(f"num_samples must be at least 1, got {self.num_samples}")
+        if self.max_tokens < 1:
+            raise SamplingInputError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        self.check_fits(max_context_length)
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise SamplingInputError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if self.top_k < -1:
+            raise SamplingInputError(f"top_k must be -1 or 0 (no limit) or a positive count, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise SamplingInputError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.topk_prompt_logprobs < 0:
+            raise SamplingInputError(f"topk_prompt_logprobs must be >= 0, got {self.topk_prompt_logprobs}")
+        for index, stop in enumerate(self.stop_strings):
+            if not stop:
+                raise SamplingInputError(f"stop_strings[{index}] is empty; it would stop every sequence at once")
+
     def check_fits(self, max_context_length: int) -> None:
         """Raises SamplingInputError, naming both numbers, when the prompt plus `max_tokens` is past the context."""
         prompt, total = len(self.prompt_tokens), len(self.prompt_tokens) + self.max_tokens

@@ -38,10 +38,6 @@ class SynthDatabase:
         """What a column holds, in words: "the pet's weight in kilograms"."""
         return f"the {table.singular}'s {column.phrase}"
 
-    def self_reference(self, table: Table) -> Column | None:
-        """A column holding the key of another row of the same table (a manager, a parent), if the table has one."""
-        return next((c for c in table.columns if c.role is Role.NUMBER and c.references == table.name), None)
-
 
 def _ancestors(spec: DomainSpec, concept: str) -> set[str]:
     """The table and every table it references, directly or through others."""
