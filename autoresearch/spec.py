@@ -58,6 +58,7 @@ SEARCHABLE: dict[str, type] = {
     # search space samples them for every trial; a trial whose loss has no clip does not use them.
     "clip_low_threshold": float,
     "clip_high_threshold": float,
+    "hardest_train_difficulty": str,
 }
 # Searched names that are keys of the trial's `loss_fn_config`, not fields of their own.
 LOSS_CONFIG_PARAMS = ("clip_low_threshold", "clip_high_threshold")

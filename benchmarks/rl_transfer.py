@@ -32,7 +32,7 @@ from tinker import types
 from autoresearch.sdk_logging import quiet_sdk_logs
 from autoresearch.trials.backend import api_key
 from autoresearch.trials.config import TrialConfig, load_trial_config
-from autoresearch.trials.data import PromptRenderer, TrainingOrder, held_out_subset, split_of
+from autoresearch.trials.data import PromptRenderer, TrainingOrder, held_out_subset, split_of, training_examples
 from autoresearch.trials.evaluation import evaluate_sampler
 from autoresearch.trials.paired import compare
 from autoresearch.trials.run_dir import RunDirectory
@@ -139,7 +139,7 @@ def main() -> None:
     state = directory.load_state()
     consumed = state.data_position if state is not None else 0
     task = open_task(config.task, config.data)
-    order = TrainingOrder(split_of(task, config.train_split, "train_split"), config.seed)
+    order = TrainingOrder(training_examples(task, config, excluded=()), config.seed)
     dev_size = config.eval_size if args.dev_size is None else args.dev_size
     question_sets = {
         "dev": list(held_out_subset(task, config.eval_split, dev_size, config.eval_seed)) if dev_size else [],

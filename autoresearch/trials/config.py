@@ -128,6 +128,12 @@ class TrialConfig(BaseModel):
         "auto: chat when the tokenizer has a chat template",
     )
     train_split: str = Field("train", min_length=1, description="split that prompts and few-shot examples come from")
+    hardest_train_difficulty: str | None = Field(
+        None,
+        min_length=1,
+        description="train only on questions of this difficulty level of the task's or easier (text2sql: easy, "
+        "medium, hard, extra), so that a step's samples go to questions the model can learn from; None: all",
+    )
 
     # Held-out evaluation (greedy, execution accuracy over every database variant).
     eval_split: str = Field("dev", min_length=1, description="held-out split; never trained or rewarded on")

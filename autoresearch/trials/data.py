@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -31,6 +31,32 @@ def split_of(task: AnyTask, name: str, field: str) -> tuple[TaskExample, ...]:
     except SplitError:
         splits = ", ".join(sorted(task.split_names))
         raise ConfigurationError(f"{field}: no split {name!r} (splits: {splits})") from None
+
+
+def training_examples(task: AnyTask, config: TrialConfig, excluded: Collection[str]) -> list[TaskExample]:
+    """The training split less the examples whose ids are `excluded` (the few-shot ones), up to the config's
+    hardest difficulty level.
+
+    Raises:
+        ConfigurationError: naming the field: no such split, no such difficulty level, or no example left.
+    """
+    examples = [e for e in split_of(task, config.train_split, "train_split") if e.id not in excluded]
+    hardest = config.hardest_train_difficulty
+    if hardest is None:
+        return examples
+    levels = task.difficulty_levels
+    if hardest not in levels:
+        raise ConfigurationError(
+            f"hardest_train_difficulty: {hardest!r} is not a difficulty level of task {config.task} "
+            f"(levels, easiest first: {', '.join(levels)})"
+        )
+    allowed = set(levels[: levels.index(hardest) + 1])
+    kept = [e for e in examples if e.difficulty in allowed]
+    if not kept:
+        raise ConfigurationError(
+            f"hardest_train_difficulty: no question of split {config.train_split!r} is {hardest!r} or easier"
+        )
+    return kept
 
 
 class TrainingOrder:

@@ -24,7 +24,7 @@ from tinker import types
 from autoresearch.errors import ConfigurationError
 from autoresearch.trials.backend import TRIAL_METADATA_KEY, api_key, backend_for
 from autoresearch.trials.config import InitialState, TrialConfig
-from autoresearch.trials.data import PromptRenderer, TrainingOrder, held_out_subset, split_of
+from autoresearch.trials.data import PromptRenderer, TrainingOrder, held_out_subset, training_examples
 from autoresearch.trials.datums import supervised_datum
 from autoresearch.trials.evaluation import evaluate_sampler, session_metadata
 from autoresearch.trials.metrics import StepMetrics, summarize_groups
@@ -223,8 +223,7 @@ class _Trial:
         self.on_eval = on_eval
         self.renderer = PromptRenderer.of_trial(task, training.get_tokenizer(), config)
         view.note(f"prompts in the {self.renderer.format} format ({_FORMAT_MEANING[self.renderer.format]})")
-        train_examples = split_of(task, config.train_split, "train_split")
-        self.order = TrainingOrder([e for e in train_examples if e.id not in self.renderer.shot_ids], config.seed)
+        self.order = TrainingOrder(training_examples(task, config, self.renderer.shot_ids), config.seed)
         self.held_out = held_out_subset(task, config.eval_split, config.eval_size, config.eval_seed)
         self.base_sampler = (
             service.create_sampling_client(base_model=config.base_model).result() if config.kl_coef > 0 else None

@@ -8,7 +8,7 @@ import pytest
 
 from autoresearch.errors import ConfigurationError, ResumeError
 from autoresearch.trials.config import TrialConfig, load_trial_config, parse_trial_config
-from autoresearch.trials.data import TrainingOrder, held_out_subset
+from autoresearch.trials.data import TrainingOrder, held_out_subset, training_examples
 from autoresearch.trials.run_dir import RunDirectory
 from tasks.text2sql.dataset import Text2SqlDataset
 from tasks.text2sql.task import Text2SqlTask
@@ -71,6 +71,20 @@ def test_the_training_order_is_fixed_by_the_seed_and_covers_each_epoch(bundled: 
     assert order.batch(4, 8) == TrainingOrder(examples, seed=3).batch(4, 8)
     assert order.batch(0, 10) != TrainingOrder(examples, seed=4).batch(0, 10)
     assert order.batch(10, 10) != first_epoch  # the next epoch is another permutation
+
+
+def test_training_stops_at_the_hardest_difficulty_asked_for_and_a_wrong_level_is_named(
+    text2sql: Text2SqlTask,
+) -> None:
+    every = training_examples(text2sql, TrialConfig(run_id="all"), excluded=())
+    up_to_medium = training_examples(text2sql, TrialConfig(run_id="m", hardest_train_difficulty="medium"), ())
+    assert {e.difficulty for e in every} > {"easy", "medium"} == {e.difficulty for e in up_to_medium}
+    assert [e for e in every if e.difficulty in ("easy", "medium")] == up_to_medium
+    with pytest.raises(ConfigurationError, match=r"'easiest' is not a difficulty level .* easy, medium, hard, extra"):
+        training_examples(text2sql, TrialConfig(run_id="x", hardest_train_difficulty="easiest"), ())
+    easy_ids = {e.id for e in every if e.difficulty == "easy"}
+    with pytest.raises(ConfigurationError, match="no question of split 'train' is 'easy' or easier"):
+        training_examples(text2sql, TrialConfig(run_id="e", hardest_train_difficulty="easy"), excluded=easy_ids)
 
 
 def test_the_held_out_subset_is_fixed_and_refuses_more_than_the_split(text2sql: Text2SqlTask) -> None:
