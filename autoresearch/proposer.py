@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -231,23 +232,16 @@ class LlmProposer:
         messages = [SystemMessage(system_prompt(spec)), HumanMessage(prompt)]
         reply = proposal_model(spec, [record.number for record in (*best, *history)])
         if self._json_schema:
+            structured = self.chat.with_structured_output(reply, method="json_schema")
             try:
-                return self.chat.with_structured_output(reply, method="json_schema").invoke(messages).candidates
-            except openai.BadRequestError as error:
-                if "response_format" not in str(error) and "json_schema" not in str(error):
-                    raise ProposalError(f"the LLM at {self.settings.base_url} refused the request: {error}") from None
-                # The server does not take a JSON schema; ask again in JSON mode from now on.
-                self._json_schema = False
-            except openai.APITimeoutError:
-                raise self._slow() from None
-            except openai.APIConnectionError as error:
-                raise ProposalError(f"the LLM at {self.settings.base_url} is unreachable: {error}") from None
-            except openai.APIError as error:
-                raise ProposalError(f"the LLM at {self.settings.base_url} refused the request: {error}") from None
-            except openai.LengthFinishReasonError:
-                raise MalformedProposalError(
-                    f"the LLM's proposal was cut off at {self.settings.max_tokens} tokens (llm.max_tokens)"
-                ) from None
+                with self._calling():
+                    try:
+                        return structured.invoke(messages).candidates
+                    except openai.BadRequestError as error:
+                        if "response_format" not in str(error) and "json_schema" not in str(error):
+                            raise
+                        # The server does not take a JSON schema; ask again in JSON mode from now on.
+                        self._json_schema = False
             except (ValidationError, ValueError) as error:
                 raise MalformedProposalError(f"the LLM's proposal is not valid: {_reason(error)}") from None
         return self._propose_in_json_mode(messages, reply)
@@ -255,23 +249,32 @@ class LlmProposer:
     def _propose_in_json_mode(self, messages: list, reply_model: type[Proposal]) -> list[ProposedCandidate]:
         schema = json.dumps(reply_model.model_json_schema())
         messages = [*messages, HumanMessage(f"Answer with one JSON object only, matching this JSON schema: {schema}")]
-        try:
+        with self._calling():
             reply = self.chat.bind(response_format={"type": "json_object"}).invoke(messages)
-        except openai.APITimeoutError:
-            raise self._slow() from None
-        except openai.APIConnectionError as error:
-            raise ProposalError(f"the LLM at {self.settings.base_url} is unreachable: {error}") from None
-        except openai.APIError as error:
-            raise ProposalError(f"the LLM at {self.settings.base_url} refused the request: {error}") from None
         try:
             return reply_model.model_validate_json(str(reply.content)).candidates
         except ValidationError as error:
             raise MalformedProposalError(f"the LLM's reply is not a valid proposal: {_reason(error)}") from None
 
-    def _slow(self) -> SlowProposalError:
-        return SlowProposalError(
-            f"the LLM at {self.settings.base_url} did not answer within {self.settings.timeout_s:g} s (llm.timeout_s)"
-        )
+    @contextmanager
+    def _calling(self) -> Iterator[None]:
+        """The endpoint's errors, raised inside the block, as the proposer's: SlowProposalError for a timeout,
+        MalformedProposalError for a reply cut off at llm.max_tokens, ProposalError for the rest."""
+        url = self.settings.base_url
+        try:
+            yield
+        except openai.APITimeoutError:
+            raise SlowProposalError(
+                f"the LLM at {url} did not answer within {self.settings.timeout_s:g} s (llm.timeout_s)"
+            ) from None
+        except openai.APIConnectionError as error:
+            raise ProposalError(f"the LLM at {url} is unreachable: {error}") from None
+        except openai.APIError as error:
+            raise ProposalError(f"the LLM at {url} refused the request: {error}") from None
+        except openai.LengthFinishReasonError:
+            raise MalformedProposalError(
+                f"the LLM's proposal was cut off at {self.settings.max_tokens} tokens (llm.max_tokens)"
+            ) from None
 
     def analyze(self, spec: StudySpec, history: list[TrialRecord], baseline: float | None = None) -> str:
         """A few sentences on what worked and what to try next, for a note on the study."""
@@ -280,10 +283,8 @@ class LlmProposer:
             "not, and what to try next. Plain text."
         )
         chat = self.chat.bind(max_tokens=min(ANALYSIS_MAX_TOKENS, self.settings.max_tokens))
-        try:
+        with self._calling():
             reply = chat.invoke([SystemMessage(system_prompt(spec)), HumanMessage(prompt)])
-        except openai.APIError as error:
-            raise ProposalError(f"the LLM at {self.settings.base_url} failed to analyse: {error}") from None
         return _first_sentences(str(reply.content), ANALYSIS_SENTENCES)
 
 
