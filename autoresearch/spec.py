@@ -16,10 +16,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    SerializeAsAny,
     ValidationError,
-    ValidationInfo,
-    ValidatorFunctionWrapHandler,
     field_validator,
     model_validator,
 )
@@ -28,12 +25,12 @@ from autoresearch.errors import ConfigurationError
 from autoresearch.trials.config import (
     LOSS_CONFIG_KEYS,
     InitialState,
+    TaskBound,
     TrialConfig,
-    data_source_of,
     parse_trial_config,
     read_yaml,
 )
-from tasks.registry import registered_task, task_class
+from tasks.registry import task_class
 from tasks.report import ScoreName
 from tasks.reward_code.admission import CodeRewardTask
 from validation_errors import describe_validation_error
@@ -309,15 +306,10 @@ class KubernetesExecutorSettings(_Strict):
 ExecutorSettings = Annotated[LocalExecutorSettings | KubernetesExecutorSettings, Field(discriminator="kind")]
 
 
-class StudySpec(_Strict):
+class StudySpec(TaskBound):
+    """A study: its trials' task and data (`TaskBound`), base model, search space, budget, objective and LLM."""
+
     study: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$", description="Optuna study name")
-    task: str = Field("text2sql", description="the task every trial trains on (a name in tasks.registry)")
-    data: SerializeAsAny[BaseModel] = Field(
-        None,
-        validate_default=True,
-        description="the task's data source every trial trains and is judged on (text2sql: {source: spider, path: …}); "
-        "None: the data the task ships with",
-    )
     base_model: str = "google/gemma-3-270m"
     backend: str | tuple[str, ...] = Field(
         "local", description="'local' starts one on this machine; else the backend's URL, or a list of them"
@@ -345,20 +337,6 @@ class StudySpec(_Strict):
         description="directory of the study's Optuna artifacts (reward code; trials read it, so in a cluster a path "
         "on the runs volume); None: beside a SQLite storage, <file>-artifacts",
     )
-
-    @field_validator("task")
-    @classmethod
-    def _registered_task(cls, value: str) -> str:
-        return registered_task(value)
-
-    @field_validator("data", mode="wrap")
-    @classmethod
-    def _the_tasks_data_source(
-        cls, value: object, _handler: ValidatorFunctionWrapHandler, info: ValidationInfo
-    ) -> object:
-        if "task" not in info.data:  # the task did not validate, and says why; its data source cannot be checked
-            return value
-        return data_source_of(info.data["task"], value)
 
     @field_validator("backend")
     @classmethod

@@ -14,7 +14,6 @@ from pydantic import (
     SerializeAsAny,
     ValidationError,
     ValidationInfo,
-    ValidatorFunctionWrapHandler,
     field_validator,
     model_validator,
 )
@@ -49,10 +48,36 @@ class InitialState(BaseModel):
     examples_seen: int = Field(ge=0, description="position in the seeded training order where the trial goes on")
 
 
-class TrialConfig(BaseModel):
-    """One RL trial: a LoRA adapter trained with a GRPO-style loop on a task, scored on a held-out split."""
+class TaskBound(BaseModel):
+    """A task, by its registered name, and a data source of that task's: what a trial config and a study spec both
+    name, validated alike (the data source by the task's own type, so a field of it is named when it is wrong)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    task: str = Field("text2sql", description="the task its data, prompts and scoring come from (tasks.registry)")
+    data: SerializeAsAny[BaseModel] = Field(
+        None,
+        validate_default=True,
+        description="where the task's examples come from, a data source of the task's (text2sql: {source: spider, "
+        "path: …}); None: the data the task ships with",
+    )
+
+    @field_validator("task")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        return registered_task(value)
+
+    # Plain: the field's declared type (any model) is not what validates it; the task's data source type is.
+    @field_validator("data", mode="plain")
+    @classmethod
+    def _the_tasks_data_source(cls, value: object, info: ValidationInfo) -> object:
+        if "task" not in info.data:  # the task did not validate, and says why; its data source cannot be checked
+            return value
+        return data_source_of(info.data["task"], value)
+
+
+class TrialConfig(TaskBound):
+    """One RL trial: a LoRA adapter trained with a GRPO-style loop on a task, scored on a held-out split."""
 
     # Identity. A run id names the run directory; a trial started again with the same id resumes.
     run_id: str | None = Field(
@@ -106,14 +131,7 @@ class TrialConfig(BaseModel):
         None, description="start from this saved state (same LoRA rank; its adapted layers are kept); None: fresh"
     )
 
-    # Task.
-    task: str = Field("text2sql", description="the task its data, prompts and scoring come from (tasks.registry)")
-    data: SerializeAsAny[BaseModel] = Field(
-        None,
-        validate_default=True,
-        description="where the task's examples come from, a data source of the task's (text2sql: {source: spider, "
-        "path: …}); None: the data the task ships with",
-    )
+    # Task (and `task`, `data`).
     mode: Literal["single_turn", "agentic"] = Field(
         "single_turn", description="one completion per question, or episodes that explore before they answer"
     )
@@ -165,25 +183,10 @@ class TrialConfig(BaseModel):
             raise ValueError("must be a finite number")
         return value
 
-    @field_validator("task")
+    # Plain: the field's declared type (any model) is not what validates it; the task's reward spec type is.
+    @field_validator("reward_spec", mode="plain")
     @classmethod
-    def _registered(cls, value: str) -> str:
-        return registered_task(value)
-
-    @field_validator("data", mode="wrap")
-    @classmethod
-    def _the_tasks_data_source(
-        cls, value: object, _handler: ValidatorFunctionWrapHandler, info: ValidationInfo
-    ) -> object:
-        if "task" not in info.data:  # the task did not validate, and says why; its data source cannot be checked
-            return value
-        return data_source_of(info.data["task"], value)
-
-    @field_validator("reward_spec", mode="wrap")
-    @classmethod
-    def _the_tasks_reward_spec(
-        cls, value: object, _handler: ValidatorFunctionWrapHandler, info: ValidationInfo
-    ) -> object:
+    def _the_tasks_reward_spec(cls, value: object, info: ValidationInfo) -> object:
         if "task" not in info.data:  # the task did not validate, and says why; its reward cannot be checked
             return value
         task = task_class(info.data["task"])

@@ -28,7 +28,7 @@ def test_the_shipped_configs_validate() -> None:
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"lr": 1e-4}, "lr: unknown field (fields: run_id, seed"),
+        ({"lr": 1e-4}, "lr: unknown field (fields: task, data, run_id, seed"),
         ({"loss": "hinge"}, "loss: Input should be 'importance_sampling', 'ppo', 'cispo' or 'dro'"),
         ({"loss": "ppo", "loss_fn_config": {"beta": 0.1}}, "'beta' does not apply to loss 'ppo' (allowed: clip_low"),
         ({"group_size": 1}, "group_size: Input should be greater than or equal to 2"),
