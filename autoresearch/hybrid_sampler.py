@@ -254,7 +254,7 @@ class HybridSampler(BaseSampler):
         refusals = []
         for index, suggestion in enumerate(suggestions):
             try:
-                params = _within(space, suggestion.params)
+                params = within(space, suggestion.params)
                 identity = self._identity(params, suggestion.user_attrs)
                 _check_new(identity, earlier)
                 if self.check is not None:
@@ -414,8 +414,9 @@ def _answer_of(llm: Llm, state: OptimizerState) -> Sequence[Suggestion]:
         raise LlmError("down", f"{type(error).__name__}: {error}") from None
 
 
-def _within(space: Mapping[str, BaseDistribution], params: Mapping[str, Any]) -> dict[str, Any]:
-    """The candidate's values as the distributions hold them; raises ValueError naming the first one outside."""
+def within(space: Mapping[str, BaseDistribution], params: Mapping[str, Any]) -> dict[str, Any]:
+    """A candidate's values as the distributions of `space` hold them; raises ValueError naming the first name that is
+    not searched or value that is outside (the one check of a candidate's bounds, whoever proposed it)."""
     inside = {}
     for name, value in params.items():
         distribution = space.get(name)

@@ -15,6 +15,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from pydantic import BaseModel
 
 from autoresearch.errors import CandidateError, ConfigurationError
+from autoresearch.hybrid_sampler import within
 from autoresearch.reward_code import CodeComponent
 from autoresearch.spec import Choices, FloatRange, IntRange, StudySpec
 from autoresearch.trials.config import InitialState, TrialConfig
@@ -90,38 +91,23 @@ def candidate_from_params(values: dict[str, object], rationale: str, source: Lit
 
 
 def check_candidate(spec: StudySpec, params: dict[str, object], reward_weights: dict[str, float]) -> None:
-    """Raises CandidateError naming the first value outside the search space or a trial config that is invalid.
+    """Raises CandidateError naming the first name that is not searched, the first value outside the search space, or
+    a trial config that is invalid. Names left out are fine: Optuna's sampler fills them in."""
+    weights = {REWARD_PREFIX + kind: weight for kind, weight in reward_weights.items()}
+    try:
+        within(distributions(spec), {**params, **weights})
+    except ValueError as error:
+        raise CandidateError(str(error)) from None
+    check_trial_config(spec, params, reward_weights)
 
-    Names left out are fine: Optuna's sampler fills them in.
-    """
-    space = spec.search_space
-    for name, value in params.items():
-        param = space.params.get(name)
-        if param is None:
-            raise CandidateError(f"{name!r} is not searched (searched: {', '.join(space.params) or 'nothing'})")
-        if not param.contains(value):
-            raise CandidateError(f"{name}={value!r} is outside the search space ({_describe(param)})")
-    for kind, weight in reward_weights.items():
-        weight_range = space.reward.components.get(kind)
-        if weight_range is None:
-            allowed = ", ".join(space.reward.components) or "none"
-            raise CandidateError(f"reward component {kind!r} is not searched (components that may be added: {allowed})")
-        if not weight_range.contains(weight):
-            raise CandidateError(
-                f"reward weight {kind}={weight!r} is outside [{weight_range.low}, {weight_range.high}]"
-            )
+
+def check_trial_config(spec: StudySpec, params: dict[str, object], reward_weights: dict[str, float]) -> None:
+    """Raises CandidateError with the reason when a candidate inside the search space makes an invalid trial config
+    (a loss and a clip that do not go together, a reward the task refuses)."""
     try:
         spec.trial_config(params, reward_spec(spec, reward_weights))
     except ConfigurationError as error:
         raise CandidateError(str(error)) from None
-
-
-def _describe(param: FloatRange | IntRange | Choices) -> str:
-    if isinstance(param, Choices):
-        return f"one of {list(param.choices)}"
-    if isinstance(param, IntRange):
-        return f"integers {param.low}..{param.high} step {param.step}"
-    return f"[{param.low}, {param.high}]{' log scale' if param.log else ''}"
 
 
 def trial_config_of(

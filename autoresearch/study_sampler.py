@@ -12,7 +12,7 @@ from autoresearch.errors import CandidateError, MalformedProposalError, Proposal
 from autoresearch.hybrid_sampler import HybridSampler, LlmError, OptimizerState, Suggestion, TrialSnapshot
 from autoresearch.proposer import LlmProposer, TrialRecord
 from autoresearch.reward_code import RewardCodeAdmission
-from autoresearch.search import Candidate, candidate_from_params, check_candidate, distributions
+from autoresearch.search import Candidate, candidate_from_params, check_trial_config, distributions
 from autoresearch.spec import StudySpec
 from autoresearch.study import TPE_SEED, tpe_sampler
 
@@ -43,7 +43,8 @@ def study_sampler(
     def check(suggestion: Suggestion) -> None:
         candidate = candidate_from_params(suggestion.params, suggestion.rationale, "llm")
         try:
-            check_candidate(spec, candidate.params, candidate.reward_weights)
+            # The hybrid sampler has checked the values against the search space (`within`).
+            check_trial_config(spec, candidate.params, candidate.reward_weights)
         except CandidateError as error:
             raise ValueError(str(error)) from None
 

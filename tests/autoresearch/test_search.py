@@ -35,13 +35,13 @@ def test_reward_spec_keeps_execution_match_and_drops_zero_weights() -> None:
 @pytest.mark.parametrize(
     ("params", "weights", "reason"),
     [
-        ({"learning_rate": 0.5}, {}, r"learning_rate=0.5 is outside the search space \(\[0.0001, 0.01\] log scale\)"),
+        ({"learning_rate": 0.5}, {}, r"learning_rate=0.5 is outside the search space \(float in \[0.0001, 0.01\], log scale\)"),
         ({"batch_size": 3}, {}, r"batch_size=3 is outside the search space \(one of \[1, 2\]\)"),
         ({"loss": "dro"}, {}, "loss='dro' is outside"),
         ({"batch_size": "2"}, {}, "batch_size='2' is outside"),
         ({"max_tokens": 8}, {}, "'max_tokens' is not searched"),
-        ({}, {"schema_linking": 0.1}, "reward component 'schema_linking' is not searched"),
-        ({}, {"format": 0.9}, r"reward weight format=0.9 is outside \[0.0, 0.5\]"),
+        ({}, {"schema_linking": 0.1}, "'reward.schema_linking' is not searched"),
+        ({}, {"format": 0.9}, r"reward.format=0.9 is outside the search space \(float in \[0, 0.5\]\)"),
     ],
 )
 def test_a_candidate_outside_the_space_is_refused_with_the_reason(params: dict, weights: dict, reason: str) -> None:
