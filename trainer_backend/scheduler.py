@@ -52,6 +52,12 @@ PAUSE_SHARE_LIMIT = 2.0
 # feeding may run for many minutes, and over its life it would owe them minutes of pauses back to back (nested
 # generations that do not pause), or none at all once they had run ahead, while its own tenant waits.
 PAUSE_SHARE_WINDOW_S = 60.0
+# A batch nested in a pause holds at most this share of its kind's budget (its first operation whatever its size). It
+# does not pause, so the paused batch and every other tenant wait for all of it: measured in a study's two Spider
+# trials (long prompts, most of a step's requests refused by the running batch for cache room), a whole step nested
+# in one pause froze the other trial's batch for 7.7 minutes. A quarter at a time lets the paused batch take its own
+# steps between the nested ones (PAUSE_SHARE_LIMIT), at the cost of more, smaller generations.
+NESTED_BATCH_SHARE = 0.25
 # A running call takes in other tenants' operations while it holds less than its kind's budget, and past it while the
 # joining tenant holds no more than its even share of one budget among the call's tenants (half when it is the
 # second), never more than twice the budget in all: what a batch and a batch nested in its pause held before calls
@@ -298,9 +304,10 @@ class Scheduler:
         self._served(name, first, now)
         if kind is None or first.alone:
             return [first]
-        # A nested batch takes nothing from the parties of the batch it runs in.
+        # A nested batch takes nothing from the parties of the batch it runs in, and is smaller.
         mate_lanes = [name for _, name, operation in candidates if operation.party not in paused_parties]
-        return [first, *self._batch_mates(first, kind, mate_lanes, now)]
+        capacity = 1.0 if paused is None else NESTED_BATCH_SHARE
+        return [first, *self._batch_mates(first, kind, mate_lanes, now, capacity)]
 
     def _turn(self, lane_name: str, operation: Operation) -> tuple[float, float]:
         """When `operation` gets its turn among the ready ones, lowest first: by arrival under "fifo"; else the least
@@ -329,9 +336,11 @@ class Scheduler:
             and (not paused.admits or (operation.request_id in paused.refused and paused.held() <= 1.0))
         )
 
-    def _batch_mates(self, first: Operation, kind: BatchKind, lane_names: list[str], now: float) -> list[Operation]:
+    def _batch_mates(
+        self, first: Operation, kind: BatchKind, lane_names: list[str], now: float, capacity: float = 1.0
+    ) -> list[Operation]:
         """Ready operations of `first`'s batch kind to run with it: one party at a time in turn (in `lane_names`'
-        order, least recently served first), while the kind's budget has room."""
+        order, least recently served first), while `capacity` of the kind's budget has room."""
         used = kind.share(first)
         # The other parties take their turns before `first`'s party takes a second one. A training client's next
         # ordered operation depends on the one taken before it: one per lane and batch.
@@ -344,7 +353,7 @@ class Scheduler:
             lane = self._lanes[name]
             operation = lane.next_of_kind(kind.name)
             nonlocal used
-            if operation is None or operation.alone or used + kind.share(operation) > 1.0 + 1e-9:
+            if operation is None or operation.alone or used + kind.share(operation) > capacity + 1e-9:
                 return _Turn.LANE_DONE
             lane.pop(operation)
             self._served(name, operation, now)

@@ -417,6 +417,45 @@ def test_another_tenants_gathered_batch_nests_in_a_long_batchs_pause_but_the_sam
     assert nested_at[0] >= light.enqueued_at + window_s
 
 
+def test_a_batch_nested_in_a_pause_is_small_so_the_paused_batch_steps_between_nested_ones(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
+) -> None:
+    """A nested batch does not pause: the paused batch waits for all of it. So it holds at most NESTED_BATCH_SHARE
+    of a batch, and another tenant's queue runs as several small nested batches, the long batch going on between."""
+    log: list = []
+    light = [_sample_operation(ledger, "light", f"light-{i}") for i in range(6)]
+
+    def generation(operations, pause):
+        payloads = [op.payload for op in operations]
+        if payloads == ["heavy"]:
+            deadline = time.monotonic() + 10
+            while not all(ledger.get(op.request_id).finished for op in light) and time.monotonic() < deadline:
+                log.append("heavy step")
+                time.sleep(0.02)
+                pause()
+        else:
+            log.append(payloads)
+            time.sleep(0.02)
+        return [(b"{}", ResultFormat.JSON) for _ in operations]
+
+    scheduler = start_scheduler()
+    # Each light request is a tenth of a batch.
+    budget = BatchBudget(lambda payload: 1.0 if payload == "heavy" else 0.1)
+    scheduler.register(BatchKind("sample", generation, window_s=0.05, budget=budget, nests=True))
+    heavy = _sample_operation(ledger, "heavy", "heavy")
+    scheduler.submit(heavy)
+    wait_for(lambda: heavy.request_id in scheduler.stats().running)
+    for operation in light:
+        scheduler.submit(operation)
+    wait_for(lambda: all(ledger.get(op.request_id).finished for op in [heavy, *light]), timeout=20)
+
+    nested = [entry for entry in log if isinstance(entry, list)]
+    assert sorted(p for batch in nested for p in batch) == [f"light-{i}" for i in range(6)]
+    assert max(len(batch) for batch in nested) <= 2 < len(nested), nested
+    first, last = log.index(nested[0]), log.index(nested[-1])
+    assert "heavy step" in log[first:last], "the heavy batch took steps between the nested ones"
+
+
 def _stepping_generation(steps: int, admitted: list, refuse: str | None = None, pause_first: bool = False):
     """A batch runner that runs `steps` steps, taking other lanes' operations in before each (all but payload
     `refuse`) and finishing each operation two steps after it joined; those it was given run to the end. Each step
