@@ -46,6 +46,10 @@ class SharedWarmup(BaseModel):
         return InitialState(path=self.path, examples_seen=self.examples_seen)
 
 
+# A trial's attributes the study's LLM sees with it (`hybrid_sampler.TrialSnapshot`), where the trial has them.
+SHOWN_TO_LLM = ("rationale", "reward_spec", "held_out_at_rl_start", "rl_gain", "failure")
+
+
 class TrialAttributes(BaseModel):
     """A trial's attributes; an attribute it does not carry (yet) reads as None.
 
@@ -141,16 +145,6 @@ def record_shared_warmup(study: optuna.Study, backend_key: str, warmup: SharedWa
 
 def record_analysis(study: optuna.Study, round_number: int, text: str) -> None:
     study.set_user_attr(f"{ANALYSIS_PREFIX}{round_number:03d}", text)
-
-
-def count_llm_candidates(study: optuna.Study, kind: Literal["proposed", "valid"], added: int) -> None:
-    """Add to the count of candidates the LLM proposed, or of those that were valid."""
-    name = f"llm_{kind}"
-    study.set_user_attr(name, int(study.user_attrs.get(name, 0)) + added)
-
-
-def record_rejected_proposal(study: optuna.Study, reason: str) -> None:
-    study.set_user_attr("rejected_proposals", [*StudyAttributes.of(study).rejected_proposals, reason])
 
 
 def record_reward_code(study: optuna.Study, reason: str | None) -> None:

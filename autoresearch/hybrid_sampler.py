@@ -34,14 +34,13 @@ from optuna.search_space import IntersectionSearchSpace
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from autoresearch.attributes import TrialAttributes, count_llm_candidates, record_rejected_proposal
-
 log = logging.getLogger(__name__)
 
 FallbackKind = Literal["slow", "down", "malformed", "refused", "no space"]
 FALLBACK_KINDS: tuple[str, ...] = get_args(FallbackKind)
-# User attributes of a trial shown to the LLM where a trial has them (this project's: `attributes.TrialAttributes`).
-SHOWN_ATTRS = ("rationale", "reward_spec", "held_out_at_rl_start", "rl_gain", "failure")
+# User attributes of a trial shown to the LLM where a trial has them, unless the caller names others: the rationale
+# this sampler records.
+SHOWN_ATTRS = ("rationale",)
 # Each shown attribute is cut to this many characters (a reward spec or a failure can be long).
 _ATTR_CHARS = 300
 
@@ -223,8 +222,8 @@ class HybridSampler(BaseSampler):
             return 0
         answer = self._ask_llm(study, turns, f"trials from {len(study.get_trials(deepcopy=False))}")
         for suggestion in answer.accepted:
-            attributes = TrialAttributes(source="llm", rationale=suggestion.rationale)
-            study.enqueue_trial(suggestion.params, user_attrs={**suggestion.user_attrs, **attributes.user_attrs()})
+            mine = {"source": "llm", "rationale": suggestion.rationale}
+            study.enqueue_trial(suggestion.params, user_attrs={**suggestion.user_attrs, **mine})
         shortfall = turns - len(answer.accepted)
         reason = answer.fallback or Fallback("refused", "the LLM gave fewer usable candidates than it had turns")
         self._unfilled = [reason] * shortfall
@@ -242,7 +241,7 @@ class HybridSampler(BaseSampler):
             suggestions = list(self._call(state))
         except LlmError as error:
             return self._failed(study, label, Fallback(error.kind, str(error)))
-        count_llm_candidates(study, "proposed", len(suggestions))
+        _add_to_count(study, "llm_proposed", len(suggestions))
         # Trials that ran or run, and those waiting with their values.
         earlier = {
             f"trial {t.number}'s": self._identity(params, t.user_attrs)
@@ -261,12 +260,12 @@ class HybridSampler(BaseSampler):
                     self.check(Suggestion(params, suggestion.rationale))
             except ValueError as error:
                 refusals.append(f"{suggestion.rationale!r} rejected: {error}")
-                record_rejected_proposal(study, f"{label}: {refusals[-1]}")
+                _append(study, "rejected_proposals", f"{label}: {refusals[-1]}")
                 log.warning("%s: %s", label, refusals[-1])
                 continue
             earlier[f"candidate {index + 1} of this round's"] = identity
             answer.accepted.append(Suggestion(params, suggestion.rationale, suggestion.user_attrs))
-        count_llm_candidates(study, "valid", len(answer.accepted))
+        _add_to_count(study, "llm_valid", len(answer.accepted))
         if not answer.accepted:
             answer.fallback = Fallback("refused", "; ".join(refusals) or "the LLM proposed no candidate")
         answer.accepted = answer.accepted[:turns]
@@ -279,7 +278,7 @@ class HybridSampler(BaseSampler):
     def _failed(self, study: optuna.Study, label: str, fallback: Fallback) -> _Answer:
         reason = f"{label}: {fallback.detail}; Optuna's sampler proposes instead"
         log.warning("%s", reason)
-        record_rejected_proposal(study, reason)
+        _append(study, "rejected_proposals", reason)
         return _Answer(fallback=fallback)
 
     def _call(self, state: OptimizerState) -> Sequence[Suggestion]:
@@ -336,18 +335,18 @@ class HybridSampler(BaseSampler):
             return
         earlier = [t for t in study.get_trials(deepcopy=False) if t.number < trial.number]
         if _turns_taken(earlier) >= self._quota(trial.number + 1):
-            _write(study, trial, TrialAttributes(source="sampler"))
+            _write(study, trial, {"source": "sampler"})
             return
         fallback = self._unfilled.pop(0) if self._unfilled else None
         if fallback is None:
             answer = self._ask_llm(study, 1, f"trial {trial.number}")
             if answer.accepted:
                 chosen = self._suggestions[trial._trial_id] = answer.accepted[0]
-                _write(study, trial, TrialAttributes(source="llm", rationale=chosen.rationale), chosen.user_attrs)
+                _write(study, trial, {**chosen.user_attrs, "source": "llm", "rationale": chosen.rationale})
                 return
             fallback = answer.fallback or Fallback("refused", "the LLM proposed no candidate")
         log.warning("trial %d: the LLM's turn falls back to the base sampler (%s)", trial.number, fallback)
-        _write(study, trial, TrialAttributes(source="sampler", llm_fallback=str(fallback)))
+        _write(study, trial, {"source": "sampler", "llm_fallback": str(fallback)})
 
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         suggestion = self._suggestions.get(trial._trial_id)
@@ -452,13 +451,19 @@ def _turns_taken(trials: Sequence[FrozenTrial]) -> int:
     return sum(1 for t in trials if t.user_attrs.get("source") == "llm" or t.user_attrs.get("llm_fallback"))
 
 
-def _write(
-    study: optuna.Study, trial: FrozenTrial, attributes: TrialAttributes, extra: Mapping[str, Any] | None = None
-) -> None:
+def _write(study: optuna.Study, trial: FrozenTrial, attributes: Mapping[str, Any]) -> None:
     """Set user attributes on a trial being created; the FrozenTrial Optuna passed is the one its `Trial` reads."""
-    for name, value in {**(extra or {}), **attributes.user_attrs()}.items():
+    for name, value in attributes.items():
         study._storage.set_trial_user_attr(trial._trial_id, name, value)
         trial.user_attrs[name] = value
+
+
+def _add_to_count(study: optuna.Study, name: str, added: int) -> None:
+    study.set_user_attr(name, int(study.user_attrs.get(name, 0)) + added)
+
+
+def _append(study: optuna.Study, name: str, entry: str) -> None:
+    study.set_user_attr(name, [*study.user_attrs.get(name, []), entry])
 
 
 def _clip(value: object) -> str:

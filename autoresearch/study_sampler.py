@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import optuna
 
-from autoresearch.attributes import StudyAttributes, TrialAttributes
+from autoresearch.attributes import SHOWN_TO_LLM, StudyAttributes, TrialAttributes
 from autoresearch.errors import CandidateError, MalformedProposalError, ProposalError, SlowProposalError
 from autoresearch.hybrid_sampler import HybridSampler, LlmError, OptimizerState, Suggestion, TrialSnapshot
 from autoresearch.proposer import LlmProposer, TrialRecord
@@ -58,6 +58,7 @@ def study_sampler(
         candidates_per_call=spec.budget.candidates_per_round,
         search_space=distributions(spec),
         check=check,
+        shown_attrs=SHOWN_TO_LLM,
         # The same hyperparameters with new reward code are a new run.
         distinguishing_attrs=("reward_code_sha256", "reward_code_weight"),
     )

@@ -96,7 +96,7 @@ def test_which_trials_are_the_llms_is_fixed_by_the_seed() -> None:
     assert len(numbers) == len(llm_trials(other)) == 6
 
 
-def test_the_llm_sees_the_latest_trials_with_their_curves_and_user_attributes() -> None:
+def test_the_llm_sees_the_latest_trials_with_their_curves_and_the_user_attributes_it_is_shown() -> None:
     def reporting(trial: optuna.Trial) -> float:
         value = objective(trial)
         trial.report(value * 2, step=0)
@@ -104,7 +104,9 @@ def test_the_llm_sees_the_latest_trials_with_their_curves_and_user_attributes() 
         return value
 
     scripted = WalkingLlm()
-    study = optuna.create_study(sampler=HybridSampler(scripted, seed=3, search_space=SPACE, llm_share=0.5))
+    shown_attrs = ("rationale", "rl_gain")
+    sampler = HybridSampler(scripted, seed=3, search_space=SPACE, llm_share=0.5, shown_attrs=shown_attrs)
+    study = optuna.create_study(sampler=sampler)
     study.optimize(reporting, n_trials=6)
     last = scripted.states[-1]
     shown = {t.number: t for t in last.recent}

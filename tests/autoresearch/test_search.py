@@ -35,7 +35,7 @@ def test_reward_spec_keeps_execution_match_and_drops_zero_weights() -> None:
 @pytest.mark.parametrize(
     ("params", "weights", "reason"),
     [
-        ({"learning_rate": 0.5}, {}, r"learning_rate=0.5 is outside the search space \(float in \[0.0001, 0.01\], log scale\)"),
+        ({"learning_rate": 0.5}, {}, r"learning_rate=0.5 is outside the search space \(float in \[0.0001, 0.01\], log"),
         ({"batch_size": 3}, {}, r"batch_size=3 is outside the search space \(one of \[1, 2\]\)"),
         ({"loss": "dro"}, {}, "loss='dro' is outside"),
         ({"batch_size": "2"}, {}, "batch_size='2' is outside"),
