@@ -29,3 +29,7 @@ python -m benchmarks.duty_cycle --model google/gemma-3-270m --device cuda --conc
 python -m benchmarks.duty_cycle --model google/gemma-3-270m --device cuda --concurrency 1 3 --steps 4 \
   --no-sequential --vllm-python /tmp/vllm-venv/bin/python --plot "$OUT/duty_cycle_gemma_cuda_vllm.png" \
   | tee "$OUT/duty_cycle_vllm.txt"
+# Two trials of one key (issue 48): their device shares and the makespan together against one after the other, where
+# the device has room to spare (on a 2-core CPU it has little).
+python -m benchmarks.trial_pair --model google/gemma-3-270m --steps 6 --eval-interval 3 --eval-size 64 --serial \
+  | tee "$OUT/trial_pair.txt"

@@ -30,7 +30,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,8 +51,9 @@ STEP_GOAL = 2.0
 SHARE_GOAL = 0.10
 WINDOW_S = 300.0
 MAKESPAN_GOAL = 0.9
-# How often the backend's status is read for the trials' device seconds.
+# How often the backend's status is read for the trials' device seconds, and how often a watch reports.
 POLL_S = 5.0
+REPORT_S = 600.0
 TRIALS = ("trial-1", "trial-2")
 
 
@@ -182,16 +183,32 @@ def run_pair(
     )
 
 
-def watch_trials(url: str, run_dirs: tuple[Path, Path], minutes: float, api_key: str) -> PairFigures:
+def watch_trials(
+    url: str,
+    run_dirs: tuple[Path, Path],
+    minutes: float,
+    api_key: str,
+    on_progress: Callable[[PairFigures], None] = lambda _: None,
+) -> PairFigures:
     """Follow two trials that run on `url` already (a study's), for `minutes` or until either ends: their steps from
     their run folders' metrics (each step placed on the wall clock when its line appears) and their device shares
-    from the backend's status, as `run_pair` measures its own."""
+    from the backend's status, as `run_pair` measures its own. `on_progress` gets the figures so far every
+    REPORT_S, once both trials have ended a step."""
     names = (run_dirs[0].name, run_dirs[1].name)
     steps: dict[str, list[Step]] = {name: [] for name in names}
     seen = {name: _metric_lines(folder) for name, folder in zip(names, run_dirs, strict=True)}
     samples: list[tuple[float, dict[str, float]]] = []
     before = DeviceCounters.read(url)
-    began = time.time()
+    began = reported = time.time()
+
+    def so_far() -> PairFigures | None:
+        if any(not found for found in steps.values()):
+            return None
+        now = time.time()
+        found = {name: tuple(found) for name, found in steps.items()}
+        busy_s = (DeviceCounters.read(url) - before).busy_s
+        return PairFigures(found, now - began, busy_s, shares_over_windows(samples, now, names), None, None)
+
     while time.time() - began < minutes * 60 and not any((folder / "result.json").exists() for folder in run_dirs):
         use = device_use_by_trial([url], api_key)
         now = time.time()
@@ -200,13 +217,14 @@ def watch_trials(url: str, run_dirs: tuple[Path, Path], minutes: float, api_key:
             lines = _metric_lines(folder)
             steps[name] += [Step(now - line["step_time_s"], now) for line in lines[len(seen[name]) :]]
             seen[name] = lines
+        if now - reported >= REPORT_S and (figures := so_far()) is not None:
+            on_progress(figures)
+            reported = now
         time.sleep(POLL_S)
-    together_s = time.time() - began
-    busy_s = (DeviceCounters.read(url) - before).busy_s
-    if any(not found for found in steps.values()):
-        raise RuntimeError(f"no step of both trials ended in {together_s:.0f} s; watch for longer")
-    found = {name: tuple(found) for name, found in steps.items()}
-    return PairFigures(found, together_s, busy_s, shares_over_windows(samples, time.time(), names), None, None)
+    figures = so_far()
+    if figures is None:
+        raise RuntimeError(f"no step of both trials ended in {time.time() - began:.0f} s; watch for longer")
+    return figures
 
 
 def _metric_lines(run_dir: Path) -> list[dict]:
@@ -287,7 +305,13 @@ def main() -> None:
     verdicts: list[str] = []
     if args.watch is not None:
         table = Table(title=f"two running trials on {args.watch}: {args.run_dir[0].name}, {args.run_dir[1].name}")
-        figures = watch_trials(args.watch, tuple(args.run_dir), args.minutes, DEFAULT_API_KEY)
+        figures = watch_trials(
+            args.watch,
+            tuple(args.run_dir),
+            args.minutes,
+            DEFAULT_API_KEY,
+            lambda so_far: console.print(f"so far ({so_far.together_s / 60:.0f} min): " + " | ".join(row("", so_far))),
+        )
         rows = [row("watched", figures)]
         verdicts += [f"watched: {goal}: {'pass' if ok else 'FAIL'}" for goal, ok in figures.passed.items()]
     else:
