@@ -34,6 +34,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+
 from autoresearch.device_share import device_use_by_trial
 from autoresearch.sdk_logging import quiet_sdk_logs
 from autoresearch.trials.backend import DEFAULT_API_KEY
@@ -198,24 +200,29 @@ def watch_trials(
     steps: dict[str, list[Step]] = {name: [] for name in names}
     seen = {name: _metric_lines(folder) for name, folder in zip(names, run_dirs, strict=True)}
     samples: list[tuple[float, dict[str, float]]] = []
-    before = DeviceCounters.read(url)
+    # The device's busy share of each last minute, read at every poll: a call that began before the watch counts its
+    # whole time when it ends, so the busy seconds of the watch alone would run past its length.
+    busy: list[float] = []
     began = reported = time.time()
 
     def so_far() -> PairFigures | None:
-        if any(not found for found in steps.values()):
+        if any(not found for found in steps.values()) or not busy:
             return None
         now = time.time()
         found = {name: tuple(found) for name, found in steps.items()}
-        busy_s = (DeviceCounters.read(url) - before).busy_s
+        busy_s = statistics.mean(busy) * (now - began)
         return PairFigures(found, now - began, busy_s, shares_over_windows(samples, now, names), None, None)
 
     while time.time() - began < minutes * 60 and not any((folder / "result.json").exists() for folder in run_dirs):
         use = device_use_by_trial([url], api_key)
         now = time.time()
         samples.append((now, {name: use[name].seconds for name in names if name in use}))
+        busy.append(_busy_fraction_1m(url, api_key))
         for name, folder in zip(names, run_dirs, strict=True):
             lines = _metric_lines(folder)
-            steps[name] += [Step(now - line["step_time_s"], now) for line in lines[len(seen[name]) :]]
+            # Only the steps that began once the watch had: the others ran partly before it.
+            ended = [Step(now - line["step_time_s"], now) for line in lines[len(seen[name]) :]]
+            steps[name] += [step for step in ended if step.started >= began]
             seen[name] = lines
         if now - reported >= REPORT_S and (figures := so_far()) is not None:
             on_progress(figures)
@@ -225,6 +232,12 @@ def watch_trials(
     if figures is None:
         raise RuntimeError(f"no step of both trials ended in {time.time() - began:.0f} s; watch for longer")
     return figures
+
+
+def _busy_fraction_1m(url: str, api_key: str) -> float:
+    reply = httpx.get(f"{url}/api/v1/status", headers={"X-API-Key": api_key}, timeout=5.0)
+    reply.raise_for_status()
+    return float(reply.json()["device"]["busy_fraction_1m"])
 
 
 def _metric_lines(run_dir: Path) -> list[dict]:
