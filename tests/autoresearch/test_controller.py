@@ -29,6 +29,7 @@ from autoresearch.executors.local import PID_FILE
 from autoresearch.proposer import LlmProposer
 from autoresearch.search import distributions
 from autoresearch.shared_warmup import shared_warmup_run_id
+from autoresearch.spec import StudySpec
 from autoresearch.study import open_study
 from autoresearch.trials.config import TrialConfig
 from autoresearch.trials.run_dir import RunDirectory
@@ -208,9 +209,7 @@ def test_a_killed_controller_started_again_finishes_the_budget_without_repeating
         pruning={"kind": "none"},
         budget={"trials": 4, "concurrency": 2, "steps_per_trial": 3, "trial_time_limit_s": 300},
     )
-    spec_path = tmp_path / "spec.yaml"
-    spec_path.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
-    command = controller_command(spec_path, tmp_path / "runs")
+    command = controller_command(spec, tmp_path)
     env = {**os.environ, "TINKER_TELEMETRY": "0"}
     first = subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
@@ -248,18 +247,15 @@ def test_a_killed_controller_started_again_finishes_the_budget_without_repeating
         assert row["held_out_at_rl_start"] == by_number[row["number"]].intermediate_values[0]
 
 
-def controller_command(spec_path: Path, run_root: Path) -> list[str]:
+def controller_command(spec: StudySpec, tmp_path: Path) -> list[str]:
+    """The command that runs `spec`'s study (written to tmp_path/spec.yaml) with its runs under tmp_path/runs."""
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    run_root = tmp_path / "runs"
     return [
-        sys.executable,
-        "-m",
-        "autoresearch",
-        str(spec_path),
-        "--run-root",
-        str(run_root),
-        "--no-progress",
-        "--poll-s",
+        sys.executable, "-m", "autoresearch", str(spec_path), "--run-root", str(run_root), "--no-progress", "--poll-s",
         "0.2",
-    ]
+    ]  # fmt: skip
 
 
 @pytest.mark.slow
@@ -273,9 +269,7 @@ def test_a_trial_outlasts_more_controller_stops_than_it_has_relaunches(backend_u
         pruning={"kind": "none"},
         budget={"trials": 1, "concurrency": 1, "steps_per_trial": 2, "trial_time_limit_s": 300},
     )
-    spec_path = tmp_path / "spec.yaml"
-    spec_path.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
-    command = controller_command(spec_path, tmp_path / "runs")
+    command = controller_command(spec, tmp_path)
     pid_file = tmp_path / "runs" / spec.study / "trials" / f"{spec.study}-0000" / PID_FILE
     env = {**os.environ, "TINKER_TELEMETRY": "0"}
     trial_pids: list[int] = []
