@@ -322,7 +322,7 @@ class Scheduler:
         self._party_served[operation.party] = now
 
     def _runs_in_pause(self, operation: Operation, paused: BatchCall, now: float) -> bool:
-        """Whether `operation` may run while `paused` pauses: it interleaves, or it nests (its kind nests, its lane has
+        """Whether `operation` may run while `paused` pauses: it interleaves, or it nests (its kind nests, its party has
         nothing in the paused call, its batch has gathered, and the paused call, within its budget, did not take it
         in when it could have)."""
         if operation.interleaves:
