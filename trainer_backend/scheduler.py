@@ -350,9 +350,9 @@ class Scheduler:
         mates: list[Operation] = []
 
         def take(name: str) -> _Turn:
+            nonlocal used
             lane = self._lanes[name]
             operation = lane.next_of_kind(kind.name)
-            nonlocal used
             if operation is None or operation.alone or used + kind.share(operation) > capacity + 1e-9:
                 return _Turn.LANE_DONE
             lane.pop(operation)
@@ -375,8 +375,8 @@ class Scheduler:
             if self._stopping or kind is None:
                 return []
             now = time.monotonic()
-            queued = [op for lane in self._lanes.values() for op in lane.operations()]
-            if any(op.request_id in call.refused for op in queued):
+            refused = call.refused
+            if refused and any(op.request_id in refused for lane in self._lanes.values() for op in lane.operations()):
                 return []
             inside = call.parties()
             waiting = []
