@@ -124,9 +124,9 @@ def test_a_runs_new_sampling_sessions_do_not_put_it_ahead_of_another_run(
     wait_for(lambda: len(log) == 7)
 
     order = [lane for lane, _ in log]
-    assert order.index("quiet-session") <= 1 and order.count("quiet-session") == 2
-    assert order[: order.index("quiet-session") + 1].count("quiet-session") == 1
-    assert order.index("busy-session-3") > len(order) - 1 - order[::-1].index("quiet-session"), order
+    quiet_turns = [index for index, lane in enumerate(order) if lane == "quiet-session"]
+    # The quiet run goes first or second, and both its operations run before the busy run's fourth session.
+    assert len(quiet_turns) == 2 and quiet_turns[0] <= 1 and quiet_turns[1] < order.index("busy-session-3"), order
 
 
 def test_failures_are_recorded_and_the_worker_keeps_serving(
