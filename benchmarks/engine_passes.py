@@ -1,4 +1,4 @@
-"""An RL step's two engine passes, in process, on a shipped commit's engine and on this tree's, taking turns.
+"""An RL step's three engine passes, in process, on a shipped commit's engine and on this tree's, taking turns.
 
 Run: python -m benchmarks.engine_passes [--model Qwen/Qwen2.5-Coder-0.5B-Instruct | google/gemma-3-270m]
      [--shipped HEAD] [--rounds 2]
@@ -11,7 +11,9 @@ makes a LoRA rank-16 adapter and times, after one untimed run of each:
 - sampling: the recipe's 8 prompts (the trial's first batch, its prompt format) × its group of completions of at
   most its max tokens, at temperature 1, one generation batch through saved sampler weights;
 - forward_backward: 8 prompts × the group with completions of seeded random lengths and tokens (12 to the max
-  tokens), importance-sampling loss, advantages on the completions.
+  tokens), importance-sampling loss, advantages on the completions;
+- reference scoring: the base model's log-probs of the same sequences, one `compute_logprobs` request each (prompt
+  log-probs and one sampled token), as a trial with a KL penalty asks for them.
 Prints each pass's median per engine, the ratio, and each process's peak resident memory.
 """
 
@@ -36,7 +38,7 @@ TIMED_RUNS = 2
 
 
 def _worker(model: str, group_size: int, max_tokens: int) -> dict:
-    """Both passes on the engine this process imports; their times in seconds and the peak resident memory."""
+    """The passes on the engine this process imports; their times in seconds and the peak resident memory."""
     import torch
 
     from autoresearch.trials.data import PromptRenderer, TrainingOrder, split_of
@@ -62,10 +64,11 @@ def _worker(model: str, group_size: int, max_tokens: int) -> dict:
         for i, p in enumerate(prompts)
     ]
     generator = torch.Generator().manual_seed(0)
-    datums = []
+    datums, sequences = [], []
     for prompt in prompts:
         for length in torch.randint(12, max_tokens + 1, (group_size,), generator=generator).tolist():
             tokens = [*prompt, *torch.randint(10, 20_000, (length,), generator=generator).tolist()]
+            sequences.append(tokens)
             advantages = torch.zeros(len(tokens) - 1)
             advantages[len(prompt) - 1 :] = 0.5
             inputs = {"target_tokens": torch.tensor(tokens[1:]), "logprobs": -torch.ones(len(tokens) - 1)}
@@ -82,11 +85,14 @@ def _worker(model: str, group_size: int, max_tokens: int) -> dict:
     sampled = engine.sample_batch(requests)
     sampling = timed(lambda: engine.sample_batch(requests))
     forward_backward = timed(lambda: engine.forward_backward("bench", datums, "importance_sampling", None, False))
+    scoring_requests = [SamplingRequest(tuple(tokens), 1, 1, seed=0, prompt_logprobs=True) for tokens in sequences]
+    scoring = timed(lambda: engine.sample_batch(scoring_requests))
     shutil.rmtree(folder)
     return {
         "sampling_s": sampling,
         "tokens_sampled": sum(len(s.tokens) for result in sampled for s in result.sequences),
         "forward_backward_s": forward_backward,
+        "scoring_s": scoring,
         "peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
     }
 
@@ -131,20 +137,22 @@ def main() -> None:
                     _run_worker(tree.folder, args.model, recipe.group_size, recipe.max_tokens)
                 )
     table = Table(title=f"{args.model}: {PROMPTS} prompts × {recipe.group_size} ≤ {recipe.max_tokens} tokens")
-    for column in ("engine", "sampling s", "tokens sampled", "forward_backward s", "peak GiB"):
+    for column in ("engine", "sampling s", "tokens sampled", "forward_backward s", "reference scoring s", "peak GiB"):
         table.add_column(column, justify="left" if column == "engine" else "right")
     medians = {}
     for name, measured in runs.items():
         sampling = statistics.median(t for run in measured for t in run["sampling_s"])
         training = statistics.median(t for run in measured for t in run["forward_backward_s"])
-        medians[name] = (sampling, training)
+        scoring = statistics.median(t for run in measured for t in run["scoring_s"])
+        medians[name] = (sampling, training, scoring)
         tokens = "/".join(str(run["tokens_sampled"]) for run in measured)
         peak = max(run["peak_gib"] for run in measured)
-        table.add_row(name, f"{sampling:.1f}", tokens, f"{training:.1f}", f"{peak:.1f}")
+        table.add_row(name, f"{sampling:.1f}", tokens, f"{training:.1f}", f"{scoring:.1f}", f"{peak:.1f}")
     console.print(table)
-    (old_sampling, old_training), (new_sampling, new_training) = medians.values()
+    (old_sampling, old_training, old_scoring), (new_sampling, new_training, new_scoring) = medians.values()
     console.print(
         f"new ÷ shipped: sampling {new_sampling / old_sampling:.2f}, forward_backward {new_training / old_training:.2f}"
+        f", reference scoring {new_scoring / old_scoring:.2f}"
     )
     console.print(f"command: python -m benchmarks.engine_passes --model {args.model} --shipped {shipped}")
 

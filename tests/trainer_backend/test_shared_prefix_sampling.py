@@ -6,6 +6,7 @@ out of the way where it cannot be exact (a sliding window shorter than the conte
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import pytest
@@ -145,3 +146,84 @@ def test_no_two_pass_prefill_where_it_computes_no_fewer_positions() -> None:
     short = [tuple(range(GROUP_OVERHEAD_TOKENS)) + q for q in QUESTIONS]
     assert plan_shared_prefill(short, [None] * len(short)) is None
     assert plan_shared_prefill([(1,), (1, 2)], [None, None]) is None
+
+
+@pytest.fixture
+def prefilled_positions(two_adapters: PeftModel) -> list[int]:
+    """The input positions of every forward pass this test's thread makes through `two_adapters`."""
+    positions: list[int] = []
+    test_thread = threading.current_thread()
+
+    def count(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+        if threading.current_thread() is test_thread:
+            positions.append(inputs[0].numel())
+
+    hook = two_adapters.get_input_embeddings().register_forward_pre_hook(count)
+    yield positions
+    hook.remove()
+
+
+def scoring_jobs(adapters: tuple[str | None, ...]) -> list[BoundSamplingRequest]:
+    """An RL step's completions scored for a KL penalty: each prompt with several completions, one token to sample."""
+    jobs = []
+    for index, (schema, question) in enumerate(itertools.product((SCHEMA_A, SCHEMA_B), QUESTIONS[:3])):
+        prompt = schema + question
+        for completion in range(3):
+            tokens = prompt + tuple((7 * i + completion + index) % VOCAB for i in range(2 + completion))
+            request = SamplingRequest(
+                prompt_tokens=tokens,
+                max_tokens=1,
+                seed=len(jobs),
+                prompt_logprobs=True,
+                topk_prompt_logprobs=index % 2 * 2,
+            )
+            jobs.append(BoundSamplingRequest(request, adapters[index % len(adapters)], ()))
+    return jobs
+
+
+def assert_scored_alike(one: object, other: object) -> None:
+    assert_answered_alike(one, other)
+    assert isinstance(one, SamplingResult) and isinstance(other, SamplingResult)
+    assert one.prompt_logprobs is not None and other.prompt_logprobs is not None
+    assert one.prompt_logprobs[0] is None and other.prompt_logprobs[0] is None
+    assert one.prompt_logprobs[1:] == pytest.approx(other.prompt_logprobs[1:], abs=LOGPROB_ROUNDING)
+    if one.topk_prompt_logprobs is None:
+        assert other.topk_prompt_logprobs is None
+        return
+    assert other.topk_prompt_logprobs is not None
+    for mine, theirs in zip(one.topk_prompt_logprobs[1:], other.topk_prompt_logprobs[1:], strict=True):
+        assert [token for token, _ in mine] == [token for token, _ in theirs]
+        assert [value for _, value in mine] == pytest.approx([value for _, value in theirs], abs=LOGPROB_ROUNDING)
+
+
+def test_scored_prompts_that_begin_alike_share_their_prefix_pass_and_score_as_each_alone(
+    two_adapters: PeftModel, prefilled_positions: list[int]
+) -> None:
+    jobs = scoring_jobs(("one", None, "two"))
+    together = sample_batch(two_adapters, jobs, letters, CONTEXT)
+    # Each group of one adapter and one top-k computes its shared prefix once: far fewer positions than the prompts.
+    assert sum(prefilled_positions) < 0.5 * sum(len(job.request.prompt_tokens) for job in jobs)
+    for job, batched in zip(jobs, together, strict=True):
+        (alone,) = sample_batch(two_adapters, [job], letters, CONTEXT)
+        assert_scored_alike(batched, alone)
+
+
+def test_scores_after_a_shared_prefix_are_those_of_a_full_forward(two_adapters: PeftModel) -> None:
+    jobs = scoring_jobs(("two",))
+    results = sample_batch(two_adapters, jobs, letters, CONTEXT)
+    two_adapters.set_adapter("two")
+    for job, result in zip(jobs, results, strict=True):
+        assert isinstance(result, SamplingResult) and result.prompt_logprobs is not None
+        tokens = torch.tensor([job.request.prompt_tokens])
+        with torch.no_grad():
+            logprobs_PV = torch.log_softmax(two_adapters(input_ids=tokens, use_cache=False).logits[0].float(), dim=-1)
+        expected = logprobs_PV[:-1].gather(1, tokens[0, 1:, None])[:, 0]
+        assert result.prompt_logprobs[1:] == pytest.approx(expected.tolist(), abs=LOGPROB_ROUNDING)
+
+
+def test_scored_prompts_share_a_prefix_through_a_sliding_window_as_each_alone() -> None:
+    model = peaked_tiny_gemma(VOCAB, CONTEXT, sliding_window=16)
+    jobs = scoring_jobs((None,))
+    for job, batched in zip(jobs, sample_batch(model, jobs, letters, CONTEXT), strict=True):
+        (alone,) = sample_batch(model, [job], letters, CONTEXT)
+        assert_scored_alike(batched, alone)

@@ -180,6 +180,21 @@ def repeated_cache(cache: Cache, repeats: int) -> Cache:
     return copied
 
 
+def copied_cache(cache: Cache) -> Cache:
+    """A copy of `cache` with keys and values of its own: prefilling either leaves the other as it is."""
+    copied = _shallow_copy(cache)
+    for layer in copied.layers:
+        if not layer.is_initialized:
+            continue
+        if isinstance(layer, _PreallocatedLayer):
+            # Its keys and values are views of buffers it writes into in place.
+            layer._key_buffer, layer._value_buffer = layer._key_buffer.clone(), layer._value_buffer.clone()
+            layer._views(layer.keys.shape[-2])
+        else:
+            layer.keys, layer.values = layer.keys.clone(), layer.values.clone()
+    return copied
+
+
 def cut_cache(cache: Cache) -> tuple[Cache, list[tuple[Tensor, Tensor]]]:
     """A copy of `cache` whose keys and values are new leaves of the autograd graph, and (original, leaf) pairs.
 

@@ -47,12 +47,13 @@ from trainer_backend.engine.adapters import routed_rows
 from trainer_backend.engine.drawing import draw_from_hidden, draw_from_logits
 from trainer_backend.engine.kv_cache import (
     append_rows,
+    copied_cache,
     drop_leading_positions,
     joinable_capacity,
     preallocated_cache,
 )
 from trainer_backend.engine.output_head import cap, linear_output_head
-from trainer_backend.engine.prefixes import plan_shared_prefill
+from trainer_backend.engine.prefixes import plan_shared_prefill, shared_prefix_groups
 from trainer_backend.engine.types import (
     SampledSequence,
     SamplingInputError,
@@ -183,7 +184,8 @@ def sample_batch(
     step, and a row that stops leaves the batch. Each job draws from its own generator with its own parameters,
     so a seeded job gets the tokens it would get alone (up to float rounding of the batched matmuls). A job
     that asks for prompt log-probs is prefilled and decoded on its own: its prompt's scores need logits at
-    every prompt position, which a batched prefill does not keep.
+    every prompt position, which a batched prefill does not keep; such jobs that begin alike share the pass of
+    their common prefix (`_sample_with_prompt_scores`).
 
     Args:
         model: a causal LM, or a `PeftModel` holding every adapter the jobs name. It runs in eval mode and is
@@ -221,8 +223,9 @@ def sample_batch(
     model.eval()
     try:
         with torch.inference_mode():
-            for index in [i for i in batched if _scores_wanted(jobs[i].request)]:
-                deliver(index, _sample_with_prompt_scores(model, jobs[index], decode, pause))
+            scored = [i for i in batched if _scores_wanted(jobs[i].request)]
+            for job, result in _sample_with_prompt_scores(model, [jobs[i] for i in scored], decode, pause):
+                deliver(scored[job], result)
             together = [i for i in batched if not _scores_wanted(jobs[i].request)]
             if together:
                 admission = _Admission(joining, list(together), len(jobs), vocab_size, max_context_length, deliver)
@@ -345,23 +348,52 @@ def _generator(request: SamplingRequest, device: torch.device) -> torch.Generato
 
 def _sample_with_prompt_scores(
     model: PreTrainedModel | PeftModel,
+    jobs: Sequence[BoundSamplingRequest],
+    decode: Callable[[Sequence[int]], str],
+    pause: Callable[[], None],
+) -> Iterator[tuple[int, SamplingResult]]:
+    """Each job's prompt scored and its completions sampled, one job at a time; yields (index, result) as each is done.
+
+    Jobs of one adapter and one top-k that begin alike share their common prefix's pass (`prefixes.py`): the base
+    model's log-probs of an RL step's completions (`compute_logprobs` for a KL penalty) are a few prompts with several
+    completions each, and a prompt is most of each sequence, so the prefix's pass is most of the work.
+    """
+    by_kind: dict[tuple[str | None, int], list[int]] = {}
+    for index, job in enumerate(jobs):
+        by_kind.setdefault((job.adapter, job.request.topk_prompt_logprobs), []).append(index)
+    for indices in by_kind.values():
+        groups, alone = shared_prefix_groups([jobs[i].request.prompt_tokens for i in indices])
+        for index in (indices[i] for i in alone):
+            yield index, _sample_scored(model, jobs[index], _ScoredPrompt.start(model, jobs[index]), decode, pause)
+        for group in groups:
+            members = [indices[m] for m in group.members]
+            first = jobs[members[0]]
+            prefix = _ScoredPrompt.start(model, *(jobs[m] for m in members))
+            _prefill_scoring(model, first.request.prompt_tokens[: group.prefix_length], first, prefix)
+            for index in members:
+                yield index, _sample_scored(model, jobs[index], prefix.copy(), decode, pause)
+
+
+def _sample_scored(
+    model: PreTrainedModel | PeftModel,
     job: BoundSamplingRequest,
+    scored: _ScoredPrompt,
     decode: Callable[[Sequence[int]], str],
     pause: Callable[[], None],
 ) -> SamplingResult:
+    """`job`'s prompt scored on from what `scored` holds of it, then its completions sampled from the same cache."""
     request = job.request
+    _prefill_scoring(model, request.prompt_tokens, job, scored)
     device = model.get_input_embeddings().weight.device
     prompt_1P = torch.tensor([request.prompt_tokens], dtype=torch.long, device=device)
-    cache, next_1, prompt_logprobs, topk_prompt_logprobs = _prefill_scoring(
-        model, prompt_1P, request.topk_prompt_logprobs, job.adapter, request.max_tokens
-    )
     rows = _Rows.for_jobs([job], torch.ones_like(prompt_1P), torch.tensor([len(request.prompt_tokens) - 1]))
-    cache.batch_select_indices(rows.prompt_index_R)
-    (sequences,) = _decode(model, cache, next_1.rows(rows.prompt_index_R), [job], rows, decode, device, pause)
+    scored.cache.batch_select_indices(rows.prompt_index_R)
+    next_R = _NextTokenScores(logits_RV=scored.last_logits_1V).rows(rows.prompt_index_R)
+    (sequences,) = _decode(model, scored.cache, next_R, [job], rows, decode, device, pause)
     return SamplingResult(
         sequences=sequences,
-        prompt_logprobs=prompt_logprobs if request.prompt_logprobs else None,
-        topk_prompt_logprobs=topk_prompt_logprobs if request.topk_prompt_logprobs > 0 else None,
+        prompt_logprobs=tuple(scored.logprobs) if request.prompt_logprobs else None,
+        topk_prompt_logprobs=tuple(scored.topk_logprobs) if request.topk_prompt_logprobs > 0 else None,
     )
 
 
@@ -555,38 +587,64 @@ def _left_zeros(mask_NT: Tensor, length: int) -> Tensor:
     return F.pad(mask_NT, (length - mask_NT.shape[1], 0))
 
 
+@dataclass
+class _ScoredPrompt:
+    """The first `length` positions of a prompt prefilled: their cache (room for the prompt and its completions),
+    each position's log-prob (None for the first) and top-k, and the logits of the last, which score the next."""
+
+    cache: Cache
+    length: int
+    logprobs: list[float | None]
+    topk_logprobs: list[TopkLogprobs | None]
+    last_logits_1V: Tensor | None = None
+
+    @classmethod
+    def start(cls, model: PreTrainedModel | PeftModel, *jobs: BoundSamplingRequest) -> _ScoredPrompt:
+        """Nothing prefilled yet, with room for any of `jobs`' prompts and completions."""
+        capacity = max(len(job.request.prompt_tokens) + job.request.max_tokens for job in jobs)
+        return cls(preallocated_cache(model.config, capacity), 0, [None], [None])
+
+    def copy(self) -> _ScoredPrompt:
+        """A copy to prefill further, leaving this one as it is."""
+        return replace(
+            self, cache=copied_cache(self.cache), logprobs=list(self.logprobs), topk_logprobs=list(self.topk_logprobs)
+        )
+
+
 def _prefill_scoring(
-    model: PreTrainedModel | PeftModel,
-    prompt_1P: Tensor,
-    topk: int,
-    adapter: str | None,
-    max_new_tokens: int,
-) -> tuple[Cache, _NextTokenScores, tuple[float | None, ...], tuple[TopkLogprobs | None, ...]]:
-    """Prefill chunk by chunk through the cache, scoring each chunk's positions before its logits are freed."""
-    length = prompt_1P.shape[1]
+    model: PreTrainedModel | PeftModel, tokens: Sequence[int], job: BoundSamplingRequest, scored: _ScoredPrompt
+) -> None:
+    """Prefill `tokens` past the `scored.length` already in `scored`, chunk by chunk through its cache, through `job`'s
+    adapter, scoring each position by the logits of the one before it before a chunk's logits are freed."""
+    device = model.get_input_embeddings().weight.device
+    tokens_P = torch.tensor(tokens, dtype=torch.long, device=device)
     vocab_size = model.get_output_embeddings().weight.shape[0]
     chunk = max(1, _PROMPT_LOGITS_BYTES // (4 * vocab_size))
-    topk = min(topk, vocab_size)
-    # The sampled tokens follow the prompt in the same cache.
-    cache = preallocated_cache(model.config, length + max_new_tokens)
-    logprobs: list[float | None] = [None]
-    topk_logprobs: list[TopkLogprobs | None] = [None]
-    for start in range(0, length, chunk):
-        with _adapter_scope(model, [adapter]):
-            output = model(input_ids=prompt_1P[:, start : start + chunk], cache=cache, use_cache=True)
-        cache = output.cache
-        # Row j of this chunk's logits predicts prompt position start + j + 1; the prompt's last row predicts
-        # the first sampled token and has no target here.
-        targets_C = prompt_1P[0, start + 1 : start + chunk + 1]
-        logprobs_CV = F.log_softmax(output.logits[0, : targets_C.shape[0]].float(), dim=-1)
-        logprobs.extend(logprobs_CV.gather(1, targets_C[:, None])[:, 0].tolist())
-        if topk > 0:
-            values_CK, ids_CK = logprobs_CV.topk(topk, dim=-1)
-            topk_logprobs.extend(
-                tuple(zip(ids_row, values_row, strict=True))
-                for ids_row, values_row in zip(ids_CK.tolist(), values_CK.tolist(), strict=True)
-            )
-    return cache, _NextTokenScores(logits_RV=output.logits[:, -1]), tuple(logprobs), tuple(topk_logprobs)
+    topk = min(job.request.topk_prompt_logprobs, vocab_size)
+    if scored.last_logits_1V is not None and scored.length < len(tokens):
+        _score_positions(scored.last_logits_1V, tokens_P[scored.length : scored.length + 1], topk, scored)
+    for start in range(scored.length, len(tokens), chunk):
+        with _adapter_scope(model, [job.adapter]):
+            output = model(input_ids=tokens_P[None, start : start + chunk], cache=scored.cache, use_cache=True)
+        scored.cache = output.cache
+        # Row j of this chunk's logits predicts position start + j + 1; the last row predicts the position after
+        # `tokens`, which has no target here.
+        targets_C = tokens_P[start + 1 : start + chunk + 1]
+        _score_positions(output.logits[0, : targets_C.shape[0]], targets_C, topk, scored)
+        # A copy: a view would hold the whole chunk's logits for as long as the prefix is kept.
+        scored.last_logits_1V = output.logits[:, -1].clone()
+    scored.length = len(tokens)
+
+
+def _score_positions(logits_CV: Tensor, targets_C: Tensor, topk: int, scored: _ScoredPrompt) -> None:
+    logprobs_CV = F.log_softmax(logits_CV.float(), dim=-1)
+    scored.logprobs.extend(logprobs_CV.gather(1, targets_C[:, None])[:, 0].tolist())
+    if topk > 0:
+        values_CK, ids_CK = logprobs_CV.topk(topk, dim=-1)
+        scored.topk_logprobs.extend(
+            tuple(zip(ids_row, values_row, strict=True))
+            for ids_row, values_row in zip(ids_CK.tolist(), values_CK.tolist(), strict=True)
+        )
 
 
 @dataclass
