@@ -21,6 +21,7 @@ import platform
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 
 # Measured on x86 in float32, what the engine computes in on a CPU without bf16 instructions. A bf16 `F.linear`
 # on a CPU already is oneDNN's matmul; elsewhere PyTorch's own choice stands.
@@ -117,7 +118,11 @@ def route_linears(model: nn.Module, unpacked: nn.Module | None = None) -> int:
     alone, where a packed copy would cost memory for little use."""
     changed = 0
     for module in model.modules():
-        if type(module) is nn.Linear and (applies(module.weight) or _packable(module.weight)):
+        # A sharded weight (FSDP2's, `sharding/`) is gathered whole only while its layer runs: a packed copy would be
+        # whole all the time, and stale after the next gather.
+        if type(module) is not nn.Linear or isinstance(module.weight, DTensor):
+            continue
+        if applies(module.weight) or _packable(module.weight):
             module.__class__ = RoutedLinear
             if module is unpacked:
                 module.packs_weight = False

@@ -1,0 +1,152 @@
+"""A scripted series of engine calls on a tiny model, made by one plain engine or by a sharded group (this process
+leads; it starts the followers), with what they computed saved for the tests to compare, and the bytes of the base
+model's decoder layers that the (leading) process holds before any adapter exists.
+
+Run: python tests/support/sharded_run.py MODEL_FOLDER SHARDS OUT_FOLDER
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch.distributed.tensor import DTensor
+
+from trainer_backend.engine.microbatches import ACTIVATION_BUDGET_BYTES
+from trainer_backend.engine.model_engine import ModelEngine
+from trainer_backend.engine.types import (
+    AdamSettings,
+    DecodedDatum,
+    ForwardBackwardCall,
+    LoraSettings,
+    SamplingRequest,
+    SamplingResult,
+)
+from trainer_backend.models.loading import load_base_model
+from trainer_backend.models.registry import resolve_base_model
+from trainer_backend.sharding.group import ShardPlace, start_followers
+from trainer_backend.sharding.replica import LeaderEngine
+from trainer_backend.sharding.shard_model import decoder_layers, resident_weight_bytes
+from trainer_backend.sharding.shards import EngineSettings, sharded_engine
+
+PROMPT = (5, 9, 14, 3, 22, 7, 30, 11)
+
+
+def datum(tokens: list[int], advantage: float | None = None) -> DecodedDatum:
+    inputs = {"target_tokens": torch.tensor(tokens[1:]), "weights": torch.ones(len(tokens) - 1)}
+    if advantage is not None:
+        inputs = {
+            "target_tokens": torch.tensor(tokens[1:]),
+            "logprobs": -torch.ones(len(tokens) - 1),
+            "advantages": torch.full((len(tokens) - 1,), advantage),
+        }
+    return DecodedDatum(tokens[:-1], inputs)
+
+
+def script(engine: ModelEngine | LeaderEngine, out: Path) -> dict:
+    """The calls, and what each computed."""
+    results: dict = {}
+    torch.manual_seed(0)  # the adapters' initial weights come from the global generator
+    engine.create_adapter("a", LoraSettings(rank=4))
+    engine.create_adapter("b", LoraSettings(rank=2, train_mlp=False))
+    sequences = [[*PROMPT, 40 + i, 41 + i, 12 + i] for i in range(4)]
+    first = engine.forward_backward_batch(
+        [
+            ForwardBackwardCall("a", [datum(s) for s in sequences], "cross_entropy", None, False),
+            ForwardBackwardCall("b", [datum(s, 0.5) for s in sequences[:2]], "importance_sampling", None, False),
+            ForwardBackwardCall("a", [], "cross_entropy", None, False),  # refused: no datums
+        ]
+    )
+    results["refused"] = type(first[2]).__name__
+    results["fb_logprobs"] = [o["logprobs"] for outcome in first[:2] for o in outcome.loss_fn_outputs]
+    results["fb_loss"] = [outcome.metrics["loss:sum"] for outcome in first[:2]]
+    engine.optim_step("a", AdamSettings(learning_rate=1e-2))
+    engine.optim_step("b", AdamSettings(learning_rate=1e-2))
+    (out / "a").mkdir()
+    engine.save("a", out / "a", False)
+    results["saved_a"] = load_file(out / "a" / "adapter_model.safetensors")
+
+    paused: list[int] = []
+    taken: list[int] = []
+    extra = SamplingRequest(PROMPT[:5], num_samples=2, max_tokens=4, temperature=1.0, seed=11)
+
+    def pause() -> None:
+        # Another tenant's training step inside the generation's pause, once.
+        if not paused:
+            engine.forward_backward_batch(
+                [ForwardBackwardCall("b", [datum(sequences[2])], "cross_entropy", None, False)]
+            )
+            engine.optim_step("b", AdamSettings(learning_rate=1e-2))
+        paused.append(1)
+
+    def admit(accepts: object) -> list[SamplingRequest]:
+        if taken or not accepts(extra):
+            return []
+        taken.append(1)
+        return [extra]
+
+    requests = [
+        SamplingRequest(PROMPT, num_samples=3, max_tokens=6, temperature=1.0, seed=5, weights_folder=out / "a"),
+        SamplingRequest(PROMPT[:6], num_samples=1, max_tokens=5, temperature=0.0),
+        # No seed: the leader draws one, which every process repeats.
+        SamplingRequest(PROMPT[:4], num_samples=2, max_tokens=5, temperature=1.0),
+    ]
+    sampled = engine.sample_batch(requests, pause, admit)
+    results["taken_in"] = len(taken)
+    results["sampled"] = [[s.tokens for s in o.sequences] for o in (sampled[0], sampled[1], sampled[3])]
+    results["sampled_logprobs"] = [[s.logprobs for s in o.sequences] for o in (sampled[0], sampled[1], sampled[3])]
+    results["unseeded_sampled"] = all(isinstance(o, SamplingResult) for o in sampled)
+    scored = engine.sample_batch(
+        [SamplingRequest((*PROMPT, 40 + i), max_tokens=1, seed=1, prompt_logprobs=True) for i in range(3)]
+    )
+    results["prompt_logprobs"] = [o.prompt_logprobs[1:] for o in scored]
+    engine.load("c", out / "a", False)
+    (forward,) = engine.forward_backward_batch(
+        [ForwardBackwardCall("c", [datum(sequences[0])], "cross_entropy", None, True)]
+    )
+    results["loaded_logprobs"] = forward.loss_fn_outputs[0]["logprobs"]
+    return results
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def main(folder: Path, shards: int, out: Path) -> None:
+    settings = EngineSettings(
+        base_model=str(folder),
+        model_cache=out / "cache",
+        device="cpu",
+        dtype="float32",
+        activation_budget=ACTIVATION_BUDGET_BYTES,
+        spill_root=out / "spill",
+    )
+    if shards == 1:
+        loaded = load_base_model(resolve_base_model(str(folder), out / "cache"), torch.device("cpu"), torch.float32)
+        engine = ModelEngine(loaded, spill_root=out / "spill")
+        layer_bytes = resident_weight_bytes(decoder_layers(loaded.model))
+        results = script(engine, out)
+    else:
+        place = ShardPlace(0, shards, port=free_port())
+        followers = start_followers(place, settings.arguments())
+        group, local = sharded_engine(settings, place)
+        leader = LeaderEngine(local, group.channel)
+        layer_bytes = resident_weight_bytes(decoder_layers(local.loaded.model))
+        results = script(leader, out)
+        # Every layer's base weights back to their shard after all those calls: the memory stays saved.
+        base = [p for name, p in decoder_layers(local.loaded.model).named_parameters() if "lora_" not in name]
+        results["resharded_after"] = all(isinstance(p, DTensor) for p in base)
+        leader.stop_followers()
+        followers.stop()
+        group.close()
+    results["layer_bytes"] = layer_bytes
+    torch.save(results, out / "results.pt")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]))
