@@ -47,7 +47,7 @@ def measure_trl(model: str, steps: int) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from autoresearch.trials.data import PromptRenderer, split_of
-    from tasks.text2sql.rewards import DEFAULT_REWARD_SPEC
+    from tasks.text2sql.reward.rewards import DEFAULT_REWARD_SPEC
     from tasks.text2sql.task import Text2SqlTask
     from trainer_backend.models.registry import default_cache_root, resolve_base_model
 

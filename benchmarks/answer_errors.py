@@ -30,8 +30,8 @@ from autoresearch.trials.run_dir import RunDirectory
 from benchmarks.paired_trials import EvaluationNotFoundError, LoggedEvaluation, load_evaluation
 from tasks.registry import open_task
 from tasks.text2sql.prompts import parse_completion
-from tasks.text2sql.sandbox import ExecutionResult, ExecutionStatus
-from tasks.text2sql.scoring import Scorer
+from tasks.text2sql.reward.scoring import Scorer
+from tasks.text2sql.sql.sandbox import ExecutionResult, ExecutionStatus
 from tasks.text2sql.task import Text2SqlTask
 
 KINDS = (

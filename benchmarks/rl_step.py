@@ -38,7 +38,7 @@ from autoresearch.trials.config import load_trial_config
 from autoresearch.trials.rl_loop import run_trial
 from benchmarks import ROOT
 from benchmarks.against_commit import MemoryWatch, compared_trees, server_from
-from tasks.text2sql.rewards import RewardSpec
+from tasks.text2sql.reward.rewards import RewardSpec
 from trainer_backend.models.gemma import GEMMA_3_270M
 from trainer_backend.models.qwen import QWEN_2_5_CODER_0_5B_INSTRUCT, QWEN_2_5_CODER_1_5B_INSTRUCT
 from trainer_backend.models.registry import default_cache_root, resolve_base_model

@@ -18,11 +18,11 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from tasks.text2sql.bundled import load_bundled
 from tasks.text2sql.dataset import Example
 from tasks.text2sql.prompts import tables_used
-from tasks.text2sql.rewards import DEFAULT_REWARD_SPEC, ExecutionMatch, Format, Parses, ResultOverlap, RewardSpec
-from tasks.text2sql.scoring import Scorer, parses, schema_items
+from tasks.text2sql.reward.rewards import DEFAULT_REWARD_SPEC, ExecutionMatch, Format, Parses, ResultOverlap, RewardSpec
+from tasks.text2sql.reward.scoring import Scorer, parses, schema_items
+from tasks.text2sql.sources.bundled import load_bundled
 
 RICH_SPEC = RewardSpec(
     components=(ExecutionMatch(), ResultOverlap(weight=0.2), Parses(weight=0.05), Format(weight=0.1))

@@ -10,7 +10,7 @@ means to the caller stay with each sandbox.
 Messages are bytes: nothing here pickles or unpickles, and each sandbox chooses its format by what runs in its child.
 The reward-code sandbox (`tasks.reward_code.sandbox`) runs untrusted Python there, so both ways its messages are
 JSON, which the parent only ever parses: an unpickled answer could run anything in the parent. The SQL sandbox
-(`tasks.text2sql.sandbox_workers`) runs only this checkout's code and DuckDB there, so its queries and answers are
+(`tasks.text2sql.sql.sandbox_workers`) runs only this checkout's code and DuckDB there, so its queries and answers are
 pickles of its own dataclasses.
 
 The standard library and `lifeline` only: the reward-code child imports this module and must import nothing more.

@@ -10,9 +10,9 @@ import pytest
 import torch
 from support.scripted_llm import ScriptedLlm, scripted_llm
 
-from tasks.text2sql.bundled import load_bundled
 from tasks.text2sql.dataset import Text2SqlDataset
-from tasks.text2sql.scoring import Scorer
+from tasks.text2sql.reward.scoring import Scorer
+from tasks.text2sql.sources.bundled import load_bundled
 from tasks.text2sql.task import Text2SqlTask
 
 # Servers the suite starts, in-process or as `serve` processes, compute in float32 whatever this CPU offers: their

@@ -39,7 +39,7 @@ class Verdict:
 
 @runtime_checkable
 class CodeRewardTask(Protocol):
-    """A task whose reward may hold a component written as code (text2sql: `tasks.text2sql.reward_code`)."""
+    """A task whose reward may hold a component written as code (text2sql: `tasks.text2sql.reward.reward_code`)."""
 
     # The function's signature and what each argument holds, for the LLM's prompt and the docs.
     reward_code_signature: str

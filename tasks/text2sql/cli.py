@@ -14,14 +14,14 @@ from rich.table import Table
 
 from tasks.errors import SplitError, TaskError
 from tasks.report import HeldOutReport
-from tasks.text2sql.bundled import load_bundled
-from tasks.text2sql.data_source import DataSource, SourceKind
 from tasks.text2sql.dataset import Difficulty, Example, Text2SqlDataset
 from tasks.text2sql.evaluation import Model, OpenAICompatibleModel, evaluate, garbage_model, gold_model
-from tasks.text2sql.generation.build import QUESTIONS_DIR, write_question_files
 from tasks.text2sql.prompts import tables_used
-from tasks.text2sql.rewards import DEFAULT_REWARD_SPEC, RewardSpec
-from tasks.text2sql.synthesis.command import build_data_command
+from tasks.text2sql.reward.rewards import DEFAULT_REWARD_SPEC, RewardSpec
+from tasks.text2sql.sources.bundled import load_bundled
+from tasks.text2sql.sources.data_source import DataSource, SourceKind
+from tasks.text2sql.sources.generation.build import QUESTIONS_DIR, write_question_files
+from tasks.text2sql.sources.synthesis.command import build_data_command
 from tasks.text2sql.task import Text2SqlTask
 from validation_errors import describe_validation_error
 

@@ -24,8 +24,8 @@ import tinker
 
 from tasks.text2sql.dataset import Database, Example, Text2SqlDataset
 from tasks.text2sql.errors import CookbookSetupError
-from tasks.text2sql.rewards import DEFAULT_REWARD_SPEC, RewardSpec
-from tasks.text2sql.sandbox import ExecutionStatus
+from tasks.text2sql.reward.rewards import DEFAULT_REWARD_SPEC, RewardSpec
+from tasks.text2sql.sql.sandbox import ExecutionStatus
 from tasks.text2sql.task import Text2SqlTask
 
 INSTALL_HINT = (

@@ -16,13 +16,12 @@ from tasks.text2sql.agentic.episode import Episode as AgenticEpisode
 from tasks.text2sql.agentic.episode import EpisodeLimits
 from tasks.text2sql.agentic.prompts import demonstration, render_agentic_prompt
 from tasks.text2sql.agentic.turns import ANSWER
-from tasks.text2sql.data_source import DataSource
 from tasks.text2sql.dataset import Difficulty, Example, Text2SqlDataset
 from tasks.text2sql.errors import Text2SqlError
 from tasks.text2sql.prompts import FewShot, render_prompt
-from tasks.text2sql.reward_code import gate
-from tasks.text2sql.reward_code_inputs import SIGNATURE
-from tasks.text2sql.rewards import (
+from tasks.text2sql.reward.reward_code import gate
+from tasks.text2sql.reward.reward_code_inputs import SIGNATURE
+from tasks.text2sql.reward.rewards import (
     COMPONENT_KINDS,
     DEFAULT_REWARD_SPEC,
     SINGLE_TURN,
@@ -30,7 +29,8 @@ from tasks.text2sql.rewards import (
     ExecutionMatch,
     RewardSpec,
 )
-from tasks.text2sql.scoring import Score, Scorer
+from tasks.text2sql.reward.scoring import Score, Scorer
+from tasks.text2sql.sources.data_source import DataSource
 
 logger = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ from autoresearch.trials.run_dir import RunDirectory, TrialResult
 from tasks import registry
 from tasks.report import HeldOutReport
 from tasks.text2sql.dataset import Text2SqlDataset
-from tasks.text2sql.rewards import RewardSpec
-from tasks.text2sql.scoring import Score
+from tasks.text2sql.reward.rewards import RewardSpec
+from tasks.text2sql.reward.scoring import Score
 from tasks.text2sql.task import Text2SqlEpisode, Text2SqlTask
 
 TINY_SPEC = Path(__file__).resolve().parents[2] / "experiments" / "text2sql_tiny.yaml"

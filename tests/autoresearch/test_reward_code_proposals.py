@@ -34,7 +34,7 @@ from autoresearch.study_sampler import study_sampler
 from autoresearch.trials.config import TrialConfig
 from tasks.reward_code.loading import sha256_of
 from tasks.reward_code.sandbox import CodeLimits
-from tasks.text2sql.rewards import DEFAULT_REWARD_SPEC
+from tasks.text2sql.reward.rewards import DEFAULT_REWARD_SPEC
 from tasks.text2sql.task import Text2SqlTask
 
 GOOD = (

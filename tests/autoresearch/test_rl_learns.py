@@ -31,7 +31,7 @@ from autoresearch.trials.advantages import group_advantages
 from autoresearch.trials.backend import api_key
 from autoresearch.trials.config import TrialConfig
 from autoresearch.trials.rl_loop import run_trial
-from tasks.text2sql.rewards import RewardSpec
+from tasks.text2sql.reward.rewards import RewardSpec
 
 SHORTER_IS_BETTER = RewardSpec.parse(
     {"components": [{"kind": "length_penalty", "weight": 1.0, "free_chars": 0, "scale_chars": 40}]}

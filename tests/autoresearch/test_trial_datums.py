@@ -9,8 +9,8 @@ from autoresearch.trials.datums import rl_datum, supervised_datum
 from autoresearch.trials.rollouts import Completion, Group
 from autoresearch.trials.training_batch import build_training_batch, select_samples
 from tasks.text2sql.dataset import Difficulty, Example
-from tasks.text2sql.sandbox import ExecutionStatus
-from tasks.text2sql.scoring import Score
+from tasks.text2sql.reward.scoring import Score
+from tasks.text2sql.sql.sandbox import ExecutionStatus
 
 EXAMPLE = Example(id="q1", db_id="db", question="How many?", gold_sql="SELECT 1", difficulty=Difficulty.EASY)
 

@@ -22,8 +22,8 @@ from autoresearch.trials.rl_loop import run_trial
 from autoresearch.trials.run_dir import RunDirectory
 from tasks.report import HeldOutReport
 from tasks.text2sql.dataset import Text2SqlDataset
-from tasks.text2sql.rewards import DEFAULT_REWARD_SPEC
-from tasks.text2sql.scoring import Scorer
+from tasks.text2sql.reward.rewards import DEFAULT_REWARD_SPEC
+from tasks.text2sql.reward.scoring import Scorer
 from tasks.text2sql.task import Text2SqlTask
 
 STEP_KEYS = {

@@ -8,7 +8,7 @@ from pathlib import Path
 from benchmarks.answer_errors import KINDS, count_kinds
 from benchmarks.paired_trials import LoggedEvaluation
 from tasks.report import HeldOutAnswer, HeldOutReport
-from tasks.text2sql.scoring import Scorer
+from tasks.text2sql.reward.scoring import Scorer
 from tasks.text2sql.task import Text2SqlTask
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.text2sql.rewards import RewardSpec
+from tasks.text2sql.reward.rewards import RewardSpec
 
 # The answer's match and whether it runs, a penalty per turn, per failed exploration and for no answer at all.
 EPISODE_REWARD = RewardSpec.parse(

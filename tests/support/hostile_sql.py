@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tasks.text2sql.sandbox import ExecutionStatus
+from tasks.text2sql.sql.sandbox import ExecutionStatus
 
 BLOCKED = frozenset({ExecutionStatus.BLOCKED})
 TIMED_OUT = frozenset({ExecutionStatus.TIMED_OUT})

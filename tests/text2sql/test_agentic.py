@@ -17,8 +17,8 @@ from tasks.text2sql.agentic.turns import ObservationLimits, TurnKind, parse_turn
 from tasks.text2sql.dataset import Example
 from tasks.text2sql.errors import Text2SqlError
 from tasks.text2sql.prompts import tables_used
-from tasks.text2sql.sandbox import ExecutionResult, ExecutionStatus, SandboxLimits, SqlSandbox
-from tasks.text2sql.scoring import Scorer
+from tasks.text2sql.reward.scoring import Scorer
+from tasks.text2sql.sql.sandbox import ExecutionResult, ExecutionStatus, SandboxLimits, SqlSandbox
 from tasks.text2sql.task import Text2SqlTask
 
 

@@ -37,7 +37,7 @@ from tasks.text2sql.cookbook import (
 )
 from tasks.text2sql.errors import CookbookSetupError
 from tasks.text2sql.prompts import tables_used
-from tasks.text2sql.rewards import ExecutionMatch, Format, LengthPenalty, ResultOverlap, RewardSpec
+from tasks.text2sql.reward.rewards import ExecutionMatch, Format, LengthPenalty, ResultOverlap, RewardSpec
 from trainer_backend.models.tiny import IM_END, TINY_MODEL_NAME, train_tiny_chatml_tokenizer, train_tiny_tokenizer
 from trainer_backend.server import running_server
 

@@ -12,9 +12,9 @@ from pydantic import ValidationError
 from support.spider_release import write_json, write_spider_release
 
 from tasks.registry import open_task
-from tasks.text2sql.data_source import DataSource, SourceKind
 from tasks.text2sql.errors import DatasetError
-from tasks.text2sql.spider.cache import exclusive
+from tasks.text2sql.sources.data_source import DataSource, SourceKind
+from tasks.text2sql.sources.spider.cache import exclusive
 from tasks.text2sql.task import Text2SqlTask
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tasks.text2sql.dataset import Difficulty
-from tasks.text2sql.difficulty import classify_difficulty
 from tasks.text2sql.errors import DatasetError
+from tasks.text2sql.sources.difficulty import classify_difficulty
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,8 @@ from decimal import Decimal
 
 import pytest
 
-from tasks.text2sql.matching import gold_is_ordered, match_on_databases, result_overlap, results_match
-from tasks.text2sql.sandbox import ExecutionResult, ExecutionStatus
+from tasks.text2sql.sql.matching import gold_is_ordered, match_on_databases, result_overlap, results_match
+from tasks.text2sql.sql.sandbox import ExecutionResult, ExecutionStatus
 
 
 def result(*rows: tuple, columns: tuple[str, ...] | None = None, truncated: bool = False) -> ExecutionResult:

@@ -15,7 +15,7 @@ from tasks.reward_code.errors import RewardCodeError, StaticCheckError
 from tasks.reward_code.loading import CodeReference, sha256_of
 from tasks.reward_code.sandbox import CodeLimits, CodeSandbox
 from tasks.reward_code.static_check import check_source
-from tasks.text2sql.rewards import DEFAULT_REWARD_SPEC
+from tasks.text2sql.reward.rewards import DEFAULT_REWARD_SPEC
 from tasks.text2sql.task import Text2SqlTask
 
 # Short limits keep a function that loops from holding a test for long.

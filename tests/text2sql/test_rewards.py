@@ -10,7 +10,7 @@ import pytest
 
 from tasks.text2sql.dataset import Example, Text2SqlDataset
 from tasks.text2sql.errors import RewardSpecError
-from tasks.text2sql.rewards import (
+from tasks.text2sql.reward.rewards import (
     DEFAULT_REWARD_SPEC,
     Executes,
     ExecutionMatch,
@@ -21,8 +21,8 @@ from tasks.text2sql.rewards import (
     RewardSpec,
     SchemaLinking,
 )
-from tasks.text2sql.sandbox import ExecutionStatus
-from tasks.text2sql.scoring import Scorer
+from tasks.text2sql.reward.scoring import Scorer
+from tasks.text2sql.sql.sandbox import ExecutionStatus
 
 EVERYTHING = RewardSpec(
     components=(

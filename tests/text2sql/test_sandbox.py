@@ -13,7 +13,7 @@ import pytest
 from support.hostile_sql import HOSTILE_CASES, HostileCase
 
 from tasks.text2sql.errors import SandboxError
-from tasks.text2sql.sandbox import ExecutionStatus, SandboxLimits, SqlSandbox
+from tasks.text2sql.sql.sandbox import ExecutionStatus, SandboxLimits, SqlSandbox
 
 CUSTOMERS = 300
 ORDERS = 900

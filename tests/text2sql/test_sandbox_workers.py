@@ -23,8 +23,8 @@ from support.hostile_sql import HOSTILE_CASES, HostileCase
 from support.process_trees import NEEDS_PROC, alive, wait_until_gone
 
 from tasks.text2sql.errors import SandboxError
-from tasks.text2sql.sandbox import ExecutionStatus, SandboxLimits
-from tasks.text2sql.sandbox_workers import IsolatedSandbox
+from tasks.text2sql.sql.sandbox import ExecutionStatus, SandboxLimits
+from tasks.text2sql.sql.sandbox_workers import IsolatedSandbox
 
 LIMITS = SandboxLimits(timeout_s=1.0, memory_limit_mb=128, max_rows=100, worker_memory_mb=256)
 ORDERS = 900
@@ -184,8 +184,8 @@ def test_a_database_that_cannot_be_opened_raises_in_the_caller(sandbox: Isolated
 SCORER_KILLED_MID_QUERY = """
 import sys, threading, time
 from pathlib import Path
-from tasks.text2sql.sandbox import SandboxLimits
-from tasks.text2sql.sandbox_workers import IsolatedSandbox
+from tasks.text2sql.sql.sandbox import SandboxLimits
+from tasks.text2sql.sql.sandbox_workers import IsolatedSandbox
 
 sandbox = IsolatedSandbox(SandboxLimits(timeout_s=600.0), workers=2)
 endless = (Path(sys.argv[1]), "SELECT count(*) FROM orders a, orders b, orders c, orders d", None)

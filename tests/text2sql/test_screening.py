@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import duckdb
 import pytest
 
-from tasks.text2sql.screening import RefusedSqlError, screen
+from tasks.text2sql.sql.screening import RefusedSqlError, screen
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from support.spider_release import write_json, write_sqlite
 from tasks.text2sql.dataset import Text2SqlDataset
 from tasks.text2sql.errors import DatasetError
 from tasks.text2sql.prompts import schema_ddl
-from tasks.text2sql.spider import (
+from tasks.text2sql.sources.spider import (
     DUCKDB_CONFIG,
     REPAIR_BARE_COLUMN,
     REPAIR_CASE_INSENSITIVE_LIKE,

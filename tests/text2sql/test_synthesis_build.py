@@ -26,19 +26,19 @@ from support.backends import GEMMA_CHAT_TEMPLATE, TINY, start_backend_process
 from support.loopback import free_port
 from support.sql_writer_llm import MODEL, SqlWriterLlm, matching, sql_writer_llm
 
-from tasks.text2sql.data_source import DataSource
-from tasks.text2sql.difficulty import classify_difficulty
 from tasks.text2sql.errors import DatasetError
-from tasks.text2sql.generation.build import default_cache_root
-from tasks.text2sql.generation.questions import held_out_patterns
-from tasks.text2sql.sandbox import SqlSandbox
-from tasks.text2sql.synthesis.build import BuildConfig, build_data
-from tasks.text2sql.synthesis.cache import Verdict, VerdictCache
-from tasks.text2sql.synthesis.databases import ensure_synth_databases
-from tasks.text2sql.synthesis.errors import LlmUnavailableError, SynthesisError
-from tasks.text2sql.synthesis.llm import LlmConfig
-from tasks.text2sql.synthesis.loader import load_synthesized
-from tasks.text2sql.synthesis.manifest import Manifest, manifest_path
+from tasks.text2sql.sources.data_source import DataSource
+from tasks.text2sql.sources.difficulty import classify_difficulty
+from tasks.text2sql.sources.generation.build import default_cache_root
+from tasks.text2sql.sources.generation.questions import held_out_patterns
+from tasks.text2sql.sources.synthesis.build import BuildConfig, build_data
+from tasks.text2sql.sources.synthesis.cache import Verdict, VerdictCache
+from tasks.text2sql.sources.synthesis.databases import ensure_synth_databases
+from tasks.text2sql.sources.synthesis.errors import LlmUnavailableError, SynthesisError
+from tasks.text2sql.sources.synthesis.llm import LlmConfig
+from tasks.text2sql.sources.synthesis.loader import load_synthesized
+from tasks.text2sql.sources.synthesis.manifest import Manifest, manifest_path
+from tasks.text2sql.sql.sandbox import SqlSandbox
 
 REPOSITORY = Path(__file__).parents[2]
 DATABASES = 3

@@ -6,12 +6,12 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from tasks.text2sql.generation.domains import DEV_DOMAINS, TEST_DOMAINS
-from tasks.text2sql.generation.schema import Role
-from tasks.text2sql.synthesis.build import SEED
-from tasks.text2sql.synthesis.domains import TRAIN_SYNTH_DOMAINS
-from tasks.text2sql.synthesis.naming import ABBREVIATIONS, is_plain_identifier
-from tasks.text2sql.synthesis.schemas import SynthDatabase, synth_databases
+from tasks.text2sql.sources.generation.domains import DEV_DOMAINS, TEST_DOMAINS
+from tasks.text2sql.sources.generation.schema import Role
+from tasks.text2sql.sources.synthesis.build import SEED
+from tasks.text2sql.sources.synthesis.domains import TRAIN_SYNTH_DOMAINS
+from tasks.text2sql.sources.synthesis.naming import ABBREVIATIONS, is_plain_identifier
+from tasks.text2sql.sources.synthesis.schemas import SynthDatabase, synth_databases
 
 DATABASES = synth_databases(SEED)
 

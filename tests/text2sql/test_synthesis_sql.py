@@ -11,14 +11,14 @@ import duckdb
 import pytest
 
 from tasks.text2sql.dataset import Database
-from tasks.text2sql.sandbox import SandboxLimits, SqlSandbox
-from tasks.text2sql.synthesis.build import SEED
-from tasks.text2sql.synthesis.checks import MAX_ROWS, Rejection, judge
-from tasks.text2sql.synthesis.databases import ensure_synth_databases
-from tasks.text2sql.synthesis.features import Feature, sql_features
-from tasks.text2sql.synthesis.questions import evidence_for
-from tasks.text2sql.synthesis.sampling import SampledQuery, SamplingStats, sample_queries
-from tasks.text2sql.synthesis.schemas import SynthDatabase, synth_databases
+from tasks.text2sql.sources.synthesis.build import SEED
+from tasks.text2sql.sources.synthesis.checks import MAX_ROWS, Rejection, judge
+from tasks.text2sql.sources.synthesis.databases import ensure_synth_databases
+from tasks.text2sql.sources.synthesis.features import Feature, sql_features
+from tasks.text2sql.sources.synthesis.questions import evidence_for
+from tasks.text2sql.sources.synthesis.sampling import SampledQuery, SamplingStats, sample_queries
+from tasks.text2sql.sources.synthesis.schemas import SynthDatabase, synth_databases
+from tasks.text2sql.sql.sandbox import SandboxLimits, SqlSandbox
 
 # Databases with a self-reference (banking's referrals, manufacturing's mentors) and opaque columns among them.
 DB_IDS = ("veterinary_1", "university_1", "banking_1", "manufacturing_1", "helpdesk_2", "zoo_3")

@@ -7,8 +7,8 @@ import pytest
 from tasks.errors import SplitError, TaskError, UnknownTaskError
 from tasks.registry import open_task
 from tasks.text2sql.dataset import Difficulty
-from tasks.text2sql.rewards import DEFAULT_REWARD_SPEC, RewardSpec
-from tasks.text2sql.scoring import Scorer
+from tasks.text2sql.reward.rewards import DEFAULT_REWARD_SPEC, RewardSpec
+from tasks.text2sql.reward.scoring import Scorer
 from tasks.text2sql.task import Text2SqlTask
 
 

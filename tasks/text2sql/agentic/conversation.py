@@ -18,7 +18,7 @@ from pathlib import Path
 from tasks.text2sql.agentic.turns import ANSWER, ObservationLimits, ParsedTurn, TurnKind, parse_turn, render_result
 from tasks.text2sql.dataset import Example
 from tasks.text2sql.prompts import parse_completion, render_prompt, schema_block, tables_used
-from tasks.text2sql.sandbox import QueryRunner
+from tasks.text2sql.sql.sandbox import QueryRunner
 
 # A keyword at the start of a line of the reply (after any markdown the model dresses it in).
 _KEYWORD = re.compile(r"(?:^|\n)[ \t>*_`#]*(?=(?:explore|answer)\s*:)", re.IGNORECASE)

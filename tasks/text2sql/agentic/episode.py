@@ -17,8 +17,8 @@ from tasks.text2sql.agentic.conversation import parse_reply, reply_observation
 from tasks.text2sql.agentic.turns import ObservationLimits, ParsedTurn, TurnKind, parse_turn, render_result
 from tasks.text2sql.dataset import Example
 from tasks.text2sql.errors import Text2SqlError
-from tasks.text2sql.rewards import EpisodeFacts
-from tasks.text2sql.sandbox import ExecutionStatus, QueryRunner
+from tasks.text2sql.reward.rewards import EpisodeFacts
+from tasks.text2sql.sql.sandbox import ExecutionStatus, QueryRunner
 
 # The cue shown when one turn is left, so that a policy which reads it answers rather than runs out.
 LAST_TURN_CUE = "One turn left: answer now."

@@ -14,7 +14,7 @@ from tasks.text2sql.agentic.episode import EpisodeLimits
 from tasks.text2sql.agentic.turns import ANSWER, EXPLORE, render_result
 from tasks.text2sql.dataset import Example
 from tasks.text2sql.prompts import schema_block, tables_used
-from tasks.text2sql.sandbox import QueryRunner
+from tasks.text2sql.sql.sandbox import QueryRunner
 
 
 def instruction(limits: EpisodeLimits) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from tasks.text2sql.prompts import parse_completion
-from tasks.text2sql.sandbox import ExecutionResult
+from tasks.text2sql.sql.sandbox import ExecutionResult
 
 EXPLORE = "Explore:"
 ANSWER = "Answer:"

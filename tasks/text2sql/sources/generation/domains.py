@@ -1,0 +1,988 @@
+"""The bundled databases: twelve domains, each a handful of related tables.
+
+Splits are by database, as in Spider: `TRAIN_DOMAINS`, `DEV_DOMAINS` and `TEST_DOMAINS` never share one.
+"""
+
+from tasks.text2sql.sources.generation.pools import CITIES, COUNTRIES
+from tasks.text2sql.sources.generation.schema import (
+    Domain,
+    Table,
+    category,
+    date,
+    fk,
+    flag,
+    label,
+    number,
+    pk,
+)
+
+RETAIL = Domain(
+    "retail",
+    "An online shop: customers, products, orders and the items in them.",
+    (
+        Table(
+            "customers",
+            "customer",
+            "customers",
+            (
+                pk(),
+                label("name", "name", pool="person"),
+                category("city", "city", CITIES[:12], ("live in {v}", "are based in {v}")),
+                category("segment", "segment", ("consumer", "corporate", "small business")),
+                date("signup_date", "signup date", 2016, 2024),
+            ),
+            rows=600,
+        ),
+        Table(
+            "products",
+            "product",
+            "products",
+            (
+                pk(),
+                label("name", "name", pool="product"),
+                category(
+                    "category",
+                    "category",
+                    ("electronics", "outdoor", "kitchen", "apparel", "office"),
+                    ("belong to the {v} category", "are sold as {v}"),
+                ),
+                number(
+                    "price",
+                    "price",
+                    3,
+                    900,
+                    decimals=2,
+                    above_phrases=("cost more than {v}", "are priced above {v}"),
+                    below_phrases=("cost less than {v}", "are cheaper than {v}"),
+                ),
+                number("stock", "stock level", 0, 500, above_phrases=("have more than {v} units in stock",)),
+            ),
+            rows=180,
+        ),
+        Table(
+            "orders",
+            "order",
+            "orders",
+            (
+                pk(),
+                fk("customer_id", "customers"),
+                date("order_date", "order date", 2019, 2024),
+                category("status", "status", ("shipped", "delivered", "cancelled", "returned", "pending")),
+                category("channel", "sales channel", ("web", "mobile", "phone")),
+            ),
+            rows=2500,
+        ),
+        Table(
+            "order_items",
+            "order item",
+            "order items",
+            (
+                pk(),
+                fk("order_id", "orders"),
+                fk("product_id", "products"),
+                number("quantity", "quantity", 1, 12),
+                number("discount", "discount", 0, 0.5, decimals=2, additive=False),
+            ),
+            rows=4000,
+        ),
+    ),
+)
+
+HOSPITAL = Domain(
+    "hospital",
+    "A hospital: departments, physicians, patients, appointments and prescriptions.",
+    (
+        Table(
+            "departments",
+            "department",
+            "departments",
+            (
+                pk(),
+                label(
+                    "name",
+                    "name",
+                    values=(
+                        "Cardiology",
+                        "Neurology",
+                        "Oncology",
+                        "Pediatrics",
+                        "Radiology",
+                        "Orthopedics",
+                        "Dermatology",
+                        "Emergency",
+                    ),
+                ),
+                number("floor", "floor", 1, 9, additive=False),
+                number("budget", "budget", 200000, 5000000, above_phrases=("have a budget above {v}",)),
+            ),
+        ),
+        Table(
+            "physicians",
+            "physician",
+            "physicians",
+            (
+                pk(),
+                label("name", "name", pool="person"),
+                fk("department_id", "departments"),
+                category(
+                    "position",
+                    "position",
+                    ("attending", "resident", "fellow", "chief"),
+                    ("work as {v} physicians", "hold the {v} position"),
+                ),
+                number(
+                    "years_experience",
+                    "years of experience",
+                    1,
+                    40,
+                    above_phrases=("have more than {v} years of experience",),
+                    additive=False,
+                ),
+            ),
+            rows=120,
+        ),
+        Table(
+            "patients",
+            "patient",
+            "patients",
+            (
+                pk(),
+                label("name", "name", pool="person"),
+                date("birth_date", "date of birth", 1935, 2020),
+                category("gender", "gender", ("female", "male")),
+                category(
+                    "insurance",
+                    "insurance provider",
+                    ("Aetna", "Medicare", "Cigna", "Humana", "uninsured"),
+                    null_fraction=0.05,
+                ),
+                category("city", "city", CITIES[5:15], ("live in {v}", "come from {v}")),
+            ),
+            rows=900,
+        ),
+        Table(
+            "appointments",
+            "appointment",
+            "appointments",
+            (
+                pk(),
+                fk("patient_id", "patients"),
+                fk("physician_id", "physicians"),
+                date("appointment_date", "appointment date", 2020, 2024),
+                number(
+                    "duration_minutes",
+                    "duration in minutes",
+                    10,
+                    90,
+                    above_phrases=("lasted longer than {v} minutes",),
+                ),
+                category(
+                    "reason",
+                    "reason",
+                    ("checkup", "follow-up", "surgery consult", "emergency", "vaccination"),
+                ),
+            ),
+            rows=3000,
+        ),
+        Table(
+            "prescriptions",
+            "prescription",
+            "prescriptions",
+            (
+                pk(),
+                fk("appointment_id", "appointments"),
+                label("drug", "drug name", pool="drug"),
+                number("dose_mg", "dose in milligrams", 5, 1000, additive=False),
+                number("days", "number of days", 1, 90),
+            ),
+            rows=1800,
+        ),
+    ),
+)
+
+SCHOOL = Domain(
+    "school",
+    "A school: teachers, courses, students and their enrollments with grades.",
+    (
+        Table(
+            "teachers",
+            "teacher",
+            "teachers",
+            (
+                pk(),
+                label("name", "name", pool="person"),
+                category(
+                    "subject_area",
+                    "subject area",
+                    ("science", "mathematics", "humanities", "arts", "languages"),
+                    ("teach {v}",),
+                ),
+                date("hire_date", "hire date", 1995, 2024),
+                number(
+                    "salary",
+                    "salary",
+                    38000,
+                    110000,
+                    above_phrases=("earn more than {v}",),
+                    below_phrases=("earn less than {v}",),
+                ),
+            ),
+            rows=60,
+        ),
+        Table(
+            "courses",
+            "course",
+            "courses",
+            (
+                pk(),
+                label("title", "title", pool="course"),
+                fk("teacher_id", "teachers"),
+                number("credits", "credits", 1, 6),
+                category("level", "level", ("introductory", "intermediate", "advanced")),
+            ),
+            rows=90,
+        ),
+        Table(
+            "students",
+            "student",
+            "students",
+            (
+                pk(),
+                label("name", "name", pool="person"),
+                number("grade_level", "grade level", 9, 12, additive=False),
+                date("enrollment_date", "enrollment date", 2019, 2024),
+                category("house", "house", ("Oak", "Cedar", "Maple", "Birch")),
+                flag("has_scholarship", "scholarship", ("have a scholarship", "receive a scholarship")),
+            ),
+            rows=700,
+        ),
+        Table(
+            "enrollments",
+            "enrollment",
+            "enrollments",
+            (
+                pk(),
+                fk("student_id", "students"),
+                fk("course_id", "courses"),
+                number("score", "score", 35, 100, decimals=1, above_phrases=("scored above {v}",), additive=False),
+                category("term", "term", ("fall 2023", "spring 2024", "fall 2024")),
+            ),
+            rows=3500,
+        ),
+    ),
+)
+
+HR = Domain(
+    "hr",
+    "A company's people data: departments, jobs, employees and their reviews.",
+    (
+        Table(
+            "departments",
+            "department",
+            "departments",
+            (
+                pk(),
+                label(
+                    "name",
+                    "name",
+                    values=(
+                        "Sales",
+                        "Engineering",
+                        "Finance",
+                        "Marketing",
+                        "Support",
+                        "Legal",
+                        "Operations",
+                        "Research",
+                        "Design",
+                    ),
+                ),
+                category("location", "location", CITIES[:6]),
+            ),
+        ),
+        Table(
+            "jobs",
+            "job",
+            "jobs",
+            (
+                pk(),
+                label(
+                    "title",
+                    "job title",
+                    values=(
+                        "Analyst",
+                        "Engineer",
+                        "Manager",
+                        "Director",
+                        "Specialist",
+                        "Coordinator",
+                        "Consultant",
+                        "Technician",
+                        "Associate",
+                        "Intern",
+                    ),
+                ),
+                number("min_salary", "minimum salary", 25000, 80000, additive=False),
+                number("max_salary", "maximum salary", 60000, 220000, additive=False),
+            ),
+        ),
+        Table(
+            "employees",
+            "employee",
+            "employees",
+            (
+                pk(),
+                label("name", "name", pool="person"),
+                fk("department_id", "departments"),
+                fk("job_id", "jobs"),
+                date("hire_date", "hire date", 2005, 2024),
+                number(
+                    "salary",
+                    "salary",
+                    28000,
+                    210000,
+                    above_phrases=("earn more than {v}", "make over {v}"),
+                    below_phrases=("earn less than {v}",),
+                ),
+                category(
+                    "employment_type",
+                    "employment type",
+                    ("full-time", "part-time", "contractor"),
+                    ("work {v}", "are employed {v}"),
+                ),
+            ),
+            rows=1200,
+        ),
+        Table(
+            "reviews",
+            "performance review",
+            "performance reviews",
+            (
+                pk(),
+                fk("employee_id", "employees"),
+                number("year", "review year", 2018, 2024, additive=False),
+                number("rating", "rating", 1, 5, above_phrases=("were rated above {v}",), additive=False),
+            ),
+            rows=2600,
+        ),
+    ),
+)
+
+MUSIC = Domain(
+    "music",
+    "A music catalogue: artists, albums, tracks and plays.",
+    (
+        Table(
+            "artists",
+            "artist",
+            "artists",
+            (
+                pk(),
+                label("name", "name", pool="band"),
+                category("country", "country", COUNTRIES[:10], ("come from {v}", "are from {v}")),
+                number("formed_year", "year formed", 1960, 2020, additive=False),
+                category(
+                    "genre",
+                    "genre",
+                    ("rock", "jazz", "pop", "hip hop", "electronic", "folk"),
+                    ("play {v}", "make {v} music"),
+                ),
+            ),
+            rows=150,
+        ),
+        Table(
+            "albums",
+            "album",
+            "albums",
+            (
+                pk(),
+                label("title", "title", pool="album"),
+                fk("artist_id", "artists"),
+                number("release_year", "release year", 1965, 2024, additive=False),
+                category("label", "record label", ("Blue Note", "Sub Pop", "Atlantic", "XL", "Warp", "independent")),
+            ),
+            rows=420,
+        ),
+        Table(
+            "tracks",
+            "track",
+            "tracks",
+            (
+                pk(),
+                label("title", "title", pool="album"),
+                fk("album_id", "albums"),
+                number(
+                    "duration_seconds",
+                    "duration in seconds",
+                    90,
+                    600,
+                    above_phrases=("run longer than {v} seconds",),
+                    additive=False,
+                ),
+                flag("explicit", "explicit flag", ("are explicit",)),
+            ),
+            rows=2500,
+        ),
+        Table(
+            "plays",
+            "play",
+            "plays",
+            (
+                pk(),
+                fk("track_id", "tracks"),
+                date("played_on", "play date", 2022, 2024),
+                category("device", "device", ("phone", "desktop", "speaker", "car")),
+                number("seconds_played", "seconds played", 5, 600),
+            ),
+            rows=4000,
+        ),
+    ),
+)
+
+LIBRARY = Domain(
+    "library",
+    "A public library: branches, books, members and loans.",
+    (
+        Table(
+            "branches",
+            "branch",
+            "branches",
+            (
+                pk(),
+                label(
+                    "name",
+                    "name",
+                    values=(
+                        "Central",
+                        "Riverside",
+                        "Hillcrest",
+                        "Old Town",
+                        "Harbor",
+                        "Northgate",
+                        "Westfield",
+                    ),
+                ),
+                category("city", "city", CITIES[10:16]),
+                number("opened_year", "year opened", 1900, 2015, additive=False),
+            ),
+        ),
+        Table(
+            "books",
+            "book",
+            "books",
+            (
+                pk(),
+                label("title", "title", pool="book"),
+                label("author", "author", pool="person"),
+                category(
+                    "genre",
+                    "genre",
+                    ("fiction", "history", "science", "poetry", "children", "biography"),
+                    ("are {v} books",),
+                ),
+                number(
+                    "pages",
+                    "page count",
+                    60,
+                    900,
+                    above_phrases=("have more than {v} pages",),
+                    additive=False,
+                ),
+                number("published_year", "publication year", 1950, 2024, additive=False),
+            ),
+            rows=800,
+        ),
+        Table(
+            "members",
+            "member",
+            "members",
+            (
+                pk(),
+                label("name", "name", pool="person"),
+                fk("branch_id", "branches", "home branch"),
+                date("joined_on", "join date", 2010, 2024),
+                category("membership", "membership type", ("standard", "student", "senior", "family")),
+            ),
+            rows=650,
+        ),
+        Table(
+            "loans",
+            "loan",
+            "loans",
+            (
+                pk(),
+                fk("book_id", "books"),
+                fk("member_id", "members"),
+                date("loan_date", "loan date", 2021, 2024),
+                number(
+                    "days_kept",
+                    "days kept",
+                    1,
+                    60,
+                    above_phrases=("were kept longer than {v} days",),
+                    additive=False,
+                ),
+                flag("returned", "returned", ("were returned",)),
+            ),
+            rows=3000,
+        ),
+    ),
+)
+
+RESTAURANTS = Domain(
+    "restaurants",
+    "A restaurant group: restaurants, menu dishes, staff and inspections.",
+    (
+        Table(
+            "restaurants",
+            "restaurant",
+            "restaurants",
+            (
+                pk(),
+                label("name", "name", pool="restaurant"),
+                category(
+                    "cuisine",
+                    "cuisine",
+                    ("Italian", "Thai", "Mexican", "Japanese", "Ethiopian", "French"),
+                    ("serve {v} food",),
+                ),
+                category("city", "city", CITIES[:8]),
+                number("seats", "seating capacity", 20, 200, above_phrases=("seat more than {v} guests",)),
+            ),
+            rows=110,
+        ),
+        Table(
+            "dishes",
+            "dish",
+            "dishes",
+            (
+                pk(),
+                label("name", "name", pool="dish"),
+                fk("restaurant_id", "restaurants"),
+                number("price", "price", 4, 60, decimals=2, above_phrases=("cost more than {v}",)),
+                flag("vegetarian", "vegetarian flag", ("are vegetarian",)),
+                number("calories", "calories", 150, 1600, additive=False),
+            ),
+            rows=900,
+        ),
+        Table(
+            "staff",
+            "staff member",
+            "staff members",
+            (
+                pk(),
+                label("name", "name", pool="person"),
+                fk("restaurant_id", "restaurants"),
+                category("role", "role", ("chef", "waiter", "manager", "host", "dishwasher"), ("work as a {v}",)),
+                number("hourly_wage", "hourly wage", 12, 45, decimals=2, additive=False),
+            ),
+            rows=700,
+        ),
+        Table(
+            "inspections",
+            "inspection",
+            "inspections",
+            (
+                pk(),
+                fk("restaurant_id", "restaurants"),
+                date("inspection_date", "inspection date", 2019, 2024),
+                number("score", "score", 55, 100, below_phrases=("scored below {v}",), additive=False),
+                category("result", "result", ("pass", "conditional pass", "fail")),
+            ),
+            rows=600,
+        ),
+    ),
+)
+
+REAL_ESTATE = Domain(
+    "real_estate",
+    "A real estate agency: agents, properties, viewings and sales.",
+    (
+        Table(
+            "agents",
+            "agent",
+            "agents",
+            (
+                pk(),
+                label("name", "name", pool="person"),
+                category("office", "office", CITIES[3:9], ("work out of the {v} office",)),
+                number("commission_rate", "commission rate", 0.01, 0.06, decimals=3, additive=False),
+            ),
+            rows=70,
+        ),
+        Table(
+            "properties",
+            "property",
+            "properties",
+            (
+                pk(),
+                label("address", "address", pool="street"),
+                category("property_type", "property type", ("apartment", "house", "townhouse", "studio", "loft")),
+                number("bedrooms", "number of bedrooms", 0, 6, above_phrases=("have more than {v} bedrooms",)),
+                number("area_sqm", "area in square meters", 25, 400),
+                number("list_price", "list price", 80000, 2500000, above_phrases=("are listed above {v}",)),
+                fk("agent_id", "agents"),
+            ),
+            rows=900,
+        ),
+        Table(
+            "viewings",
+            "viewing",
+            "viewings",
+            (
+                pk(),
+                fk("property_id", "properties"),
+                date("viewing_date", "viewing date", 2022, 2024),
+                number("visitors", "number of visitors", 1, 8, additive=False),
+            ),
+            rows=2400,
+        ),
+        Table(
+            "sales",
+            "sale",
+            "sales",
+            (
+                pk(),
+                fk("property_id", "properties"),
+                date("sale_date", "sale date", 2021, 2024),
+                number("sale_price", "sale price", 70000, 2600000, above_phrases=("sold for more than {v}",)),
+            ),
+            rows=420,
+        ),
+    ),
+)
+
+FLIGHTS = Domain(
+    "flights",
+    "An airline network: airlines, airports, flights and bookings.",
+    (
+        Table(
+            "airlines",
+            "airline",
+            "airlines",
+            (
+                pk(),
+                label(
+                    "name",
+                    "name",
+                    values=(
+                        "SkyWays",
+                        "Aurora Air",
+                        "Pacific Blue",
+                        "Atlas Airlines",
+                        "NorthJet",
+                        "Sunline",
+                        "Condor Express",
+                        "Meridian",
+                    ),
+                ),
+                category("country", "country", COUNTRIES[:8], ("are based in {v}",)),
+                number("founded_year", "year founded", 1930, 2015, additive=False),
+            ),
+        ),
+        Table(
+            "airports",
+            "airport",
+            "airports",
+            (
+                pk(),
+                label(
+                    "code",
+                    "code",
+                    values=(
+                        "BER",
+                        "LOS",
+                        "KIX",
+                        "YYZ",
+                        "LIM",
+                        "MAD",
+                        "NBO",
+                        "OSL",
+                        "ICN",
+                        "AUS",
+                        "LYS",
+                        "OPO",
+                        "KRK",
+                        "DEN",
+                        "MNL",
+                        "CAI",
+                        "DUB",
+                        "PER",
+                    ),
+                ),
+                category("city", "city", CITIES[:18]),
+                number("runways", "number of runways", 1, 6, additive=False),
+            ),
+        ),
+        Table(
+            "flights",
+            "flight",
+            "flights",
+            (
+                pk(),
+                label("flight_number", "flight number", pool="flight"),
+                fk("airline_id", "airlines"),
+                fk("origin_id", "airports", "origin airport"),
+                fk("destination_id", "airports", "destination airport"),
+                number(
+                    "distance_km",
+                    "distance in kilometres",
+                    300,
+                    12000,
+                    above_phrases=("fly farther than {v} km",),
+                ),
+                number("duration_minutes", "duration in minutes", 45, 900),
+            ),
+            rows=500,
+        ),
+        Table(
+            "bookings",
+            "booking",
+            "bookings",
+            (
+                pk(),
+                fk("flight_id", "flights"),
+                label("passenger", "passenger name", pool="person"),
+                category(
+                    "cabin",
+                    "cabin class",
+                    ("economy", "premium economy", "business", "first"),
+                    ("fly {v}", "are in {v} class"),
+                ),
+                number("fare", "fare", 40, 4000, decimals=2, above_phrases=("paid more than {v}",)),
+                date("booked_on", "booking date", 2023, 2024),
+            ),
+            rows=3200,
+        ),
+    ),
+)
+
+HOTELS = Domain(
+    "hotels",
+    "A hotel chain: hotels, rooms, guests and stays.",
+    (
+        Table(
+            "hotels",
+            "hotel",
+            "hotels",
+            (
+                pk(),
+                label("name", "name", pool="hotel"),
+                category("city", "city", CITIES[6:16], ("are located in {v}",)),
+                number("stars", "star rating", 1, 5, above_phrases=("have more than {v} stars",), additive=False),
+            ),
+            rows=45,
+        ),
+        Table(
+            "rooms",
+            "room",
+            "rooms",
+            (
+                pk(),
+                fk("hotel_id", "hotels"),
+                number("room_number", "room number", 100, 999, additive=False),
+                category("room_type", "room type", ("single", "double", "suite", "family")),
+                number(
+                    "nightly_rate",
+                    "nightly rate",
+                    45,
+                    900,
+                    decimals=2,
+                    above_phrases=("cost more than {v} a night",),
+                    additive=False,
+                ),
+            ),
+            rows=800,
+        ),
+        Table(
+            "guests",
+            "guest",
+            "guests",
+            (
+                pk(),
+                label("name", "name", pool="person"),
+                category("country", "country", COUNTRIES, ("come from {v}",)),
+                flag("loyalty_member", "loyalty membership", ("are loyalty members",)),
+            ),
+            rows=1100,
+        ),
+        Table(
+            "stays",
+            "stay",
+            "stays",
+            (
+                pk(),
+                fk("guest_id", "guests"),
+                fk("room_id", "rooms"),
+                date("check_in", "check-in date", 2022, 2024),
+                number("nights", "number of nights", 1, 21, above_phrases=("lasted more than {v} nights",)),
+                number("total_paid", "total paid", 50, 15000, decimals=2),
+            ),
+            rows=2800,
+        ),
+    ),
+)
+
+CINEMA = Domain(
+    "cinema",
+    "A film archive: directors, films, cinemas, screenings and ticket sales.",
+    (
+        Table(
+            "directors",
+            "director",
+            "directors",
+            (
+                pk(),
+                label("name", "name", pool="person"),
+                category("nationality", "nationality", COUNTRIES[:12]),
+                number("birth_year", "birth year", 1940, 1995, additive=False),
+            ),
+            rows=90,
+        ),
+        Table(
+            "films",
+            "film",
+            "films",
+            (
+                pk(),
+                label("title", "title", pool="film"),
+                fk("director_id", "directors"),
+                number("release_year", "release year", 1970, 2024, additive=False),
+                category(
+                    "genre",
+                    "genre",
+                    ("drama", "comedy", "thriller", "documentary", "animation", "sci-fi"),
+                    ("are {v} films",),
+                ),
+                number(
+                    "runtime_minutes",
+                    "runtime in minutes",
+                    70,
+                    200,
+                    above_phrases=("run longer than {v} minutes",),
+                    additive=False,
+                ),
+                number("budget_musd", "budget in millions", 1, 250, decimals=1),
+            ),
+            rows=400,
+        ),
+        Table(
+            "cinemas",
+            "cinema",
+            "cinemas",
+            (
+                pk(),
+                label(
+                    "name",
+                    "name",
+                    values=(
+                        "Rex",
+                        "Odeon Park",
+                        "Lumiere",
+                        "Starlight",
+                        "Metro",
+                        "Palace",
+                        "Roxy",
+                        "Vista",
+                        "Capitol",
+                        "Regent",
+                    ),
+                ),
+                category("city", "city", CITIES[2:12]),
+                number("screens", "number of screens", 1, 16),
+            ),
+        ),
+        Table(
+            "screenings",
+            "screening",
+            "screenings",
+            (
+                pk(),
+                fk("film_id", "films"),
+                fk("cinema_id", "cinemas"),
+                date("screening_date", "screening date", 2023, 2024),
+                number("tickets_sold", "tickets sold", 0, 400, above_phrases=("sold more than {v} tickets",)),
+                number("ticket_price", "ticket price", 5, 22, decimals=2, additive=False),
+            ),
+            rows=3000,
+        ),
+    ),
+)
+
+FOOTBALL = Domain(
+    "football",
+    "A football league: teams, players, matches and goals.",
+    (
+        Table(
+            "teams",
+            "team",
+            "teams",
+            (
+                pk(),
+                label("name", "name", pool="team"),
+                category("city", "home city", CITIES[:14]),
+                number("founded_year", "year founded", 1870, 2000, additive=False),
+                number("stadium_capacity", "stadium capacity", 5000, 80000),
+            ),
+            rows=28,
+        ),
+        Table(
+            "players",
+            "player",
+            "players",
+            (
+                pk(),
+                label("name", "name", pool="person"),
+                fk("team_id", "teams"),
+                category(
+                    "position",
+                    "position",
+                    ("goalkeeper", "defender", "midfielder", "forward"),
+                    ("play as {v}s",),
+                ),
+                category("nationality", "nationality", COUNTRIES[:15]),
+                number(
+                    "age",
+                    "age",
+                    17,
+                    39,
+                    above_phrases=("are older than {v}",),
+                    below_phrases=("are younger than {v}",),
+                    additive=False,
+                ),
+                number("market_value_meur", "market value in millions of euros", 0.2, 120, decimals=1),
+            ),
+            rows=650,
+        ),
+        Table(
+            "matches",
+            "match",
+            "matches",
+            (
+                pk(),
+                fk("home_team_id", "teams", "home team"),
+                fk("away_team_id", "teams", "away team"),
+                date("match_date", "match date", 2022, 2024),
+                number("attendance", "attendance", 1000, 78000, above_phrases=("drew more than {v} spectators",)),
+            ),
+            rows=700,
+        ),
+        Table(
+            "goals",
+            "goal",
+            "goals",
+            (
+                pk(),
+                fk("match_id", "matches"),
+                fk("player_id", "players", "scorer"),
+                number("minute", "minute", 1, 95, additive=False),
+                flag("penalty", "penalty flag", ("were penalties",)),
+            ),
+            rows=1900,
+        ),
+    ),
+)
+
+TRAIN_DOMAINS = (RETAIL, HOSPITAL, SCHOOL, HR, MUSIC, LIBRARY, RESTAURANTS, REAL_ESTATE)
+DEV_DOMAINS = (FLIGHTS, HOTELS)
+TEST_DOMAINS = (CINEMA, FOOTBALL)
