@@ -101,6 +101,12 @@ class ServerConfig(BaseSettings):
     vllm_url: str | None = Field(
         None, description="with --sampler vllm: a vLLM server already running (LoRA and runtime loading on) instead"
     )
+    shards: int = Field(
+        1,
+        ge=1,
+        description="processes the base model's decoder layers are sharded over (FSDP2): one GPU each on a GPU node, "
+        "gloo processes on a CPU; under torchrun, its WORLD_SIZE",
+    )
     max_loras: int = Field(8, ge=1, description="with --sampler vllm: adapters vLLM holds at once")
     vllm_gpu_memory_share: float = Field(
         0.4,
@@ -113,6 +119,12 @@ class ServerConfig(BaseSettings):
     def _vllm_reachable(self) -> ServerConfig:
         if self.sampler == "vllm" and (self.vllm_python is None) == (self.vllm_url is None):
             raise ValueError("--sampler vllm needs one of --vllm-python (to start vLLM) or --vllm-url (one running)")
+        return self
+
+    @model_validator(mode="after")
+    def _shards_sample_builtin(self) -> ServerConfig:
+        if self.shards > 1 and self.sampler != "builtin":
+            raise ValueError("a sharded backend (--shards above 1) samples with the built-in engine, not vLLM")
         return self
 
     @field_validator("api_keys")

@@ -21,10 +21,13 @@ from trainer_backend.api.app import create_app
 from trainer_backend.api.http_protocol import JsonErrorH11Protocol
 from trainer_backend.auth import KeyPolicy
 from trainer_backend.config import ServerConfig
+from trainer_backend.engine.model_engine import ModelEngine
 from trainer_backend.errors import UserInputError
 from trainer_backend.models.loading import dtype_name, load_base_model, select_device, select_dtype
 from trainer_backend.models.registry import default_cache_root, resolve_base_model
 from trainer_backend.service import TrainingService
+from trainer_backend.sharding.follower import run_follower
+from trainer_backend.sharding.leader import engine_settings, lead, shard_place, torchrun_place
 
 log = logging.getLogger(__name__)
 
@@ -61,17 +64,35 @@ def on_a_passing_thread(build: Callable[[], T]) -> T:
 
 
 def _build_service(config: ServerConfig) -> TrainingService:
-    resolved = resolve_base_model(config.base_model, config.model_cache or default_cache_root())
+    cache_root = config.model_cache or default_cache_root()
+    resolved = resolve_base_model(config.base_model, cache_root)
     device = select_device(config.device)
     dtype = select_dtype(config.dtype, device)
-    loaded = load_base_model(resolved, device, dtype)
-    log.info("serving %s from %s on %s in %s", loaded.name, loaded.folder, device, dtype_name(dtype))
-    return TrainingService(config, loaded)
+    place = shard_place(config)
+    if place is None:
+        engine = ModelEngine(
+            load_base_model(resolved, device, dtype),
+            activation_budget=config.max_training_activation_bytes,
+            spill_root=config.storage_root / "spill",
+            max_loaded_adapters=config.max_loaded_adapters,
+        )
+        where = str(device)
+    else:
+        engine = lead(config, place, resolved, cache_root, device)
+        where = f"{place.world} processes on {device.type}, the decoder layers sharded"
+    log.info("serving %s from %s on %s in %s", resolved.name, resolved.folder, where, dtype_name(dtype))
+    return TrainingService(config, engine)
 
 
 def serve(config: ServerConfig) -> None:
     """Run until interrupted (Ctrl-C, SIGTERM), then shut down: requests in flight answered, vLLM stopped, stores
     closed."""
+    place = torchrun_place()
+    if place is not None and not place.leads:
+        # A process of a group torchrun started, other than rank 0: it follows the leader's engine calls.
+        device = select_device(config.device)
+        settings = engine_settings(config, config.model_cache or default_cache_root(), device)
+        raise SystemExit(run_follower(settings, place))
     policy = KeyPolicy(frozenset(config.api_keys))
     policy.check_bind(config.host)
     # uvicorn answers SIGTERM by shutting down, then raises it again under the handler it found: the default one would

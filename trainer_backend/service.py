@@ -45,7 +45,6 @@ from trainer_backend.errors import (
     UserInputError,
 )
 from trainer_backend.ledger import FutureRecord, Ledger, ResultFormat
-from trainer_backend.models.loading import LoadedModel
 from trainer_backend.operations import Operation, Outcome
 from trainer_backend.request_kinds import RequestKind
 from trainer_backend.runs import RunStore, TrainingRun
@@ -55,6 +54,7 @@ from trainer_backend.samplers.interface import RecordedSamplingRequest
 from trainer_backend.samplers.routing import build_sampler
 from trainer_backend.scheduler import Scheduler
 from trainer_backend.server_state import BUSY_WINDOWS_S, AdapterCounts, ServerState
+from trainer_backend.sharding.replica import LeaderEngine
 from trainer_backend.status_view import server_status
 from trainer_backend.tenancy import EPHEMERAL_TTL_S, TenancyPolicy
 from trainer_backend.tenant_usage import OnDevice, TenantUsage, TokenPhase
@@ -137,9 +137,10 @@ class Submitted:
 class TrainingService:
     """One base model served to many owners: sessions, runs, futures, checkpoints, sampling."""
 
-    def __init__(self, config: ServerConfig, loaded: LoadedModel) -> None:
+    def __init__(self, config: ServerConfig, engine: ModelEngine | LeaderEngine) -> None:
+        """`engine`: the device's engine over the loaded base model, or the leader's of a sharded backend."""
         self.config = config
-        self.loaded = loaded
+        self.loaded = loaded = engine.loaded
         config.storage_root.mkdir(parents=True, exist_ok=True)
         self.ledger = Ledger(config.storage_root / "ledger.sqlite3")
         failed = self.ledger.fail_unfinished(RESTART_REASON)
@@ -150,12 +151,7 @@ class TrainingService:
         expired = self.checkpoints.delete_expired()
         if expired:
             log.info("deleted %d expired checkpoints", expired)
-        self.engine = ModelEngine(
-            loaded,
-            activation_budget=config.max_training_activation_bytes,
-            spill_root=config.storage_root / "spill",
-            max_loaded_adapters=config.max_loaded_adapters,
-        )
+        self.engine = engine
         self.scheduler = Scheduler(
             self.ledger,
             max_queued=config.max_queued,
@@ -187,6 +183,7 @@ class TrainingService:
         self.abandoned.close()
         self.sampler.close()
         self.scheduler.stop()
+        self.engine.close()
         self.ledger.close()
         self.runs.close()
 

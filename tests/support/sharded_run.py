@@ -7,7 +7,6 @@ Run: python tests/support/sharded_run.py MODEL_FOLDER SHARDS OUT_FOLDER
 
 from __future__ import annotations
 
-import socket
 import sys
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from trainer_backend.engine.types import (
 )
 from trainer_backend.models.loading import load_base_model
 from trainer_backend.models.registry import resolve_base_model
-from trainer_backend.sharding.group import ShardPlace, start_followers
+from trainer_backend.sharding.group import ShardPlace, free_port, start_followers
 from trainer_backend.sharding.replica import LeaderEngine
 from trainer_backend.sharding.shard_model import decoder_layers, resident_weight_bytes
 from trainer_backend.sharding.shards import EngineSettings, sharded_engine
@@ -111,12 +110,6 @@ def script(engine: ModelEngine | LeaderEngine, out: Path) -> dict:
     return results
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def main(folder: Path, shards: int, out: Path) -> None:
     settings = EngineSettings(
         base_model=str(folder),
@@ -135,15 +128,13 @@ def main(folder: Path, shards: int, out: Path) -> None:
         place = ShardPlace(0, shards, port=free_port())
         followers = start_followers(place, settings.arguments())
         group, local = sharded_engine(settings, place)
-        leader = LeaderEngine(local, group.channel)
+        leader = LeaderEngine(local, group, followers)
         layer_bytes = resident_weight_bytes(decoder_layers(local.loaded.model))
         results = script(leader, out)
         # Every layer's base weights back to their shard after all those calls: the memory stays saved.
         base = [p for name, p in decoder_layers(local.loaded.model).named_parameters() if "lora_" not in name]
         results["resharded_after"] = all(isinstance(p, DTensor) for p in base)
-        leader.stop_followers()
-        followers.stop()
-        group.close()
+        leader.close()
     results["layer_bytes"] = layer_bytes
     torch.save(results, out / "results.pt")
 

@@ -165,6 +165,9 @@ class ModelEngine:
         self.adapters.load(model_id, folder, with_optimizer=with_optimizer, trainable=True)
         self.residency.added(model_id)
 
+    def close(self) -> None:
+        """Nothing of its own to close: the model goes with the process (a sharded engine stops its followers)."""
+
     def has_adapter(self, model_id: str) -> bool:
         """Whether the training adapter exists, loaded or spilled to disk."""
         return model_id in self.residency

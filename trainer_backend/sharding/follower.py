@@ -23,6 +23,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("a follower needs RANK (1 or more), WORLD_SIZE, MASTER_ADDR and MASTER_PORT in its environment")
     layout = f"%(asctime)s shard {place.rank} %(levelname)s %(name)s: %(message)s"
     logging.basicConfig(level=logging.INFO, format=layout)
+    return run_follower(settings, place)
+
+
+def run_follower(settings: EngineSettings, place: ShardPlace) -> int:
+    """Build this process's engine over its shard and make the leader's calls until it stops; the exit status."""
     group, engine = sharded_engine(settings, place)
     try:
         follow(engine, group.channel)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import socket
 import subprocess
 import sys
 import threading
@@ -137,6 +138,8 @@ class ShardGroup:
             timeout=COLLECTIVE_TIMEOUT,
             wait_for_workers=False,
         )
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(
             backend, store=store, rank=place.rank, world_size=place.world, timeout=COLLECTIVE_TIMEOUT
@@ -174,7 +177,8 @@ class FollowerProcesses:
                     os._exit(SHARD_LOST_EXIT)
 
     def stop(self, timeout_s: float = 30) -> None:
-        """After the followers were told to stop: wait for them, killing those that do not end."""
+        """After the followers were told to stop (or when the leader failed to start): wait for them, killing those
+        that do not end within `timeout_s`."""
         self._stopping.set()
         for process in self.processes:
             try:
@@ -182,6 +186,13 @@ class FollowerProcesses:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now, for the group's store."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
 
 
 def start_followers(place: ShardPlace, arguments: Sequence[str]) -> FollowerProcesses:

@@ -33,7 +33,7 @@ from trainer_backend.engine.types import (
     SamplingRequest,
 )
 from trainer_backend.errors import BackendError, UserInputError
-from trainer_backend.sharding.group import CommandChannel
+from trainer_backend.sharding.group import CommandChannel, FollowerProcesses, ShardGroup
 
 
 @dataclass(frozen=True)
@@ -98,9 +98,12 @@ class LeaderEngine:
     """The leader's engine: each call is sent to the followers, then made here. What only reads the engine's state
     (`has_adapter`, `residency`, the weight checks) is the leader's alone."""
 
-    def __init__(self, engine: ModelEngine, channel: CommandChannel) -> None:
+    def __init__(self, engine: ModelEngine, group: ShardGroup, followers: FollowerProcesses | None) -> None:
+        """`followers`: the processes this leader started (None where torchrun started them)."""
         self.engine = engine
-        self.channel = channel
+        self.group = group
+        self.channel = group.channel
+        self.followers = followers
         self.loaded = engine.loaded
         self.residency = engine.residency
         self.weight_checks = engine.weight_checks
@@ -156,8 +159,12 @@ class LeaderEngine:
 
         return self.engine.sample_batch(replayed, paused, taking_in if admit is not None else None, finished)
 
-    def stop_followers(self) -> None:
+    def close(self) -> None:
+        """Tell the followers to stop, wait for those this leader started, and leave the group."""
         self.channel.send(Stop())
+        if self.followers is not None:
+            self.followers.stop()
+        self.group.close()
 
 
 def follow(engine: ModelEngine, channel: CommandChannel) -> None:

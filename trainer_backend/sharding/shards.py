@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from trainer_backend.engine.model_engine import ModelEngine
 from trainer_backend.models.loading import load_base_model, select_dtype
@@ -61,12 +62,15 @@ class EngineSettings:
 
 
 def sharded_engine(settings: EngineSettings, place: ShardPlace) -> tuple[ShardGroup, ModelEngine]:
-    """This process's group and its engine over its shard of the base model (converted into the cache already: the
-    leader resolves the model before it starts the followers)."""
+    """This process's group and its engine over its shard of the base model."""
     device = shard_device(place, torch.device(settings.device))
+    group = ShardGroup(place, device)
+    # Under torchrun every process starts at once: the leader converts the model into the cache, the others wait.
+    if place.leads:
+        resolve_base_model(settings.base_model, settings.model_cache)
+    dist.barrier()
     resolved = resolve_base_model(settings.base_model, settings.model_cache)
     loaded = load_base_model(resolved, device, select_dtype(settings.dtype, device))
-    group = ShardGroup(place, device)
     shard_decoder_layers(loaded.model, group.mesh)
     spill_root = settings.spill_root if place.leads else settings.spill_root / f"shard-{place.rank}"
     engine = ModelEngine(
