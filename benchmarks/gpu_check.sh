@@ -33,3 +33,12 @@ python -m benchmarks.duty_cycle --model google/gemma-3-270m --device cuda --conc
 # the device has room to spare (on a 2-core CPU it has little).
 python -m benchmarks.trial_pair --model google/gemma-3-270m --steps 6 --eval-interval 3 --eval-size 64 --serial \
   | tee "$OUT/trial_pair.txt"
+# The sharded backend (issue 49), where the machine has two GPUs or more: one process against a group of one process
+# per GPU, NCCL gathering each decoder layer's weights.
+GPUS=$(python -c "import torch; print(torch.cuda.device_count())")
+if [ "$GPUS" -ge 2 ]; then
+  python -m pytest -q tests/trainer_backend/test_sharded_engine.py tests/trainer_backend/test_sharded_server.py \
+    | tee "$OUT/sharded_tests.txt"  # the parity tests, on CPU processes over gloo
+  python -m benchmarks.sharded --model Qwen/Qwen2.5-Coder-0.5B-Instruct --shards "$GPUS" --device cuda \
+    | tee "$OUT/sharded.txt"
+fi

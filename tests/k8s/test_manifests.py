@@ -30,8 +30,9 @@ TARGETS = {
     "local": K8S / "overlays" / "local",
     "gke": K8S / "overlays" / "gke",
     "gke-llm": K8S / "overlays" / "gke-llm",
+    "gke-sharded": K8S / "overlays" / "gke-sharded",
 }
-OVERLAYS = ["local", "gke", "gke-llm"]
+OVERLAYS = ["local", "gke", "gke-llm", "gke-sharded"]
 KUBERNETES_VERSION = kubernetes_validate.latest_version()
 
 # The image every container but PostgreSQL's runs, as each target sets it.
@@ -40,6 +41,7 @@ PROJECT_IMAGE = {
     "local": "rl-posttrain:dev",
     "gke": "REGION-docker.pkg.dev/PROJECT/rl-posttrain/rl-posttrain:TAG",
     "gke-llm": "REGION-docker.pkg.dev/PROJECT/rl-posttrain/rl-posttrain:TAG",
+    "gke-sharded": "REGION-docker.pkg.dev/PROJECT/rl-posttrain/rl-posttrain:TAG",
 }
 POSTGRES_IMAGE = "postgres:15"
 # Objects the operator creates before applying (k8s/README.md), so no key is ever committed: rendered nowhere but in
@@ -49,12 +51,14 @@ USER_CREATED = {
     "local": set(),
     "gke": {("Secret", "rl-posttrain")},
     "gke-llm": {("Secret", "rl-posttrain")},
+    "gke-sharded": {("Secret", "rl-posttrain")},
 }
 # How each overlay's copy of the spec may differ from the base's, by dotted field.
 OVERLAY_SPEC_CHANGES = {
     "local": {"executor.image", "executor.cpu", "executor.memory"},
     "gke": {"executor.image", "backend"},
     "gke-llm": {"executor.image", "backend", "llm.base_url", "llm.model", "llm.api_key_env"},
+    "gke-sharded": {"executor.image", "backend", "base_model", "study"},
 }
 # Workloads that ask for a GPU, by target; nothing else may, or tolerate the GPU nodes' taint.
 GPU_WORKLOADS = {
@@ -62,6 +66,7 @@ GPU_WORKLOADS = {
     "local": set(),
     "gke": {"trainer-backend"},
     "gke-llm": {"trainer-backend", "proposer-llm"},
+    "gke-sharded": {"trainer-backend"},
 }
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PersistentVolume", "StorageClass"}
 BACKEND_PORT = 8000
@@ -281,6 +286,19 @@ def test_gke_backend_gets_a_gpu_on_a_gpu_node(rendered: dict, target: str) -> No
     assert pod["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-l4"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
     assert statefulset["spec"]["replicas"] == 2
+
+
+def test_the_sharded_backend_takes_one_gpu_per_shard_on_one_node(rendered: dict) -> None:
+    statefulset, container = backend(rendered["gke-sharded"])
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    shards = env["TRAINER_BACKEND_SHARDS"]
+    assert int(shards) > 1 and statefulset["spec"]["replicas"] == 1
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == container["resources"]["limits"]["nvidia.com/gpu"]
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == shards
+    # It samples with the built-in engine: nothing of vLLM is left from the gke overlay.
+    assert not {name for name in env if "VLLM" in name or name == "TRAINER_BACKEND_SAMPLER"}
+    assert env["TRAINER_BACKEND_DEVICE"] == "auto"
+    assert flag(expanded_command(container), "--base-model").startswith("/data/")
 
 
 def test_gke_backend_samples_with_vllm_beside_it_on_its_gpu(rendered: dict) -> None:
