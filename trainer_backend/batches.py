@@ -39,7 +39,7 @@ class BatchBudget:
 
 @dataclass(frozen=True)
 class BatchKind:
-    """Operations that run together in one device call (`Operation.batch_kind` names the kind), and how."""
+    """Operations that run together in one device call (those whose `Operation.batch_kind` it is), and how."""
 
     name: str
     runner: BatchRunner

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from trainer_backend.batches import BatchKind
 from trainer_backend.errors import ConflictError
 from trainer_backend.operations import Operation
 
@@ -56,13 +57,13 @@ class Lane:
             return self._waiting[self._next_seq]
         return self._unordered[0] if self._unordered else None
 
-    def next_of_kind(self, batch_kind: str) -> Operation | None:
+    def next_of_kind(self, batch_kind: BatchKind) -> Operation | None:
         """The operation of `batch_kind` that may run next: the lane's next one in seq_id order if it is of that
         kind (never a later one: it depends on what runs before it), else its oldest unordered one of that kind."""
         ordered = self._waiting.get(self._next_seq)
-        if ordered is not None and ordered.batch_kind == batch_kind:
+        if ordered is not None and ordered.batch_kind is batch_kind:
             return ordered
-        return next((op for op in self._unordered if op.batch_kind == batch_kind), None)
+        return next((op for op in self._unordered if op.batch_kind is batch_kind), None)
 
     def pop(self, operation: Operation) -> None:
         """Take `operation` out to run; an ordered one lets the next seq_id run."""

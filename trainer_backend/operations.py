@@ -10,11 +10,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from trainer_backend.errors import BackendError
 from trainer_backend.ledger import ResultFormat
 from trainer_backend.request_kinds import RequestKind
+
+if TYPE_CHECKING:  # batches.py builds on operations
+    from trainer_backend.batches import BatchKind
 
 # What an operation returns: the result bytes and how they are encoded.
 Work = Callable[[], tuple[bytes, ResultFormat]]
@@ -36,7 +39,8 @@ class Operation(Generic[PayloadT]):
     work: Work | None
     # Position in the lane's order; None for operations that need no ordering (sampling).
     seq_id: int | None = None
-    batch_kind: str | None = None
+    # The kind of device call it runs in (a training pass, a generation batch); None for an operation with `work`.
+    batch_kind: BatchKind | None = None
     # What the batch kind's runner runs (a ForwardBackwardCall, a RecordedSamplingRequest); None with `work`.
     payload: PayloadT | None = None
     # May run while a long batch pauses (a training step may run inside a long generation; nothing that adds or

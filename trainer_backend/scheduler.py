@@ -117,12 +117,10 @@ class Scheduler:
         ledger: Ledger,
         max_queued: int = 1024,
         gap_timeout_s: float = 60.0,
-        batch_kinds: Sequence[BatchKind] = (),
         policy: SchedulingPolicy = "least_recently_served",
         max_queued_per_owner: int | None = None,
     ) -> None:
-        """`batch_kinds`: registered at once (as `register` does).
-        `max_queued_per_owner`: queued operations one owner may have (None: only `max_queued` bounds them)."""
+        """`max_queued_per_owner`: queued operations one owner may have (None: only `max_queued` bounds them)."""
         self.ledger = ledger
         self.policy = policy
         self.max_queued = max_queued
@@ -145,8 +143,6 @@ class Scheduler:
         self._calls: list[BatchCall] = []
         self._busy_listeners: list[Callable[[float, float], None]] = []
         self._device_time_listeners: list[Callable[[Operation, float], None]] = []
-        for kind in batch_kinds:
-            self.register(kind)
         self._thread = threading.Thread(target=self._run, name="device-worker", daemon=True)
         self._thread.start()
 
@@ -166,8 +162,8 @@ class Scheduler:
             return [pair for call in self._calls for pair in call.unsettled_seconds(now)]
 
     def register(self, kind: BatchKind) -> None:
-        """Serve operations of `kind` (those whose `batch_kind` is its name) with its runner; a component built after
-        the scheduler registers the kind of the work it queues. Raises ValueError for a name registered already."""
+        """Serve operations of `kind` (those whose `batch_kind` it is) with its runner; the component that queues such
+        operations registers it once. Raises ValueError for a name registered already."""
         with self._condition:
             if kind.name in self._kinds:
                 raise ValueError(f"batch kind {kind.name!r} is registered already; register each batch kind once")
@@ -176,7 +172,8 @@ class Scheduler:
     def submit(self, operation: Operation[Any]) -> None:
         """Queue an operation; raises OverloadedError when the queues are full (the client backs off)."""
         batched = operation.batch_kind is not None
-        runnable = operation.payload is not None and operation.batch_kind in self._kinds
+        kind = operation.batch_kind
+        runnable = operation.payload is not None and kind is not None and self._kinds.get(kind.name) is kind
         if (operation.work is None) != batched or (batched and not runnable):
             raise ValueError(f"operation {operation.kind} needs either work or a batch kind with a runner and payload")
         with self._condition:
@@ -295,7 +292,7 @@ class Scheduler:
             return []
         candidates.sort(key=lambda c: c[0])
         _, name, first = candidates[0]
-        kind = self._kind_of(first)
+        kind = first.batch_kind
         window_s = kind.window_s if kind is not None else 0.0
         if not only_interleaving and now < first.enqueued_at + window_s:
             self._gathering_until = first.enqueued_at + window_s
@@ -327,7 +324,7 @@ class Scheduler:
         in when it could have)."""
         if operation.interleaves:
             return True
-        kind = self._kind_of(operation)
+        kind = operation.batch_kind
         return (
             kind is not None
             and kind.nests
@@ -352,7 +349,7 @@ class Scheduler:
         def take(name: str) -> _Turn:
             nonlocal used
             lane = self._lanes[name]
-            operation = lane.next_of_kind(kind.name)
+            operation = lane.next_of_kind(kind)
             if operation is None or operation.alone or used + kind.share(operation) > capacity + 1e-9:
                 return _Turn.LANE_DONE
             lane.pop(operation)
@@ -381,7 +378,7 @@ class Scheduler:
             inside = call.parties()
             waiting = []
             for name, lane in self._lanes.items():
-                oldest = lane.next_of_kind(kind.name)
+                oldest = lane.next_of_kind(kind)
                 if oldest is not None and oldest.party not in inside and now >= oldest.enqueued_at + kind.window_s:
                     waiting.append((self._turn(name, oldest), name, oldest.party))
             held = call.held_by_party()
@@ -389,7 +386,7 @@ class Scheduler:
 
             def take(name: str) -> _Turn:
                 lane = self._lanes[name]
-                operation = lane.next_of_kind(kind.name)
+                operation = lane.next_of_kind(kind)
                 if operation is None or operation.seq_id is not None:
                     return _Turn.LANE_DONE
                 share = kind.share(operation)
@@ -439,12 +436,8 @@ class Scheduler:
             with self._condition:
                 self._calls.remove(call)
 
-    def _kind_of(self, operation: Operation) -> BatchKind | None:
-        """The registered kind of `operation` (`submit` refuses others); None for one that runs its own work."""
-        return self._kinds[operation.batch_kind] if operation.batch_kind is not None else None
-
     def _call(self, batch: list[Operation], nested: bool) -> BatchCall:
-        return BatchCall(batch, self._kind_of(batch[0]), nested, self._hooks)
+        return BatchCall(batch, batch[0].batch_kind, nested, self._hooks)
 
     def _pause(self, call: BatchCall) -> None:
         """A long call pauses: run one batch of other tenants' ready operations that interleave or nest, if any, unless

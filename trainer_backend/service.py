@@ -156,9 +156,10 @@ class TrainingService:
             self.ledger,
             max_queued=config.max_queued,
             gap_timeout_s=config.gap_timeout_s,
-            batch_kinds=[BatchKind(TRAINING_PASS, self._run_forward_backward)],
             max_queued_per_owner=config.max_queued_per_key,
         )
+        self.training_pass = BatchKind(TRAINING_PASS, self._run_forward_backward)
+        self.scheduler.register(self.training_pass)
         self.duty_cycle = DutyCycle()
         self.scheduler.on_busy(self.duty_cycle.record)
         self.tokens_processed = TokenCounts()
@@ -199,12 +200,12 @@ class TrainingService:
         seq_id: int | None,
         idempotency_key: str | None,
         work: Callable[[], tuple[bytes, ResultFormat]] | None = None,
-        batch: tuple[str, ForwardBackwardCall] | None = None,
+        training_call: ForwardBackwardCall | None = None,
         reads: Path | None = None,
     ) -> FutureRecord:
         """Record a future of training run `model_id` and queue its operation on the run's lane, in `seq_id` order:
-        `work`, or a (batch kind, payload) for that kind's runner. `reads`: the checkpoint folder it needs, kept until
-        it has run."""
+        `work`, or a forward/backward call for the training pass (which batches it with other clients'). `reads`: the
+        checkpoint folder it needs, kept until it has run."""
         record, created = self.ledger.submit(
             owner,
             kind,
@@ -214,15 +215,14 @@ class TrainingService:
             idempotency_key=idempotency_key,
         )
         if created:
-            batch_kind, payload = batch if batch is not None else (None, None)
             operation = Operation(
                 record.request_id,
                 kind,
                 model_id,
                 work,
                 seq_id,
-                batch_kind=batch_kind,
-                payload=payload,
+                batch_kind=self.training_pass if training_call is not None else None,
+                payload=training_call,
                 interleaves=kind in INTERLEAVING_KINDS,
                 owner=owner,
                 run=model_id,
@@ -374,7 +374,7 @@ class TrainingService:
             batch.model_id, batch.datums, batch.loss_fn, batch.loss_fn_config, batch.forward_only
         )
         record = self._submit(
-            owner, kind, batch.model_id, body, seq_id=batch.seq_id, idempotency_key=key, batch=(TRAINING_PASS, call)
+            owner, kind, batch.model_id, body, seq_id=batch.seq_id, idempotency_key=key, training_call=call
         )
         return Submitted(record, model_id=batch.model_id)
 

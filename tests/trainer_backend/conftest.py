@@ -11,6 +11,7 @@ import tinker
 from support.backends import TINY, tiny_server_config
 from support.trainer import SQL, RawApi
 
+from trainer_backend.batches import BatchKind
 from trainer_backend.ledger import Ledger
 from trainer_backend.scheduler import Scheduler
 from trainer_backend.server import RunningServer, running_server
@@ -25,12 +26,15 @@ def ledger(tmp_path: Path) -> Iterator[Ledger]:
 
 @pytest.fixture
 def start_scheduler(ledger: Ledger) -> Iterator[Callable[..., Scheduler]]:
-    """Starts schedulers on the test's ledger (with `Scheduler`'s options) and stops each at teardown, before the
-    ledger closes: a test whose assertion fails leaves no worker thread running behind it."""
+    """Starts schedulers on the test's ledger (with `Scheduler`'s options, serving the batch kinds given) and stops
+    each at teardown, before the ledger closes: a test whose assertion fails leaves no worker thread running behind
+    it."""
     started: list[Scheduler] = []
 
-    def start(**options: object) -> Scheduler:
+    def start(*kinds: BatchKind, **options: object) -> Scheduler:
         scheduler = Scheduler(ledger, **options)
+        for kind in kinds:
+            scheduler.register(kind)
         started.append(scheduler)
         return scheduler
 

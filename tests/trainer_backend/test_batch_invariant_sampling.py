@@ -50,9 +50,9 @@ def wait_for(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
 # --- the scheduler ------------------------------------------------------------------------------------------------
 
 
-def sample_operation(ledger: Ledger, lane: str, payload: str, alone: bool = False) -> Operation:
+def sample_operation(ledger: Ledger, kind: BatchKind, lane: str, payload: str, alone: bool = False) -> Operation:
     record, _ = ledger.submit("alice", "sample", f"{lane}-{payload}-{time.monotonic_ns()}")
-    return Operation(record.request_id, "sample", lane, None, batch_kind="sample", payload=payload, alone=alone)
+    return Operation(record.request_id, "sample", lane, None, batch_kind=kind, payload=payload, alone=alone)
 
 
 def holding(ledger: Ledger, gate: threading.Event) -> Operation:
@@ -89,12 +89,13 @@ def test_operations_that_run_alone_never_share_a_device_call(
 ) -> None:
     calls: list[list[str]] = []
     scheduler = start_scheduler()
-    scheduler.register(BatchKind("sample", stepping_generation(2, calls, []), nests=True))
+    kind = BatchKind("sample", stepping_generation(2, calls, []), nests=True)
+    scheduler.register(kind)
     gate = threading.Event()
     scheduler.submit(holding(ledger, gate))
     wait_for(lambda: bool(scheduler.stats().running))
-    queued = [sample_operation(ledger, "eval", f"eval-{i}", alone=True) for i in range(3)]
-    queued += [sample_operation(ledger, lane, lane) for lane in ("rl-1", "rl-2")]
+    queued = [sample_operation(ledger, kind, "eval", f"eval-{i}", alone=True) for i in range(3)]
+    queued += [sample_operation(ledger, kind, lane, lane) for lane in ("rl-1", "rl-2")]
     for operation in queued:
         scheduler.submit(operation)
     gate.set()
@@ -110,11 +111,15 @@ def test_a_running_generation_takes_in_no_operation_that_runs_alone_which_runs_i
     calls: list[list[str]] = []
     admitted: list[tuple[str, list[str]]] = []
     scheduler = start_scheduler()
-    scheduler.register(BatchKind("sample", stepping_generation(40, calls, admitted), window_s=0.05, nests=True))
-    heavy = sample_operation(ledger, "heavy", "heavy")
+    kind = BatchKind("sample", stepping_generation(40, calls, admitted), window_s=0.05, nests=True)
+    scheduler.register(kind)
+    heavy = sample_operation(ledger, kind, "heavy", "heavy")
     scheduler.submit(heavy)
     wait_for(lambda: heavy.request_id in scheduler.stats().running)
-    evaluation, light = sample_operation(ledger, "eval", "eval", alone=True), sample_operation(ledger, "light", "light")
+    evaluation, light = (
+        sample_operation(ledger, kind, "eval", "eval", alone=True),
+        sample_operation(ledger, kind, "light", "light"),
+    )
     for operation in (evaluation, light):
         scheduler.submit(operation)
     wait_for(lambda: ledger.get(evaluation.request_id).finished)
@@ -132,11 +137,12 @@ def test_a_generation_that_runs_alone_takes_nothing_in_and_others_run_in_its_pau
     calls: list[list[str]] = []
     admitted: list[tuple[str, list[str]]] = []
     scheduler = start_scheduler()
-    scheduler.register(BatchKind("sample", stepping_generation(40, calls, admitted), window_s=0.05, nests=True))
-    evaluation = sample_operation(ledger, "eval", "eval", alone=True)
+    kind = BatchKind("sample", stepping_generation(40, calls, admitted), window_s=0.05, nests=True)
+    scheduler.register(kind)
+    evaluation = sample_operation(ledger, kind, "eval", "eval", alone=True)
     scheduler.submit(evaluation)
     wait_for(lambda: evaluation.request_id in scheduler.stats().running)
-    light = sample_operation(ledger, "light", "light")
+    light = sample_operation(ledger, kind, "light", "light")
     scheduler.submit(light)
     wait_for(lambda: ledger.get(light.request_id).finished)
 

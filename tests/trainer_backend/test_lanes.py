@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from trainer_backend.batches import BatchKind
 from trainer_backend.errors import ConflictError
 from trainer_backend.lanes import Lane
 from trainer_backend.ledger import ResultFormat
@@ -12,7 +13,7 @@ from trainer_backend.operations import Operation
 from trainer_backend.request_kinds import RequestKind
 
 
-def _op(seq_id: int | None, batch_kind: str | None = None) -> Operation:
+def _op(seq_id: int | None, batch_kind: BatchKind | None = None) -> Operation:
     def work() -> tuple[bytes, ResultFormat]:
         raise AssertionError("a lane never runs what it holds")
 
@@ -75,11 +76,12 @@ def test_a_lane_that_starts_elsewhere_offers_its_first_seq_id_and_refuses_a_repe
 
 def test_a_batch_kind_gets_the_next_ordered_operation_never_a_later_one() -> None:
     lane = Lane()
+    training_pass = BatchKind("pass", lambda operations, call: [])
     lane.add(_op(1))
-    lane.add(_op(2, batch_kind="pass"))
-    unordered = _op(None, batch_kind="pass")
+    lane.add(_op(2, batch_kind=training_pass))
+    unordered = _op(None, batch_kind=training_pass)
     lane.add(unordered)
     # seq_id 2 depends on seq_id 1, which is no training pass: only the unordered operation may join a batch now.
-    assert lane.next_of_kind("pass") is unordered
+    assert lane.next_of_kind(training_pass) is unordered
     lane.pop(lane.ready())
-    assert lane.next_of_kind("pass").seq_id == 2
+    assert lane.next_of_kind(training_pass).seq_id == 2

@@ -174,10 +174,11 @@ def test_full_queues_push_back(ledger: Ledger, start_scheduler: Callable[..., Sc
     gate.set()
 
 
-def _sample_operation(ledger: Ledger, lane: str, payload: str, run: str | None = None) -> Operation:
-    """A sample of `lane` (a sampling session), reading the weights of training run `run` when given."""
+def _sample_operation(ledger: Ledger, kind: BatchKind, lane: str, payload: str, run: str | None = None) -> Operation:
+    """A sample of `lane` (a sampling session) of batch kind `kind`, reading the weights of training run `run` when
+    given."""
     record, _ = ledger.submit("alice", "sample", f"{lane}-{payload}-{time.monotonic_ns()}")
-    return Operation(record.request_id, "sample", lane, None, batch_kind="sample", payload=payload, run=run)
+    return Operation(record.request_id, "sample", lane, None, batch_kind=kind, payload=payload, run=run)
 
 
 def test_ready_operations_of_a_batch_kind_from_all_tenants_run_in_one_call(
@@ -192,14 +193,17 @@ def test_ready_operations_of_a_batch_kind_from_all_tenants_run_in_one_call(
             for op in operations
         ]
 
-    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", run_samples)])
+    kind = BatchKind("sample", run_samples)
+    scheduler = start_scheduler(kind)
     log: list = []
     gate = threading.Event()
     blocked = _held_until(gate, log)
 
     scheduler.submit(_operation(ledger, "trainer", 1, log, blocked))
     wait_for(lambda: scheduler.stats().running)
-    samples = [_sample_operation(ledger, lane, payload) for lane, payload in [("s1", "a"), ("s2", "bad"), ("s1", "c")]]
+    samples = [
+        _sample_operation(ledger, kind, lane, payload) for lane, payload in [("s1", "a"), ("s2", "bad"), ("s1", "c")]
+    ]
     for operation in samples:
         scheduler.submit(operation)
     trainer_next = _operation(ledger, "trainer", 2, log)
@@ -230,13 +234,14 @@ def test_a_tenant_with_a_deep_queue_gets_a_share_of_each_budgeted_batch_and_no_r
 
     rows = {"a": 1, "b": 4, "huge": 40}
     budget = BatchBudget(share=lambda payload: rows[payload.split("-")[0]] / 16)
-    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", run_samples, budget=budget)])
+    kind = BatchKind("sample", run_samples, budget=budget)
+    scheduler = start_scheduler(kind)
     gate = threading.Event()
     scheduler.submit(_operation(ledger, "trainer", 1, [], _held_until(gate)))
     wait_for(lambda: scheduler.stats().running)
-    operations = [_sample_operation(ledger, "lane-a", f"a-{i}") for i in range(40)]
-    operations += [_sample_operation(ledger, "lane-b", f"b-{i}") for i in range(4)]
-    operations += [_sample_operation(ledger, "lane-c", "huge-0")]
+    operations = [_sample_operation(ledger, kind, "lane-a", f"a-{i}") for i in range(40)]
+    operations += [_sample_operation(ledger, kind, "lane-b", f"b-{i}") for i in range(4)]
+    operations += [_sample_operation(ledger, kind, "lane-c", "huge-0")]
     for operation in operations:
         scheduler.submit(operation)
     gate.set()
@@ -260,8 +265,9 @@ def test_a_batch_runner_that_breaks_fails_its_operations_and_the_worker_goes_on(
     def broken(operations, pause):
         raise RuntimeError("engine fell over in /srv/secret/path")
 
-    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", broken)])
-    sampled = _sample_operation(ledger, "s1", "a")
+    kind = BatchKind("sample", broken)
+    scheduler = start_scheduler(kind)
+    sampled = _sample_operation(ledger, kind, "s1", "a")
     scheduler.submit(sampled)
     wait_for(lambda: ledger.get(sampled.request_id).finished)
     record = ledger.get(sampled.request_id)
@@ -277,11 +283,15 @@ def test_a_batch_runner_that_breaks_fails_its_operations_and_the_worker_goes_on(
 def test_an_operation_needs_work_or_a_registered_batch_kind_and_its_payload(
     ledger: Ledger, start_scheduler: Callable[..., Scheduler]
 ) -> None:
+    kind = BatchKind("sample", lambda operations, pause: [])
     scheduler = start_scheduler()
     with pytest.raises(ValueError, match="needs either work or a batch kind"):
-        scheduler.submit(_sample_operation(ledger, "s1", "a"))
-    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", lambda operations, pause: [])])
-    without_payload = _sample_operation(ledger, "s1", "a")
+        scheduler.submit(_sample_operation(ledger, kind, "s1", "a"))
+    scheduler = start_scheduler(kind)
+    # A kind of the same name that the scheduler was not given is not its own.
+    with pytest.raises(ValueError, match="needs either work or a batch kind"):
+        scheduler.submit(_sample_operation(ledger, BatchKind("sample", lambda operations, pause: []), "s1", "a"))
+    without_payload = _sample_operation(ledger, kind, "s1", "a")
     without_payload.payload = None
     with pytest.raises(ValueError, match="a batch kind with a runner and payload"):
         scheduler.submit(without_payload)
@@ -291,12 +301,13 @@ def test_a_batch_kind_registers_once(start_scheduler: Callable[..., Scheduler]) 
     def runner(operations, call):
         return []
 
-    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", runner)])
+    kind = BatchKind("sample", runner)
+    scheduler = start_scheduler(kind)
     # A second component serving the same kind would take the first one's operations without a word.
     with pytest.raises(ValueError, match="batch kind 'sample' is registered already"):
         scheduler.register(BatchKind("sample", runner, nests=True))
     with pytest.raises(ValueError, match="batch kind 'pass' is registered already"):
-        start_scheduler(batch_kinds=[BatchKind("pass", runner), BatchKind("pass", runner)])
+        start_scheduler(BatchKind("pass", runner), BatchKind("pass", runner))
 
 
 def test_the_next_ordered_operations_of_several_clients_batch_and_later_ones_wait(
@@ -310,14 +321,15 @@ def test_the_next_ordered_operations_of_several_clients_batch_and_later_ones_wai
         log.extend((op.lane, op.seq_id) for op in operations)
         return [(b"{}", ResultFormat.JSON) for _ in operations]
 
-    scheduler = start_scheduler(batch_kinds=[BatchKind("pass", run_passes)])
+    kind = BatchKind("pass", run_passes)
+    scheduler = start_scheduler(kind)
     gate = threading.Event()
     blocked = _held_until(gate)
 
     def training_pass(lane: str, seq_id: int) -> Operation:
         record, _ = ledger.submit("alice", "forward_backward", f"{lane}-{seq_id}", lane, seq_id)
         return Operation(
-            record.request_id, "forward_backward", lane, None, seq_id, batch_kind="pass", payload=(lane, seq_id)
+            record.request_id, "forward_backward", lane, None, seq_id, batch_kind=kind, payload=(lane, seq_id)
         )
 
     scheduler.submit(_operation(ledger, "blocker", None, log, blocked))
@@ -353,9 +365,10 @@ def test_a_long_batch_pauses_for_other_tenants_short_operations_but_not_for_othe
         log.append("generation ends")
         return [(b"{}", ResultFormat.JSON) for _ in operations]
 
-    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", long_generation)])
+    kind = BatchKind("sample", long_generation)
+    scheduler = start_scheduler(kind)
     busy_before = scheduler.stats().busy_seconds
-    scheduler.submit(_sample_operation(ledger, "sampler", "long"))
+    scheduler.submit(_sample_operation(ledger, kind, "sampler", "long"))
     started.wait(5)
     step = _operation(ledger, "trainer", 1, log)
     step.interleaves = True
@@ -380,7 +393,6 @@ def test_another_tenants_gathered_batch_nests_in_a_long_batchs_pause_but_the_sam
     window_s = 0.3
     heavy_started = threading.Event()
     proceed = threading.Event()
-    light = _sample_operation(ledger, "light", "light")
     nested_at: list[float] = []
 
     def generation(operations, pause):
@@ -401,11 +413,13 @@ def test_another_tenants_gathered_batch_nests_in_a_long_batchs_pause_but_the_sam
         return [(b"{}", ResultFormat.JSON) for _ in operations]
 
     scheduler = start_scheduler()
-    scheduler.register(BatchKind("sample", generation, window_s=window_s, nests=True))
-    heavy = _sample_operation(ledger, "heavy", "heavy")
+    kind = BatchKind("sample", generation, window_s=window_s, nests=True)
+    scheduler.register(kind)
+    light = _sample_operation(ledger, kind, "light", "light")
+    heavy = _sample_operation(ledger, kind, "heavy", "heavy")
     scheduler.submit(heavy)
     assert heavy_started.wait(5)
-    more_of_heavy = _sample_operation(ledger, "heavy", "heavy-2")
+    more_of_heavy = _sample_operation(ledger, kind, "heavy", "heavy-2")
     for operation in (more_of_heavy, light):
         scheduler.submit(operation)
     proceed.set()
@@ -423,7 +437,6 @@ def test_a_batch_nested_in_a_pause_is_small_so_the_paused_batch_steps_between_ne
     """A nested batch does not pause: the paused batch waits for all of it. So it holds at most NESTED_BATCH_SHARE
     of a batch, and another tenant's queue runs as several small nested batches, the long batch going on between."""
     log: list = []
-    light = [_sample_operation(ledger, "light", f"light-{i}") for i in range(6)]
 
     def generation(operations, pause):
         payloads = [op.payload for op in operations]
@@ -441,8 +454,10 @@ def test_a_batch_nested_in_a_pause_is_small_so_the_paused_batch_steps_between_ne
     scheduler = start_scheduler()
     # Each light request is a tenth of a batch.
     budget = BatchBudget(lambda payload: 1.0 if payload == "heavy" else 0.1)
-    scheduler.register(BatchKind("sample", generation, window_s=0.05, budget=budget, nests=True))
-    heavy = _sample_operation(ledger, "heavy", "heavy")
+    kind = BatchKind("sample", generation, window_s=0.05, budget=budget, nests=True)
+    scheduler.register(kind)
+    light = [_sample_operation(ledger, kind, "light", f"light-{i}") for i in range(6)]
+    heavy = _sample_operation(ledger, kind, "heavy", "heavy")
     scheduler.submit(heavy)
     wait_for(lambda: heavy.request_id in scheduler.stats().running)
     for operation in light:
@@ -487,12 +502,13 @@ def test_a_running_batch_takes_in_another_tenants_gathered_operations_and_answer
 ) -> None:
     admitted: list[list[str]] = []
     scheduler = start_scheduler()
-    scheduler.register(BatchKind("sample", _stepping_generation(40, admitted), window_s=0.05, nests=True))
-    heavy = _sample_operation(ledger, "heavy", "heavy")
+    kind = BatchKind("sample", _stepping_generation(40, admitted), window_s=0.05, nests=True)
+    scheduler.register(kind)
+    heavy = _sample_operation(ledger, kind, "heavy", "heavy")
     scheduler.submit(heavy)
     wait_for(lambda: heavy.request_id in scheduler.stats().running)
     more_of_heavy, light, light_2 = (
-        _sample_operation(ledger, lane, payload)
+        _sample_operation(ledger, kind, lane, payload)
         for lane, payload in (("heavy", "heavy-2"), ("light", "light"), ("light", "light-2"))
     )
     for operation in (more_of_heavy, light, light_2):
@@ -514,13 +530,12 @@ def test_what_a_running_batch_does_not_take_in_runs_nested_in_its_pause(
 ) -> None:
     admitted: list[list[str]] = []
     scheduler = start_scheduler()
-    scheduler.register(
-        BatchKind("sample", _stepping_generation(40, admitted, refuse="scored"), window_s=0.05, nests=True)
-    )
-    heavy = _sample_operation(ledger, "heavy", "heavy")
+    kind = BatchKind("sample", _stepping_generation(40, admitted, refuse="scored"), window_s=0.05, nests=True)
+    scheduler.register(kind)
+    heavy = _sample_operation(ledger, kind, "heavy", "heavy")
     scheduler.submit(heavy)
     wait_for(lambda: heavy.request_id in scheduler.stats().running)
-    scored = _sample_operation(ledger, "light", "scored")
+    scored = _sample_operation(ledger, kind, "light", "scored")
     scheduler.submit(scored)
     wait_for(lambda: ledger.get(scored.request_id).finished)
 
@@ -536,14 +551,13 @@ def test_a_run_flooding_through_two_sessions_holds_one_runs_share_of_a_running_b
     admitted: list[list[str]] = []
     scheduler = start_scheduler()
     budget = BatchBudget(lambda payload: 1.0 if payload == "heavy" else 0.25)
-    scheduler.register(
-        BatchKind("sample", _stepping_generation(40, admitted), window_s=0.05, budget=budget, nests=True)
-    )
-    heavy = _sample_operation(ledger, "heavy", "heavy", run="heavy-run")
+    kind = BatchKind("sample", _stepping_generation(40, admitted), window_s=0.05, budget=budget, nests=True)
+    scheduler.register(kind)
+    heavy = _sample_operation(ledger, kind, "heavy", "heavy", run="heavy-run")
     scheduler.submit(heavy)
     wait_for(lambda: heavy.request_id in scheduler.stats().running)
-    flood = [_sample_operation(ledger, f"flood-session-{i % 2}", f"flood-{i}", run="flood-run") for i in range(4)]
-    other = [_sample_operation(ledger, "other-session", f"other-{i}", run="other-run") for i in range(2)]
+    flood = [_sample_operation(ledger, kind, f"flood-session-{i % 2}", f"flood-{i}", run="flood-run") for i in range(4)]
+    other = [_sample_operation(ledger, kind, "other-session", f"other-{i}", run="other-run") for i in range(2)]
     for operation in [*flood, *other]:
         scheduler.submit(operation)
     wait_for(lambda: any(admitted))
@@ -563,23 +577,24 @@ def test_a_request_the_running_batch_refuses_is_not_held_behind_a_run_that_keeps
     scheduler = start_scheduler()
     shares = {"heavy": 1.0, "light": 0.25, "scored": 0.25}
     budget = BatchBudget(lambda payload: shares[payload.split("-")[0]])
-    scheduler.register(
-        BatchKind(
-            "sample",
-            _stepping_generation(60, admitted, refuse="scored-0", pause_first=True),
-            window_s=0.05,
-            budget=budget,
-            nests=True,
-        )
+    kind = BatchKind(
+        "sample",
+        _stepping_generation(60, admitted, refuse="scored-0", pause_first=True),
+        window_s=0.05,
+        budget=budget,
+        nests=True,
     )
-    heavy = _sample_operation(ledger, "heavy", "heavy-0", run="heavy-run")
+    scheduler.register(kind)
+    heavy = _sample_operation(ledger, kind, "heavy", "heavy-0", run="heavy-run")
     scheduler.submit(heavy)
     wait_for(lambda: heavy.request_id in scheduler.stats().running)
-    light = [_sample_operation(ledger, f"light-session-{i % 2}", f"light-{i}", run="light-run") for i in range(60)]
+    light = [
+        _sample_operation(ledger, kind, f"light-session-{i % 2}", f"light-{i}", run="light-run") for i in range(60)
+    ]
     for operation in light:
         scheduler.submit(operation)
     wait_for(lambda: any(admitted))
-    scored = _sample_operation(ledger, "scored-session", "scored-0", run="scored-run")
+    scored = _sample_operation(ledger, kind, "scored-session", "scored-0", run="scored-run")
     scheduler.submit(scored)
     wait_for(lambda: ledger.get(scored.request_id).finished, timeout=20)
 
@@ -593,17 +608,16 @@ def test_a_tenant_joins_past_the_budget_only_up_to_its_even_share(
     scheduler = start_scheduler()
     # Each request takes a quarter of a batch: the heavy tenant's four fill one.
     budget = BatchBudget(lambda payload: 0.25)
-    scheduler.register(
-        BatchKind("sample", _stepping_generation(40, admitted), window_s=0.05, budget=budget, nests=True)
-    )
+    kind = BatchKind("sample", _stepping_generation(40, admitted), window_s=0.05, budget=budget, nests=True)
+    scheduler.register(kind)
     gate = threading.Event()
     scheduler.submit(_operation(ledger, "holder", 1, [], _held_until(gate)))
-    heavy = [_sample_operation(ledger, "heavy", f"heavy-{i}") for i in range(4)]
+    heavy = [_sample_operation(ledger, kind, "heavy", f"heavy-{i}") for i in range(4)]
     for operation in heavy:
         scheduler.submit(operation)
     gate.set()
     wait_for(lambda: heavy[0].request_id in scheduler.stats().running)
-    light = [_sample_operation(ledger, "light", f"light-{i}") for i in range(4)]
+    light = [_sample_operation(ledger, kind, "light", f"light-{i}") for i in range(4)]
     for operation in light:
         scheduler.submit(operation)
     wait_for(lambda: any(admitted))
@@ -620,11 +634,12 @@ def test_a_joined_operation_counts_the_device_time_from_when_it_joined(
     seconds: dict[str, float] = {}
     scheduler = start_scheduler()
     scheduler.on_device_time(lambda operation, share: seconds.__setitem__(operation.payload, share))
-    scheduler.register(BatchKind("sample", _stepping_generation(40, admitted), window_s=0.05, nests=True))
-    heavy = _sample_operation(ledger, "heavy", "heavy")
+    kind = BatchKind("sample", _stepping_generation(40, admitted), window_s=0.05, nests=True)
+    scheduler.register(kind)
+    heavy = _sample_operation(ledger, kind, "heavy", "heavy")
     scheduler.submit(heavy)
     wait_for(lambda: heavy.request_id in scheduler.stats().running)
-    scheduler.submit(_sample_operation(ledger, "light", "light"))
+    scheduler.submit(_sample_operation(ledger, kind, "light", "light"))
     wait_for(lambda: ledger.get(heavy.request_id).finished)
 
     # The light request shared two of about forty steps of 20 ms, half each: a small part of the call's time, all of
@@ -664,8 +679,9 @@ def test_a_long_batch_yields_at_most_its_share_of_the_device_to_other_tenants(
             time.sleep(0.005)
         return [(b"{}", ResultFormat.JSON) for _ in operations]
 
-    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", long_generation)])
-    generation = _sample_operation(ledger, "sampler", "long")
+    kind = BatchKind("sample", long_generation)
+    scheduler = start_scheduler(kind)
+    generation = _sample_operation(ledger, kind, "sampler", "long")
     scheduler.submit(generation)
     wait_for(lambda: ledger.get(generation.request_id).finished)
 
@@ -712,8 +728,9 @@ def test_a_long_batch_yields_its_share_of_recent_time_not_of_its_whole_life(
             time.sleep(own_step_s)
         return [(b"{}", ResultFormat.JSON) for _ in operations]
 
-    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", long_generation)])
-    generation = _sample_operation(ledger, "sampler", "long")
+    kind = BatchKind("sample", long_generation)
+    scheduler = start_scheduler(kind)
+    generation = _sample_operation(ledger, kind, "sampler", "long")
     scheduler.submit(generation)
     wait_for(lambda: ledger.get(generation.request_id).finished, timeout=40)
 
@@ -742,8 +759,9 @@ def test_a_batch_kind_that_does_not_nest_waits_for_the_long_batch(
                 pause()
         return [(b"{}", ResultFormat.JSON) for _ in operations]
 
-    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", generation)])
-    heavy, light = _sample_operation(ledger, "heavy", "heavy"), _sample_operation(ledger, "light", "light")
+    kind = BatchKind("sample", generation)
+    scheduler = start_scheduler(kind)
+    heavy, light = _sample_operation(ledger, kind, "heavy", "heavy"), _sample_operation(ledger, kind, "light", "light")
     scheduler.submit(heavy)
     assert started.wait(5)
     scheduler.submit(light)
@@ -781,8 +799,9 @@ def test_requests_of_a_batch_kind_sent_moments_apart_gather_into_one_batch(
         return [(op.payload.encode(), ResultFormat.JSON) for op in operations]
 
     # A wide window against a short gap, so that a slow machine cannot make the gap outlast the window.
-    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", run_samples, window_s=0.5)])
-    samples = [_sample_operation(ledger, "s1", payload) for payload in "abc"]
+    kind = BatchKind("sample", run_samples, window_s=0.5)
+    scheduler = start_scheduler(kind)
+    samples = [_sample_operation(ledger, kind, "s1", payload) for payload in "abc"]
     for operation in samples:
         scheduler.submit(operation)
         time.sleep(0.02)
@@ -803,8 +822,9 @@ def test_without_a_window_the_first_request_runs_at_once(
         release.wait(5)
         return [(op.payload.encode(), ResultFormat.JSON) for op in operations]
 
-    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", run_samples)])
-    samples = [_sample_operation(ledger, "s1", payload) for payload in "abc"]
+    kind = BatchKind("sample", run_samples)
+    scheduler = start_scheduler(kind)
+    samples = [_sample_operation(ledger, kind, "s1", payload) for payload in "abc"]
     scheduler.submit(samples[0])
     assert first_started.wait(5)
     for operation in samples[1:]:

@@ -38,12 +38,10 @@ def _operation(ledger: Ledger, owner: str, seconds: float = 0.0, gate: threading
     return Operation(record.request_id, "op", f"lane-{owner}", work, owner=owner)
 
 
-def _sample(ledger: Ledger, owner: str, tokens: int) -> Operation:
-    """A batched operation whose runner will say it processed `tokens`."""
+def _sample(ledger: Ledger, kind: BatchKind, owner: str, tokens: int) -> Operation:
+    """A batched operation of `kind` whose runner will say it processed `tokens`."""
     record, _ = ledger.submit(owner, "sample", f"{owner}-{time.monotonic_ns()}")
-    return Operation(
-        record.request_id, "sample", f"lane-{owner}", None, batch_kind="sample", payload=tokens, owner=owner
-    )
+    return Operation(record.request_id, "sample", f"lane-{owner}", None, batch_kind=kind, payload=tokens, owner=owner)
 
 
 def _runs_then_pauses_once(started: threading.Event) -> Callable:
@@ -82,13 +80,14 @@ def test_a_batch_splits_its_device_time_in_proportion_to_each_operations_tokens(
         time.sleep(0.2)
         return [(b"{}", ResultFormat.JSON) for _ in operations]
 
-    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", generation)])
+    kind = BatchKind("sample", generation)
+    scheduler = start_scheduler(kind)
     seconds, reported = _device_seconds(scheduler, owners=3)
     gate = threading.Event()
     scheduler.submit(_operation(ledger, "holder", gate=gate))
     # Queued while the device is held, so they run as one batch.
-    scheduler.submit(_sample(ledger, "alice", 300))
-    scheduler.submit(_sample(ledger, "bob", 100))
+    scheduler.submit(_sample(ledger, kind, "alice", 300))
+    scheduler.submit(_sample(ledger, kind, "bob", 100))
     gate.set()
     assert reported.wait(10), seconds
     # Stopped before the totals are read, so that none moves under the assertions.
@@ -103,9 +102,10 @@ def test_an_operation_run_while_a_batch_pauses_takes_its_time_out_of_the_batchs(
 ) -> None:
     started = threading.Event()
 
-    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", _runs_then_pauses_once(started))])
+    kind = BatchKind("sample", _runs_then_pauses_once(started))
+    scheduler = start_scheduler(kind)
     seconds, reported = _device_seconds(scheduler, owners=2)
-    scheduler.submit(_sample(ledger, "alice", 10))
+    scheduler.submit(_sample(ledger, kind, "alice", 10))
     started.wait(5)
     step = _operation(ledger, "bob", seconds=0.3)
     step.interleaves = True
@@ -140,14 +140,15 @@ def test_tenants_in_a_long_call_are_shown_working_before_it_ends_and_their_total
             pause()
         return [(b"{}", ResultFormat.JSON) for _ in operations]
 
-    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", generation)])
+    kind = BatchKind("sample", generation)
+    scheduler = start_scheduler(kind)
     usage = TenantUsage()
     scheduler.on_device_time(lambda operation, seconds: usage.add_device_time(operation.owner, None, seconds))
     gate = threading.Event()
     scheduler.submit(_operation(ledger, "holder", gate=gate))
     # Queued while the device is held, so they run as one call.
-    scheduler.submit(_sample(ledger, "alice", 100))
-    scheduler.submit(_sample(ledger, "bob", 100))
+    scheduler.submit(_sample(ledger, kind, "alice", 100))
+    scheduler.submit(_sample(ledger, kind, "bob", 100))
     gate.set()
     readings: list[dict[str, float]] = []
     deadline = time.monotonic() + 10
@@ -174,8 +175,9 @@ def test_work_run_in_a_pause_accrues_to_its_own_tenant_while_the_paused_calls_te
 ) -> None:
     started, in_pause = threading.Event(), threading.Event()
 
-    scheduler = start_scheduler(batch_kinds=[BatchKind("sample", _runs_then_pauses_once(started))])
-    scheduler.submit(_sample(ledger, "alice", 10))
+    kind = BatchKind("sample", _runs_then_pauses_once(started))
+    scheduler = start_scheduler(kind)
+    scheduler.submit(_sample(ledger, kind, "alice", 10))
     started.wait(5)
     step = _operation(ledger, "bob", seconds=0.4, gate=in_pause)
     step.interleaves = True

@@ -41,9 +41,10 @@ class BuiltinSampler:
         self.max_batch_tokens = max_batch_tokens
         # A tenant's requests join another tenant's running generation between its steps (`_run_batch`) rather than
         # wait for its end; those it cannot take in (prompt scores, past its cache) run nested in one of its pauses.
-        scheduler.register(
-            BatchKind(SAMPLING, self._run_batch, SAMPLING_BATCH_WINDOW_S, BatchBudget(self._share), nests=True)
+        self.batch_kind = BatchKind(
+            SAMPLING, self._run_batch, SAMPLING_BATCH_WINDOW_S, BatchBudget(self._share), nests=True
         )
+        scheduler.register(self.batch_kind)
 
     def serves(self, request: SamplingRequest) -> str | None:
         return None
@@ -56,7 +57,7 @@ class BuiltinSampler:
                 job.lane,
                 None,
                 None,
-                batch_kind=SAMPLING,
+                batch_kind=self.batch_kind,
                 payload=job,
                 owner=job.owner,
                 run=job.run,
