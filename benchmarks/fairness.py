@@ -142,8 +142,8 @@ class DeviceCounters:
             busy_s=total("trainer_device_busy_seconds"),
             operations=int(total("trainer_operations")),
             batched_operations=int(total("trainer_batched_operations")),
-            generated_tokens=int(total("trainer_tokens", phase="sample_generated")),
-            trained_tokens=int(total("trainer_tokens", phase="forward_backward")),
+            generated_tokens=int(total("trainer_tokens", phase="sampled")),
+            trained_tokens=int(total("trainer_tokens", phase="trained")),
         )
 
     def __sub__(self, earlier: DeviceCounters) -> DeviceCounters:

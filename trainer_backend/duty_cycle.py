@@ -44,21 +44,3 @@ class DutyCycle:
         now = time.monotonic() if now is None else now
         busy = sum(end - start for start, end in self.intervals(now - window_s, running_since, now))
         return min(1.0, busy / window_s)
-
-
-class TokenCounts:
-    """Tokens processed by phase since start; thread-safe (vLLM's answers are counted from its pool's threads)."""
-
-    PHASES = ("forward_backward", "sample_prompt", "sample_generated")
-
-    def __init__(self) -> None:
-        self._counts = dict.fromkeys(self.PHASES, 0)
-        self._lock = threading.Lock()
-
-    def add(self, phase: str, tokens: int) -> None:
-        with self._lock:
-            self._counts[phase] += tokens
-
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._counts)

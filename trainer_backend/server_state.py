@@ -45,7 +45,7 @@ class ServerState:
     in_flight: tuple[FutureRecord, ...]
     futures_by_state: Mapping[FutureState, int]
     adapters: AdapterCounts
-    # Tokens processed since start by phase (`duty_cycle.TokenCounts.PHASES`).
+    # Tokens processed since start by phase (`tenant_usage.TOKEN_PHASES`).
     tokens_by_phase: Mapping[str, int]
     # The vLLM sampler's own figures; None with the built-in sampler (part of the device).
     sampler: SamplerStatus | None

@@ -33,7 +33,7 @@ from trainer_backend.checkpoints import (
     validate_name,
 )
 from trainer_backend.config import ServerConfig
-from trainer_backend.duty_cycle import DutyCycle, TokenCounts
+from trainer_backend.duty_cycle import DutyCycle
 from trainer_backend.engine.adapters import saved_adapter_settings
 from trainer_backend.engine.model_engine import ModelEngine
 from trainer_backend.engine.types import ForwardBackwardCall, SamplingRequest, SamplingResult
@@ -57,7 +57,7 @@ from trainer_backend.server_state import BUSY_WINDOWS_S, AdapterCounts, ServerSt
 from trainer_backend.sharding.replica import LeaderEngine
 from trainer_backend.status_view import server_status
 from trainer_backend.tenancy import EPHEMERAL_TTL_S, TenancyPolicy
-from trainer_backend.tenant_usage import OnDevice, TenantUsage, TokenPhase
+from trainer_backend.tenant_usage import OnDevice, TenantUsage
 from trainer_backend.views import RegistryViews
 from trainer_backend.wire import schemas
 from trainer_backend.wire.proto import ForwardBackwardBatch, encode_forward_backward_output
@@ -162,7 +162,6 @@ class TrainingService:
         self.scheduler.register(self.training_pass)
         self.duty_cycle = DutyCycle()
         self.scheduler.on_busy(self.duty_cycle.record)
-        self.tokens_processed = TokenCounts()
         self.usage = TenantUsage()
         self.scheduler.on_device_time(self._count_device_time)
         self.tenancy = TenancyPolicy(
@@ -175,7 +174,7 @@ class TrainingService:
             config.max_queued_per_key,
         )
         self.views = RegistryViews(self.runs, self.checkpoints, self.engine.has_adapter, loaded)
-        answers = SampleAnswers(self.ledger, self.tokens_processed, self.usage)
+        answers = SampleAnswers(self.ledger, self.usage)
         builtin = BuiltinSampler(self.engine, self.scheduler, answers, config.max_generation_batch_tokens)
         self.sampler = build_sampler(config, builtin, loaded, answers)
         self.abandoned = AbandonedSessions(self.runs, self.scheduler, config.abandoned_session_s)
@@ -274,7 +273,7 @@ class TrainingService:
             in_flight=in_flight,
             futures_by_state=self.ledger.counts_by_state(),
             adapters=AdapterCounts(loaded=self.engine.residency.loaded, spilled=self.engine.residency.spilled),
-            tokens_by_phase=self.tokens_processed.snapshot(),
+            tokens_by_phase=self.usage.tokens_by_phase(),
             sampler=self.sampler.status(),
             weight_checks=self.engine.weight_checks.snapshot(),
             on_device=on_device,
@@ -292,10 +291,6 @@ class TrainingService:
     def _count_device_time(self, operation: Operation, seconds: float) -> None:
         if operation.owner is not None:
             self.usage.add_device_time(operation.owner, operation.run, seconds)
-
-    def _count_tokens(self, owner: str | None, run: str | None, phase: TokenPhase, tokens: int) -> None:
-        if owner is not None:
-            self.usage.add_tokens(owner, run, phase, tokens)
 
     # --- sessions -----------------------------------------------------------------------------------------
 
@@ -391,8 +386,7 @@ class TrainingService:
                 continue
             tokens = sum(len(d.model_input_tokens) for d in call.datums)
             operation.processed_tokens = tokens
-            self.tokens_processed.add("forward_backward", tokens)
-            self._count_tokens(operation.owner, operation.run, "trained", tokens)
+            self.usage.add_tokens(operation.owner, operation.run, "trained", tokens)
             outcomes.append((encode_forward_backward_output(result), ResultFormat.PROTO))
         return outcomes
 

@@ -17,8 +17,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-# Sampled: tokens a sampling request generated. Trained: tokens of a training pass (forward_backward or forward).
-TokenPhase = Literal["sampled", "trained"]
+# The device's tokens, by what it did with them. Trained: tokens of a training pass (forward_backward or forward).
+# Prompt: the prompt tokens of a sampling request. Sampled: the tokens a sampling request generated.
+TokenPhase = Literal["trained", "prompt", "sampled"]
+TOKEN_PHASES: tuple[TokenPhase, ...] = ("trained", "prompt", "sampled")
 OTHER_TENANTS = "other"
 # "Recent" device time, which picks the tenants /metrics names: a sum in which each second counts exp(-age / 10 min),
 # so a tenant that stopped drops out of the top within tens of minutes while a burst of a few seconds does not push
@@ -71,9 +73,10 @@ class _Counts:
         return self.shown_device_seconds
 
     def add_tokens(self, phase: TokenPhase, tokens: int) -> None:
+        # A tenant's prompt tokens are not its own column: what it asked the device to make is what it sampled.
         if phase == "sampled":
             self.tokens_sampled += tokens
-        else:
+        elif phase == "trained":
             self.tokens_trained += tokens
 
 
@@ -133,10 +136,11 @@ class TenantSeries:
 
 
 class TenantUsage:
-    """Device seconds and tokens by owner and by training run; thread-safe (the device worker and vLLM's threads add,
-    HTTP handlers read)."""
+    """Device seconds and tokens by owner and by training run, and the server's tokens by phase; thread-safe (the
+    device worker and vLLM's threads add, HTTP handlers read)."""
 
     def __init__(self) -> None:
+        self._tokens_by_phase = dict.fromkeys(TOKEN_PHASES, 0)
         self._tenants: dict[str, _TenantCounts] = {}
         self._runs: dict[str, dict[str, _RunCounts]] = {}
         self._lock = threading.Lock()
@@ -158,13 +162,23 @@ class TenantUsage:
                 counts.first_used = now - seconds
             self._forget_idle_runs(now)
 
-    def add_tokens(self, owner: str, run: str | None, phase: TokenPhase, tokens: int) -> None:
+    def add_tokens(self, owner: str | None, run: str | None, phase: TokenPhase, tokens: int) -> None:
+        """`tokens` the device processed in `phase` for `owner` (None: no tenant's, the server's totals only), of
+        training run `run` if any."""
         with self._lock:
+            self._tokens_by_phase[phase] += tokens
+            if owner is None:
+                return
             self._tenants.setdefault(owner, _TenantCounts()).add_tokens(phase, tokens)
             if run is not None:
                 now = time.monotonic()
                 self._run(owner, run, now).add_tokens(phase, tokens)
                 self._forget_idle_runs(now)
+
+    def tokens_by_phase(self) -> dict[TokenPhase, int]:
+        """Every token the device processed since start, by phase."""
+        with self._lock:
+            return dict(self._tokens_by_phase)
 
     def tenants(self, now: float | None = None, running: Iterable[OnDevice] = ()) -> dict[str, TenantTotals]:
         """Every owner's totals, by owner. `running`: the operations still on the device; their seconds so far count

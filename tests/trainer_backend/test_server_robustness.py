@@ -307,6 +307,9 @@ def test_metrics_report_queue_operations_busy_time_and_tokens(
     server: RunningServer, training: tinker.TrainingClient, ids: list[int]
 ) -> None:
     training.forward_backward([next_token_datum(ids)], "cross_entropy").result()
+    sampler = training.save_weights_and_get_sampling_client()
+    params = types.SamplingParams(max_tokens=3, temperature=0.0, stop=[])
+    sampler.sample(types.ModelInput.from_ints(ids), num_samples=1, sampling_params=params).result()
     reply = httpx.get(f"{server.url}/metrics")
     assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/plain")
     samples = {
@@ -318,7 +321,10 @@ def test_metrics_report_queue_operations_busy_time_and_tokens(
     assert samples[("trainer_operations_total", ("forward_backward",))] >= 1
     assert samples[("trainer_operations_total", ("create_model",))] >= 1
     assert samples[("trainer_device_busy_seconds_total", ())] > 0
-    assert samples[("trainer_tokens_total", ("forward_backward",))] >= len(ids) - 1
+    # One vocabulary of phases: what the device trained on, the prompts it sampled from, and the tokens it sampled.
+    assert samples[("trainer_tokens_total", ("trained",))] >= len(ids) - 1
+    assert samples[("trainer_tokens_total", ("prompt",))] >= len(ids)
+    assert samples[("trainer_tokens_total", ("sampled",))] >= 3
 
 
 def test_the_command_line_explains_serve() -> None:

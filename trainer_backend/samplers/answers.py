@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from trainer_backend.duty_cycle import TokenCounts
 from trainer_backend.engine.types import SamplingResult
 from trainer_backend.errors import BackendError
 from trainer_backend.ledger import Ledger, ResultFormat
@@ -23,9 +22,8 @@ class SampleAnswers:
     """Answers sampling jobs: `encode` for an engine whose results the device queue records (the built-in one),
     `started` and `resolve` for an engine that runs outside it (vLLM)."""
 
-    def __init__(self, ledger: Ledger, tokens: TokenCounts, usage: TenantUsage) -> None:
+    def __init__(self, ledger: Ledger, usage: TenantUsage) -> None:
         self.ledger = ledger
-        self.tokens = tokens
         self.usage = usage
 
     def encode(self, job: RecordedSamplingRequest, result: SamplingResult) -> tuple[bytes, ResultFormat]:
@@ -33,8 +31,7 @@ class SampleAnswers:
         if job.prompt_logprobs_last_n is not None:
             result = _keep_last_prompt_logprobs(result, job.prompt_logprobs_last_n)
         generated = generated_tokens(result)
-        self.tokens.add("sample_prompt", len(job.request.prompt_tokens))
-        self.tokens.add("sample_generated", generated)
+        self.usage.add_tokens(job.owner, job.run, "prompt", len(job.request.prompt_tokens))
         self.usage.add_tokens(job.owner, job.run, "sampled", generated)
         job.result.set_result(result)
         return encode_sample_response(result), ResultFormat.PROTO
