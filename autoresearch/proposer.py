@@ -13,7 +13,6 @@ import os
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import httpx
@@ -24,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic.json_schema import SkipJsonSchema
 
 from autoresearch.errors import MalformedProposalError, ProposalError, SlowProposalError
+from autoresearch.hybrid_sampler import TrialSnapshot
 from autoresearch.search import Candidate
 from autoresearch.spec import Choices, FloatRange, IntRange, LlmSettings, StudySpec
 from tasks.registry import task_class
@@ -62,7 +62,7 @@ class ProposedCandidate(BaseModel):
         "scores; one or two sentences, no preamble",
     )
 
-    def candidate(self, history: Sequence[TrialRecord] = ()) -> Candidate:
+    def candidate(self, history: Sequence[TrialSnapshot] = ()) -> Candidate:
         """The candidate to run; its rationale names the trials it builds on with their scores, as the LLM read them."""
         code = self.reward_code.model_dump() if self.reward_code is not None else {}
         return Candidate(
@@ -137,21 +137,6 @@ def _field(param: FloatRange | IntRange | Choices) -> tuple[Any, Any]:
     return kind, Field(ge=param.low, le=param.high)
 
 
-@dataclass(frozen=True)
-class TrialRecord:
-    """One finished, pruned or failed trial as the LLM sees it."""
-
-    number: int
-    params: dict[str, object]
-    state: str
-    held_out_accuracy: float | None
-    curve: dict[int, float]
-    rationale: str | None
-    failure: str | None
-    # What RL added to the held-out accuracy it started from, once the trial ended.
-    rl_gain: float | None = None
-
-
 _JUDGED_ON = {
     "held_out_accuracy": "held-out accuracy",
     "unseen_form_accuracy": "held-out accuracy on the questions whose form (template and wording) training never "
@@ -203,10 +188,10 @@ class LlmProposer:
     def propose(
         self,
         spec: StudySpec,
-        history: Sequence[TrialRecord],
+        history: Sequence[TrialSnapshot],
         count: int,
         baseline: float | None = None,
-        best: Sequence[TrialRecord] = (),
+        best: Sequence[TrialSnapshot] = (),
     ) -> list[Candidate]:
         """`count` candidates at most, given the trials so far (`history`; with `best`, the latest ones), the best
         trials, and the base model's held-out score (`baseline`).
@@ -223,10 +208,10 @@ class LlmProposer:
     def _proposed(
         self,
         spec: StudySpec,
-        history: Sequence[TrialRecord],
+        history: Sequence[TrialSnapshot],
         count: int,
         baseline: float | None,
-        best: Sequence[TrialRecord],
+        best: Sequence[TrialSnapshot],
     ) -> list[ProposedCandidate]:
         prompt = _proposal_prompt(spec, history, count, baseline, best)
         messages = [SystemMessage(system_prompt(spec)), HumanMessage(prompt)]
@@ -276,7 +261,7 @@ class LlmProposer:
                 f"the LLM's proposal was cut off at {self.settings.max_tokens} tokens (llm.max_tokens)"
             ) from None
 
-    def analyze(self, spec: StudySpec, history: list[TrialRecord], baseline: float | None = None) -> str:
+    def analyze(self, spec: StudySpec, history: list[TrialSnapshot], baseline: float | None = None) -> str:
         """A few sentences on what worked and what to try next, for a note on the study."""
         prompt = (
             f"{_history_text(history, baseline)}\n\nIn at most {ANALYSIS_SENTENCES} sentences: what worked, what did "
@@ -304,22 +289,20 @@ def _reason(error: Exception) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
-def _tied(rationale: str, based_on: Sequence[int], history: Sequence[TrialRecord]) -> str:
+def _tied(rationale: str, based_on: Sequence[int], history: Sequence[TrialSnapshot]) -> str:
     """The rationale, followed by the trials it builds on as the LLM read them: number and held-out accuracy (or
     state)."""
-    scores = {
-        r.number: r.state.lower() if r.held_out_accuracy is None else f"{r.held_out_accuracy:.3f}" for r in history
-    }
+    scores = {r.number: r.state.lower() if r.value is None else f"{r.value:.3f}" for r in history}
     cited = [f"#{n} ({scores[n]})" for n in dict.fromkeys(based_on) if n in scores]
     return f"{rationale} [builds on {', '.join(cited)}]" if cited else rationale
 
 
 def _proposal_prompt(
     spec: StudySpec,
-    history: Sequence[TrialRecord],
+    history: Sequence[TrialSnapshot],
     count: int,
     baseline: float | None,
-    best: Sequence[TrialRecord] = (),
+    best: Sequence[TrialSnapshot] = (),
 ) -> str:
     space = spec.search_space
     base = task_class(spec.task).base_reward_component
@@ -357,7 +340,7 @@ def _reward_code_text(spec: StudySpec) -> str:
     )
 
 
-def _history_text(history: Sequence[TrialRecord], baseline: float | None, best: Sequence[TrialRecord] = ()) -> str:
+def _history_text(history: Sequence[TrialSnapshot], baseline: float | None, best: Sequence[TrialSnapshot] = ()) -> str:
     """The trials as the LLM reads them: all of them, or with `best`, the best ones and then the latest (`history`)."""
     lines = [] if baseline is None else [f"The untrained base model scores {baseline:.3f} on the held-out questions."]
     if not history and not best:
@@ -371,13 +354,14 @@ def _history_text(history: Sequence[TrialRecord], baseline: float | None, best: 
     return "\n".join(lines)
 
 
-def _record_line(record: TrialRecord) -> str:
-    accuracy = "-" if record.held_out_accuracy is None else f"{record.held_out_accuracy:.3f}"
+def _record_line(record: TrialSnapshot) -> str:
+    accuracy = "-" if record.value is None else f"{record.value:.3f}"
+    rl_gain, rationale, failure = (record.attrs.get(name) for name in ("rl_gain", "rationale", "failure"))
     curve = ", ".join(f"{step}:{value:.2f}" for step, value in sorted(record.curve.items())) or "-"
     return (
         f"#{record.number} {record.state} acc={accuracy} curve=[{curve}]"
-        + ("" if record.rl_gain is None else f" rl_gain={record.rl_gain:+.3f}")
+        + ("" if rl_gain is None else f" rl_gain={rl_gain:+.3f}")
         + f" params={json.dumps(record.params)}"
-        + (f" rationale={record.rationale!r}" if record.rationale else "")
-        + (f" failure={record.failure[:200]!r}" if record.failure else "")
+        + (f" rationale={rationale!r}" if rationale else "")
+        + (f" failure={failure[:200]!r}" if failure else "")
     )

@@ -11,10 +11,9 @@ import optuna
 import sqlalchemy
 from optuna.trial import FrozenTrial, TrialState
 
-from autoresearch.attributes import StudyAttributes, TrialAttributes
+from autoresearch.attributes import SHOWN_TO_LLM, StudyAttributes, TrialAttributes
 from autoresearch.errors import ConfigurationError
-from autoresearch.hybrid_sampler import fallback_counts
-from autoresearch.proposer import TrialRecord
+from autoresearch.hybrid_sampler import TrialSnapshot, fallback_counts
 from autoresearch.search import REWARD_PREFIX
 from autoresearch.spec import Pruning, StudySpec
 
@@ -66,27 +65,10 @@ def run_id_of(spec: StudySpec, trial: FrozenTrial | optuna.Trial) -> str:
     return f"{spec.study}-{trial.number:04d}"
 
 
-def history(study: optuna.Study) -> list[TrialRecord]:
+def history(study: optuna.Study) -> list[TrialSnapshot]:
     """Every trial that started, as the LLM sees it."""
-    records = []
-    for trial in study.get_trials(deepcopy=False):
-        if trial.state is TrialState.WAITING:
-            continue
-        value = trial.values[0] if trial.values else None
-        attributes = TrialAttributes.of(trial)
-        records.append(
-            TrialRecord(
-                number=trial.number,
-                params=dict(trial.params),
-                state=trial.state.name,
-                held_out_accuracy=value,
-                curve=dict(trial.intermediate_values),
-                rationale=attributes.rationale,
-                failure=attributes.failure,
-                rl_gain=attributes.rl_gain,
-            )
-        )
-    return records
+    trials = study.get_trials(deepcopy=False)
+    return [TrialSnapshot.of(trial, SHOWN_TO_LLM) for trial in trials if trial.state is not TrialState.WAITING]
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ import optuna
 
 from autoresearch.attributes import SHOWN_TO_LLM, StudyAttributes, TrialAttributes
 from autoresearch.errors import CandidateError, MalformedProposalError, ProposalError, SlowProposalError
-from autoresearch.hybrid_sampler import HybridSampler, LlmError, OptimizerState, Suggestion, TrialSnapshot
-from autoresearch.proposer import LlmProposer, TrialRecord
+from autoresearch.hybrid_sampler import HybridSampler, LlmError, OptimizerState, Suggestion
+from autoresearch.proposer import LlmProposer
 from autoresearch.reward_code import RewardCodeAdmission
 from autoresearch.search import Candidate, candidate_from_params, check_trial_config, distributions
 from autoresearch.spec import StudySpec
@@ -31,7 +31,7 @@ def study_sampler(
     def llm(state: OptimizerState) -> list[Suggestion]:
         baseline = StudyAttributes.of(study).baseline_accuracy
         try:
-            proposed = proposer.propose(spec, _records(state.recent), state.count, baseline, _records(state.best))
+            proposed = proposer.propose(spec, state.recent, state.count, baseline, state.best)
         except SlowProposalError as error:
             raise LlmError("slow", str(error)) from None
         except MalformedProposalError as error:
@@ -74,19 +74,3 @@ def _suggestion(candidate: Candidate, reward_code: RewardCodeAdmission | None) -
     else:
         attributes = reward_code.admit(candidate.reward_code, candidate.reward_code_weight)
     return Suggestion(candidate.optuna_params(), candidate.rationale, attributes.user_attrs())
-
-
-def _records(snapshots: tuple[TrialSnapshot, ...]) -> list[TrialRecord]:
-    return [
-        TrialRecord(
-            number=s.number,
-            params=s.params,
-            state=s.state,
-            held_out_accuracy=s.value,
-            curve=s.curve,
-            rationale=s.attrs.get("rationale"),
-            failure=s.attrs.get("failure"),
-            rl_gain=s.attrs.get("rl_gain"),
-        )
-        for s in snapshots
-    ]

@@ -9,7 +9,8 @@ from support.loopback import free_port
 from support.scripted_llm import ScriptedLlm
 
 from autoresearch.errors import CandidateError, ProposalError
-from autoresearch.proposer import ANALYSIS_MAX_TOKENS, LlmProposer, TrialRecord
+from autoresearch.hybrid_sampler import TrialSnapshot
+from autoresearch.proposer import ANALYSIS_MAX_TOKENS, LlmProposer
 from autoresearch.search import check_candidate
 from autoresearch.spec import LlmSettings, load_study_spec
 
@@ -37,7 +38,7 @@ def proposer(url: str) -> LlmProposer:
 
 def test_a_structured_proposal_is_parsed_and_the_prompt_carries_the_space_and_history(llm: ScriptedLlm) -> None:
     llm.say(GOOD)
-    history = [TrialRecord(0, {"learning_rate": 0.01}, "COMPLETE", 0.25, {0: 0.0, 3: 0.25}, "high lr", None)]
+    history = [TrialSnapshot(0, "COMPLETE", 0.25, {"learning_rate": 0.01}, {0: 0.0, 3: 0.25}, {"rationale": "high lr"})]
     candidates = proposer(llm.url).propose(SPEC, history, count=2, baseline=0.0625)
     assert [c.rationale for c in candidates] == ["PPO", "bigger batches"]
     assert candidates[0].params == {"learning_rate": 0.002, "batch_size": 1, "loss": "ppo"}
