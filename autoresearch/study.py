@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import optuna
 import sqlalchemy
 from optuna.trial import FrozenTrial, TrialState
+from pydantic import BaseModel
 
 from autoresearch.attributes import SHOWN_TO_LLM, StudyAttributes, TrialAttributes
 from autoresearch.errors import ConfigurationError
@@ -93,30 +95,70 @@ def rl_gain_of(trial: FrozenTrial) -> RlGain:
     return rl_gain_from(trial.intermediate_values, trial.values[0] if trial.values else None)
 
 
-def summary_rows(study: optuna.Study, top: int = 5) -> list[dict]:
+class TrialSummary(BaseModel):
+    """One completed trial in the study's summary: its score, what RL added, how it was set up and by whom."""
+
+    number: int
+    held_out_accuracy: float
+    held_out_at_rl_start: float | None
+    rl_gain: float | None
+    held_out_by_form: dict[str, float | None] | None
+    params: dict[str, Any]
+    # The trial's reward spec as the task serialises it (components with their kind and weight).
+    reward_spec: dict[str, Any]
+    run_id: str | None
+    sampler_path: str | None
+    source: str | None
+    proposed_by: str
+    rationale: str | None
+
+
+class RewardCodeCounts(BaseModel):
+    """The reward functions the LLM wrote as code: proposed, admitted, and each refusal's reason."""
+
+    proposed: int
+    admitted: int
+    refused: list[str]
+
+
+class ProposalCounts(BaseModel):
+    """How the LLM's candidates fared in a study."""
+
+    proposed: int
+    valid: int
+    # Trials started from its candidates.
+    run: int
+    # Each rejection's reason: an invalid candidate, or a call where the LLM gave none.
+    rejected: list[str]
+    # The LLM's turns that fell back to TPE, by kind.
+    fallbacks: dict[str, int]
+    reward_code: RewardCodeCounts
+
+
+def summary_rows(study: optuna.Study, top: int = 5) -> list[TrialSummary]:
     """The best completed trials, best first: number, score, what RL added, parameters, reward spec, run id."""
     complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.values]
     complete.sort(key=lambda t: t.values[0], reverse=True)
     return [_summary_row(t) for t in complete[:top]]
 
 
-def _summary_row(trial: FrozenTrial) -> dict:
+def _summary_row(trial: FrozenTrial) -> TrialSummary:
     gain = rl_gain_of(trial)
     attributes = TrialAttributes.of(trial)
-    return {
-        "number": trial.number,
-        "held_out_accuracy": trial.values[0],
-        "held_out_at_rl_start": gain.at_start,
-        "rl_gain": gain.gain,
-        "held_out_by_form": attributes.held_out_by_form,
-        "params": {k: v for k, v in trial.params.items() if not k.startswith(REWARD_PREFIX)},
-        "reward_spec": json.loads(attributes.reward_spec or "{}"),
-        "run_id": attributes.run_id,
-        "sampler_path": attributes.sampler_path,
-        "source": attributes.source,
-        "proposed_by": proposed_by(attributes),
-        "rationale": attributes.rationale,
-    }
+    return TrialSummary(
+        number=trial.number,
+        held_out_accuracy=trial.values[0],
+        held_out_at_rl_start=gain.at_start,
+        rl_gain=gain.gain,
+        held_out_by_form=attributes.held_out_by_form,
+        params={k: v for k, v in trial.params.items() if not k.startswith(REWARD_PREFIX)},
+        reward_spec=json.loads(attributes.reward_spec or "{}"),
+        run_id=attributes.run_id,
+        sampler_path=attributes.sampler_path,
+        source=attributes.source,
+        proposed_by=proposed_by(attributes),
+        rationale=attributes.rationale,
+    )
 
 
 def proposed_by(attributes: TrialAttributes) -> str:
@@ -129,25 +171,23 @@ def proposed_by(attributes: TrialAttributes) -> str:
     return "tpe" if attributes.source == "sampler" else "-"
 
 
-def llm_proposal_counts(study: optuna.Study) -> dict:
-    """How the LLM's candidates fared: proposed, valid, run (trials started from them), each rejection's reason
-    (an invalid candidate, or a call where the LLM gave none), the LLM's turns that fell back to TPE by kind, and the
-    reward functions it wrote as code: proposed, admitted, and each refusal's reason."""
+def llm_proposal_counts(study: optuna.Study) -> ProposalCounts:
+    """How the LLM's candidates fared in `study`."""
     run = sum(
         1
         for t in study.get_trials(deepcopy=False)
         if TrialAttributes.of(t).source == "llm" and t.state is not TrialState.WAITING
     )
     attributes = StudyAttributes.of(study)
-    return {
-        "proposed": attributes.llm_proposed,
-        "valid": attributes.llm_valid,
-        "run": run,
-        "rejected": list(attributes.rejected_proposals),
-        "fallbacks": fallback_counts(study),
-        "reward_code": {
-            "proposed": attributes.reward_code_proposed,
-            "admitted": attributes.reward_code_admitted,
-            "refused": list(attributes.rejected_reward_code),
-        },
-    }
+    return ProposalCounts(
+        proposed=attributes.llm_proposed,
+        valid=attributes.llm_valid,
+        run=run,
+        rejected=list(attributes.rejected_proposals),
+        fallbacks=fallback_counts(study),
+        reward_code=RewardCodeCounts(
+            proposed=attributes.reward_code_proposed,
+            admitted=attributes.reward_code_admitted,
+            refused=list(attributes.rejected_reward_code),
+        ),
+    )

@@ -143,17 +143,15 @@ def write_summary(study: optuna.Study, folder: Path, console: Console) -> Path:
     for column in columns:
         table.add_column(column, overflow="fold")
     for row in rows:
-        components = ", ".join(
-            f"{c['kind']}×{c.get('weight', 1.0):.2g}" for c in row["reward_spec"].get("components", [])
-        )
-        params = ", ".join(f"{k}={_short(v)}" for k, v in row["params"].items())
+        components = ", ".join(f"{c['kind']}×{c.get('weight', 1.0):.2g}" for c in row.reward_spec.get("components", []))
+        params = ", ".join(f"{k}={_short(v)}" for k, v in row.params.items())
         table.add_row(
-            str(row["number"]),
-            f"{row['held_out_accuracy']:.3f}",
-            _figure(row["held_out_at_rl_start"]),
-            _signed(row["rl_gain"]),
-            _by_form(row["held_out_by_form"]),
-            row["proposed_by"],
+            str(row.number),
+            f"{row.held_out_accuracy:.3f}",
+            _figure(row.held_out_at_rl_start),
+            _signed(row.rl_gain),
+            _by_form(row.held_out_by_form),
+            row.proposed_by,
             params,
             components,
         )
@@ -168,26 +166,26 @@ def write_summary(study: optuna.Study, folder: Path, console: Console) -> Path:
     if baseline is not None:
         console.print(f"baseline: the base model scores {baseline:.3f} on the same held-out questions")
     proposals = llm_proposal_counts(study)
-    if proposals["proposed"] or proposals["rejected"] or proposals["fallbacks"]:
+    if proposals.proposed or proposals.rejected or proposals.fallbacks:
         console.print(
-            f"LLM candidates: {proposals['proposed']} proposed, {proposals['valid']} valid, {proposals['run']} run, "
-            f"{len(proposals['rejected'])} rejections"
+            f"LLM candidates: {proposals.proposed} proposed, {proposals.valid} valid, {proposals.run} run, "
+            f"{len(proposals.rejected)} rejections"
         )
-        if proposals["fallbacks"]:
-            kinds = ", ".join(f"{count} {kind}" for kind, count in proposals["fallbacks"].items())
+        if proposals.fallbacks:
+            kinds = ", ".join(f"{count} {kind}" for kind, count in proposals.fallbacks.items())
             console.print(f"LLM turns that TPE took instead: {kinds}")
-        for reason in proposals["rejected"]:
+        for reason in proposals.rejected:
             console.print(f"  rejected: {reason}", markup=False)
-    code = proposals["reward_code"]
-    if code["proposed"]:
-        console.print(f"LLM reward code: {code['proposed']} proposed, {code['admitted']} admitted")
-        for reason in code["refused"]:
+    code = proposals.reward_code
+    if code.proposed:
+        console.print(f"LLM reward code: {code.proposed} proposed, {code.admitted} admitted")
+        for reason in code.refused:
             console.print(f"  refused: {reason}", markup=False)
     warmups = attributes.shared_warmups
     for url, warmup in warmups.items():
         console.print(f"shared warm-up on {url}: held-out {warmup.held_out_accuracy:.3f}, state {warmup.path}")
     if rows:
-        console.print(f"best adapter: {rows[0]['sampler_path']} (run {rows[0]['run_id']})")
+        console.print(f"best adapter: {rows[0].sampler_path} (run {rows[0].run_id})")
     _save_plots(study, folder)
     summary = folder / "summary.json"
     summary.write_text(
@@ -196,8 +194,8 @@ def write_summary(study: optuna.Study, folder: Path, console: Console) -> Path:
                 "trials": states,
                 "baseline": baseline,
                 "shared_warmups": {url: warmup.model_dump() for url, warmup in warmups.items()},
-                "llm_proposals": proposals,
-                "best": rows,
+                "llm_proposals": proposals.model_dump(),
+                "best": [row.model_dump() for row in rows],
             },
             indent=2,
             default=str,

@@ -133,9 +133,9 @@ def test_the_llms_reward_code_is_admitted_or_refused_with_its_reason_and_the_con
         assert attributes.reward_code_sha256 is None
         assert reason in attributes.reward_code_refused, attributes.reward_code_refused
     # The study's summary counts them and gives each refusal's reason.
-    counted = llm_proposal_counts(study)["reward_code"]
-    assert (counted["proposed"], counted["admitted"]) == (6, 1)
-    assert all(reason in refusal for reason, refusal in zip(HOSTILE.values(), counted["refused"], strict=True))
+    counted = llm_proposal_counts(study).reward_code
+    assert (counted.proposed, counted.admitted) == (6, 1)
+    assert all(reason in refusal for reason, refusal in zip(HOSTILE.values(), counted.refused, strict=True))
 
     # The admitted source is an artifact of the study, in the store beside its SQLite file, and optuna-dashboard
     # (its own WSGI app, started with that store as --artifact-dir) lists it on the study and serves it.
