@@ -9,6 +9,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 import tinker
 import torch
@@ -41,18 +42,30 @@ def train_and_sample(url: str) -> tuple[list[float], list[list[int]]]:
         return losses, [list(sequence.tokens) for sequence in sampled.sequences]
 
 
+def structured_output_status(url: str) -> tuple[int, str]:
+    """An OpenAI completion in JSON-object mode: its status and body."""
+    reply = httpx.post(
+        f"{url}/v1/completions",
+        json={"model": TINY, "prompt": "SELECT", "max_tokens": 3, "response_format": {"type": "json_object"}},
+        headers={"Authorization": "Bearer tml-tests"},
+        timeout=60,
+    )
+    return reply.status_code, reply.text
+
+
 def stop(server: subprocess.Popen) -> None:
     server.send_signal(signal.SIGTERM)
     server.wait(timeout=60)
 
 
 def test_a_server_of_two_shards_trains_and_samples_as_one_process_does(tmp_path: Path) -> None:
-    results = []
+    results, structured = [], []
     for name, options in (("one", ()), ("two", ("--shards", "2"))):
         port = free_port()
         server = start_backend_process(tmp_path / name, port, "--dtype", "float32", *options)
         try:
             results.append(train_and_sample(f"http://127.0.0.1:{port}"))
+            structured.append(structured_output_status(f"http://127.0.0.1:{port}"))
         finally:
             stop(server)
         # SIGTERM's orderly stop, the followers stopped with it (a lost follower would end it with SHARD_LOST_EXIT).
@@ -61,6 +74,10 @@ def test_a_server_of_two_shards_trains_and_samples_as_one_process_does(tmp_path:
     assert two_losses == pytest.approx(one_losses, abs=1e-5)
     assert one_losses[-1] < one_losses[0]
     assert two_tokens == one_tokens
+    # Structured output is refused before anything is queued where it cannot be served yet, and served elsewhere.
+    (one_status, _), (two_status, two_body) = structured
+    assert one_status == 200
+    assert two_status == 400 and "sharded backend" in two_body
     assert "2 processes on cpu, the decoder layers sharded" in (tmp_path / "two" / "server.log").read_text()
 
 

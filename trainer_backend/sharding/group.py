@@ -176,10 +176,12 @@ class FollowerProcesses:
                     logging.shutdown()
                     os._exit(SHARD_LOST_EXIT)
 
-    def stop(self, timeout_s: float = 30) -> None:
-        """After the followers were told to stop (or when the leader failed to start): wait for them, killing those
-        that do not end within `timeout_s`."""
+    def expect_exit(self) -> None:
+        """The followers are about to be told to stop (or the leader failed to start): their exits are no loss."""
         self._stopping.set()
+
+    def wait(self, timeout_s: float = 30) -> None:
+        """Wait for the followers to end (after `expect_exit`), killing those that do not within `timeout_s`."""
         for process in self.processes:
             try:
                 process.wait(timeout=timeout_s)

@@ -81,6 +81,7 @@ def lead(
         group, engine = sharded_engine(settings, place)
     except BaseException:
         if followers is not None:
-            followers.stop(timeout_s=0)
+            followers.expect_exit()
+            followers.wait(timeout_s=0)
         raise
     return LeaderEngine(engine, group, followers)

@@ -32,7 +32,7 @@ from trainer_backend.engine.types import (
     LoraSettings,
     SamplingRequest,
 )
-from trainer_backend.errors import BackendError, UserInputError
+from trainer_backend.errors import BackendError
 from trainer_backend.sharding.group import CommandChannel, FollowerProcesses, ShardGroup
 
 
@@ -69,27 +69,26 @@ class ShardDivergedError(RuntimeError):
 
 
 def _random_state() -> tuple[torch.Tensor, ...]:
+    # The CPU's generator and this process's GPU's (each process's current device is its rank's): asking for every
+    # GPU's would make a CUDA context on each of them in every process.
     states = [torch.get_rng_state()]
     if torch.cuda.is_available():
-        states += torch.cuda.get_rng_state_all()
+        states.append(torch.cuda.get_rng_state())
     return tuple(states)
 
 
 def _set_random_state(states: tuple[torch.Tensor, ...]) -> None:
     torch.set_rng_state(states[0])
     if len(states) > 1:
-        torch.cuda.set_rng_state_all(list(states[1:]))
+        torch.cuda.set_rng_state(states[1])
 
 
 def _replayable(request: SamplingRequest) -> SamplingRequest:
     """`request` as a follower can make it: a seed of its own (the leader's draw, which every process repeats), and
-    without the leader's streaming callback.
-
-    Raises:
-        UserInputError: the request is constrained (structured output), which a sharded backend does not serve yet.
-    """
+    without the leader's streaming callback. A constrained request (structured output) cannot be sent: the OpenAI
+    endpoint refuses it before it is queued (`serves_constraints`)."""
     if request.constraint is not None:
-        raise UserInputError("structured output (response_format) is not served by a sharded backend")
+        raise ValueError("a constrained request reached a sharded engine; its endpoint should have refused it")
     seed = random.getrandbits(63) if request.seed is None else request.seed
     return replace(request, seed=seed, on_token=None)
 
@@ -97,6 +96,9 @@ def _replayable(request: SamplingRequest) -> SamplingRequest:
 class LeaderEngine:
     """The leader's engine: each call is sent to the followers, then made here. What only reads the engine's state
     (`has_adapter`, `residency`, the weight checks) is the leader's alone."""
+
+    # A constrained request's constraint is made on the leader and cannot be sent to the followers (yet).
+    serves_constraints = False
 
     def __init__(self, engine: ModelEngine, group: ShardGroup, followers: FollowerProcesses | None) -> None:
         """`followers`: the processes this leader started (None where torchrun started them)."""
@@ -161,9 +163,12 @@ class LeaderEngine:
 
     def close(self) -> None:
         """Tell the followers to stop, wait for those this leader started, and leave the group."""
+        # Expected before they are told: one that ends at once must not look lost to the watch.
+        if self.followers is not None:
+            self.followers.expect_exit()
         self.channel.send(Stop())
         if self.followers is not None:
-            self.followers.stop()
+            self.followers.wait()
         self.group.close()
 
 
