@@ -21,7 +21,6 @@ from trainer_backend.api.app import create_app
 from trainer_backend.api.http_protocol import JsonErrorH11Protocol
 from trainer_backend.auth import KeyPolicy
 from trainer_backend.config import ServerConfig
-from trainer_backend.engine.model_engine import ModelEngine
 from trainer_backend.errors import UserInputError
 from trainer_backend.models.loading import dtype_name, load_base_model, select_device, select_dtype
 from trainer_backend.models.registry import default_cache_root, resolve_base_model
@@ -70,12 +69,7 @@ def _build_service(config: ServerConfig) -> TrainingService:
     dtype = select_dtype(config.dtype, device)
     place = shard_place(config)
     if place is None:
-        engine = ModelEngine(
-            load_base_model(resolved, device, dtype),
-            activation_budget=config.max_training_activation_bytes,
-            spill_root=config.storage_root / "spill",
-            max_loaded_adapters=config.max_loaded_adapters,
-        )
+        engine = engine_settings(config, cache_root, device).engine(load_base_model(resolved, device, dtype))
         where = str(device)
     else:
         engine = lead(config, place, resolved, cache_root, device)

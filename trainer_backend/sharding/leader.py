@@ -35,7 +35,7 @@ def shard_place(config: ServerConfig) -> ShardPlace | None:
 
 
 def engine_settings(config: ServerConfig, cache_root: Path, device: torch.device) -> EngineSettings:
-    """What every process needs to build the same engine as the server's own would be."""
+    """The engine's settings from the server's config: the one process's, or every process's of a group."""
     return EngineSettings(
         base_model=config.base_model,
         model_cache=cache_root,

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from trainer_backend.engine.model_engine import ModelEngine
-from trainer_backend.models.loading import load_base_model, select_dtype
+from trainer_backend.models.loading import LoadedModel, load_base_model, select_dtype
 from trainer_backend.models.registry import resolve_base_model
 from trainer_backend.sharding.group import ShardGroup, ShardPlace, shard_device
 from trainer_backend.sharding.shard_model import shard_decoder_layers
@@ -28,6 +28,15 @@ class EngineSettings:
     activation_budget: int
     spill_root: Path
     max_loaded_adapters: int | None = None
+
+    def engine(self, loaded: LoadedModel, spill_root: Path | None = None) -> ModelEngine:
+        """The engine over `loaded` with these limits, spilling adapters to `spill_root` (default: `spill_root`)."""
+        return ModelEngine(
+            loaded,
+            activation_budget=self.activation_budget,
+            spill_root=spill_root or self.spill_root,
+            max_loaded_adapters=self.max_loaded_adapters,
+        )
 
     def arguments(self) -> list[str]:
         """These settings as a follower's command line (`from_arguments` reads them back)."""
@@ -66,17 +75,10 @@ def sharded_engine(settings: EngineSettings, place: ShardPlace) -> tuple[ShardGr
     device = shard_device(place, torch.device(settings.device))
     group = ShardGroup(place, device)
     # Under torchrun every process starts at once: the leader converts the model into the cache, the others wait.
-    if place.leads:
-        resolve_base_model(settings.base_model, settings.model_cache)
+    resolved = resolve_base_model(settings.base_model, settings.model_cache) if place.leads else None
     dist.barrier()
-    resolved = resolve_base_model(settings.base_model, settings.model_cache)
+    resolved = resolved or resolve_base_model(settings.base_model, settings.model_cache)
     loaded = load_base_model(resolved, device, select_dtype(settings.dtype, device))
     shard_decoder_layers(loaded.model, group.mesh)
     spill_root = settings.spill_root if place.leads else settings.spill_root / f"shard-{place.rank}"
-    engine = ModelEngine(
-        loaded,
-        activation_budget=settings.activation_budget,
-        spill_root=spill_root,
-        max_loaded_adapters=settings.max_loaded_adapters,
-    )
-    return group, engine
+    return group, settings.engine(loaded, spill_root)
