@@ -13,8 +13,8 @@ import sys
 from collections.abc import Callable
 
 from trainer_backend import scheduler
-from trainer_backend.batches import BatchKind
 from trainer_backend.engine import sampling
+from trainer_backend.operations import BatchKind
 from trainer_backend.samplers import builtin
 
 

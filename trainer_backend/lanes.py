@@ -12,9 +12,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from trainer_backend.batches import BatchKind
 from trainer_backend.errors import ConflictError
-from trainer_backend.operations import Operation
+from trainer_backend.operations import BatchKind, Operation
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Requests arrive on the HTTP loop and become `Operation`s, which wait in their tenant's lane (`lanes.py`): a training
 client's run in seq_id order, and a gap that stays open longer than `gap_timeout_s` fails the operations waiting behind
 it. Across tenants the worker serves the least recently served one first, so a tenant with a deep queue cannot starve
-the others. Operations of a registered batch kind (`batches.py`: sampling, training passes) run together: the worker
+the others. Operations of a registered batch kind (`operations.py`: sampling, training passes) run together: the worker
 takes ready ones of that kind from all tenants (for a training client only its next in order) into one device call, one
 tenant at a time in turn, least recently served first, while the kind's budget has room (a generation batch's rows and
 tokens), so a tenant with hundreds of queued requests gets a share of each call, not the whole of it, and others'
@@ -31,11 +31,10 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
-from trainer_backend.batches import BatchCall, BatchKind, CallHooks
 from trainer_backend.errors import BackendError, OverloadedError, ServerError
 from trainer_backend.lanes import ExpiredGap, Lane
 from trainer_backend.ledger import Ledger
-from trainer_backend.operations import Operation, Outcome
+from trainer_backend.operations import BatchCall, BatchKind, CallHooks, Operation, Outcome
 
 log = logging.getLogger(__name__)
 

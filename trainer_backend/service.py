@@ -24,7 +24,6 @@ from typing import Protocol, TypeVar
 
 from trainer_backend.abandoned_sessions import AbandonedSessions
 from trainer_backend.batch_invariance import runs_alone, session_batch_invariance
-from trainer_backend.batches import BatchKind, PauseCallback
 from trainer_backend.checkpoints import (
     CheckpointInfo,
     CheckpointKind,
@@ -45,7 +44,7 @@ from trainer_backend.errors import (
     UserInputError,
 )
 from trainer_backend.ledger import FutureRecord, Ledger, ResultFormat
-from trainer_backend.operations import Operation, Outcome
+from trainer_backend.operations import BatchKind, Operation, Outcome, PauseCallback
 from trainer_backend.request_kinds import RequestKind
 from trainer_backend.runs import RunStore, TrainingRun
 from trainer_backend.samplers.answers import SampleAnswers

@@ -11,8 +11,8 @@ import tinker
 from support.backends import TINY, tiny_server_config
 from support.trainer import SQL, RawApi
 
-from trainer_backend.batches import BatchKind
 from trainer_backend.ledger import Ledger
+from trainer_backend.operations import BatchKind
 from trainer_backend.scheduler import Scheduler
 from trainer_backend.server import RunningServer, running_server
 

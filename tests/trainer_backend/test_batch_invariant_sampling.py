@@ -24,10 +24,9 @@ from tinker import types
 from autoresearch.trials.config import load_trial_config
 from autoresearch.trials.evaluation import evaluate_checkpoint
 from tasks.text2sql.task import Text2SqlTask
-from trainer_backend.batches import BatchCall, BatchKind
 from trainer_backend.engine.types import SamplingRequest
 from trainer_backend.ledger import Ledger, ResultFormat
-from trainer_backend.operations import Operation
+from trainer_backend.operations import BatchCall, BatchKind, Operation
 from trainer_backend.samplers.interface import RecordedSamplingRequest
 from trainer_backend.samplers.routing import BATCH_INVARIANT, RoutedSampler
 from trainer_backend.scheduler import Scheduler

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from trainer_backend.batches import BatchKind
 from trainer_backend.errors import ConflictError
 from trainer_backend.lanes import Lane
 from trainer_backend.ledger import ResultFormat
-from trainer_backend.operations import Operation
+from trainer_backend.operations import BatchKind, Operation
 from trainer_backend.request_kinds import RequestKind
 
 

@@ -14,10 +14,9 @@ from support.trainer import next_token_datum, status_of
 from tinker import types
 
 from trainer_backend import scheduler as scheduler_module
-from trainer_backend.batches import BatchBudget, BatchKind
 from trainer_backend.errors import OverloadedError, UserInputError
 from trainer_backend.ledger import FutureState, Ledger, ResultFormat
-from trainer_backend.operations import Operation
+from trainer_backend.operations import BatchBudget, BatchKind, Operation
 from trainer_backend.scheduler import Scheduler
 from trainer_backend.server import RunningServer
 

@@ -10,9 +10,8 @@ from collections.abc import Callable
 
 import pytest
 
-from trainer_backend.batches import BatchKind
 from trainer_backend.ledger import Ledger, ResultFormat
-from trainer_backend.operations import Operation
+from trainer_backend.operations import BatchKind, Operation
 from trainer_backend.scheduler import Scheduler
 from trainer_backend.tenant_usage import (
     OTHER_TENANTS,

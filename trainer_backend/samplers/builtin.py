@@ -6,11 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from trainer_backend.batches import BatchBudget, BatchCall, BatchKind
 from trainer_backend.engine.model_engine import MAX_SAMPLING_ROWS, ModelEngine, SampleOutcome
 from trainer_backend.engine.types import LoraSettings, SamplingRequest
 from trainer_backend.errors import BackendError
-from trainer_backend.operations import Operation, Outcome
+from trainer_backend.operations import BatchBudget, BatchCall, BatchKind, Operation, Outcome
 from trainer_backend.request_kinds import RequestKind
 from trainer_backend.samplers.answers import SampleAnswers, generated_tokens
 from trainer_backend.samplers.interface import RecordedSamplingRequest
