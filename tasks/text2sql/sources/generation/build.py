@@ -19,8 +19,9 @@ from tasks.text2sql.dataset import Database, Difficulty, Example
 from tasks.text2sql.sources.difficulty import classify_difficulty
 from tasks.text2sql.sources.generation.domains import DEV_DOMAINS, TEST_DOMAINS, TRAIN_DOMAINS
 from tasks.text2sql.sources.generation.questions import Scope, draw_candidate
-from tasks.text2sql.sources.generation.rows import build_database, derived_rng
+from tasks.text2sql.sources.generation.rows import build_database
 from tasks.text2sql.sources.generation.schema import Domain
+from tasks.text2sql.sources.seeding import derived_rng
 
 SEED = 20261129
 VARIANTS = 3  # the primary database and two others with the same schema
@@ -47,7 +48,7 @@ QUESTIONS_DIR = GENERATION_DIR.parents[1] / "data"
 def generator_fingerprint() -> str:
     """Changes whenever the generator's code changes, so a cache built by older code is never reused."""
     digest = hashlib.sha256(str(SEED).encode())
-    for source in sorted(GENERATION_DIR.glob("*.py")):
+    for source in [*sorted(GENERATION_DIR.glob("*.py")), GENERATION_DIR.parent / "seeding.py"]:
         digest.update(source.read_bytes())
     return digest.hexdigest()[:16]
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
-import hashlib
 import random
 import tempfile
 from pathlib import Path
@@ -17,16 +16,11 @@ import duckdb
 
 from tasks.text2sql.sources.generation.pools import FIRST_NAMES, LAST_NAMES, NAME_PARTS
 from tasks.text2sql.sources.generation.schema import Column, Domain, Role, Table
+from tasks.text2sql.sources.seeding import derived_rng
 
 # Share of parent rows that children may reference: the rest stay childless, so questions such as
 # "which departments have no employees" have answers.
 REFERENCED_SHARE = 0.85
-
-
-def derived_rng(*parts: object) -> random.Random:
-    """A generator seeded from the parts' text; Python's hash() is salted per process, sha256 is not."""
-    digest = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
-    return random.Random(int.from_bytes(digest[:8], "big"))
 
 
 def _pool_name(column: Column, rng: random.Random) -> str:

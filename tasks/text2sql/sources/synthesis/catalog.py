@@ -10,8 +10,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from tasks.text2sql.sources.generation.rows import derived_rng
 from tasks.text2sql.sources.generation.schema import Column, Role
+from tasks.text2sql.sources.seeding import derived_rng
 
 
 @dataclass(frozen=True)

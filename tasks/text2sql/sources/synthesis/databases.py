@@ -31,6 +31,7 @@ BLOCK_SIZE = 16_384
 DIGEST_FILE = "DIGEST"
 # The code that decides a database's contents: a change to any of it builds into a new cache folder.
 _SOURCES = (
+    "seeding.py",
     "generation/rows.py",
     "generation/schema.py",
     "generation/pools.py",

@@ -11,8 +11,8 @@ import functools
 import random
 from dataclasses import dataclass
 
-from tasks.text2sql.sources.generation.rows import derived_rng
 from tasks.text2sql.sources.generation.schema import Column, Domain, Role, Table
+from tasks.text2sql.sources.seeding import derived_rng
 from tasks.text2sql.sources.synthesis.catalog import DomainSpec, TableSpec
 from tasks.text2sql.sources.synthesis.domains import TRAIN_SYNTH_DOMAINS
 from tasks.text2sql.sources.synthesis.naming import NamingStyle, is_plain_identifier
