@@ -11,7 +11,7 @@ columns; every table gets an integer key `id` first, and each column is a mappin
         rows: 600
         columns:
           - {name: name, kind: label, pool: person}
-          - {name: city, kind: category, values: {list: cities, stop: 12}, equals_phrases: [live in {v}]}
+          - {name: city, kind: category, values: {list: cities, stop: 12}, equals_phrases: ['live in {v}']}
           - {name: signup_date, kind: date, phrase: signup date, first_year: 2016, last_year: 2024}
 
 A column's `phrase`, its words in a question, is by default its name in words ("signup date"); a key's is its name
@@ -19,6 +19,9 @@ without `_id` ("customer_id": "customer"). A table's `singular` is by default it
 English plural of that. `pools.yaml` holds what several domains share: word lists, named as `{list: cities}` and
 sliced as Python slices are (`{list: cities, start: 5, stop: 15}`), and the pools that labels draw a name from per
 row (`pool: person`).
+
+Values are strings: quote those YAML would read as something else ('yes', 'no', '12', 'null'), and phrases with
+{v} in a flow list; an unquoted one is refused, never silently converted.
 
 In a synthesized domain a table's and a column's name is a concept ("pet", "weight_kg") that each database spells in
 its own naming style; in a bundled one it is the name in SQL.
@@ -29,6 +32,8 @@ from __future__ import annotations
 from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, StringConstraints, model_validator
+
+from tasks.text2sql.sources.domains.schema import FLIGHT_NUMBERS
 
 Name = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]*$")]
 KeyName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]*_id$")]
@@ -208,6 +213,16 @@ class PoolsSpec(_Strict):
 
     lists: dict[Name, list[Word]]
     names: dict[Name, tuple[Words, Words]]
+
+    @model_validator(mode="after")
+    def _references_resolve(self) -> Self:
+        if FLIGHT_NUMBERS in self.names:
+            raise ValueError(f"the pool {FLIGHT_NUMBERS!r} is built in (flight numbers): name yours otherwise")
+        for pool, parts in self.names.items():
+            for part in parts:
+                if isinstance(part, ListSlice) and part.list_name not in self.lists:
+                    raise ValueError(f"the pool {pool!r} names the list {part.list_name!r}, which `lists` lacks")
+        return self
 
 
 class SplitsSpec(RootModel[dict[Name, list[Name]]]):

@@ -33,10 +33,12 @@ from tasks.text2sql.sources.domains.schema import FLIGHT_NUMBERS, Column, Domain
 from tasks.text2sql.sources.seeding import derived_rng
 
 DOMAINS_DIR = Path(__file__).resolve().parent
-POOLS_FILE = DOMAINS_DIR / "pools.yaml"
+POOLS_FILE = "pools.yaml"
 SPLITS_FILE = "splits.yaml"
 # The share of rows whose self-reference is NULL: the roots (a top manager, a top-level category).
 SELF_REFERENCE_NULLS = 0.15
+# libyaml's parser where PyYAML has it: it reads the domain files in a tenth of the pure-Python parser's time.
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _Model = TypeVar("_Model", bound=BaseModel)
 
 
@@ -47,25 +49,26 @@ class Family(StrEnum):
     SYNTHESIZED = "synthesized"  # the domains the synthesized databases are drawn from
 
 
-def load_family(family: Family) -> dict[str, tuple[Domain, ...]]:
-    """The family's domains by split, in the order its `splits.yaml` lists them.
+def load_family(family: Family, root: Path = DOMAINS_DIR) -> dict[str, tuple[Domain, ...]]:
+    """The family's domains by split, in the order its `splits.yaml` lists them; `root` holds `pools.yaml` and a
+    folder per family.
 
     Raises:
         DomainFileError: a file that does not parse or validate, a name that no list, pool or file has, or a domain
             file that the splits leave out.
     """
-    return dict(_load_family(family))
+    return dict(_load_family(family, root))
 
 
 def family_files(family: Family) -> tuple[Path, ...]:
     """Every file that decides the family's domains, the loader's code included, for the fingerprints of caches."""
     folder = DOMAINS_DIR / family
-    return (*sorted(DOMAINS_DIR.glob("*.py")), POOLS_FILE, *sorted(folder.glob("*.yaml")))
+    return (*sorted(DOMAINS_DIR.glob("*.py")), DOMAINS_DIR / POOLS_FILE, *sorted(folder.glob("*.yaml")))
 
 
 @functools.cache
-def _load_family(family: Family) -> tuple[tuple[str, tuple[Domain, ...]], ...]:
-    folder = DOMAINS_DIR / family
+def _load_family(family: Family, root: Path) -> tuple[tuple[str, tuple[Domain, ...]], ...]:
+    folder = root / family
     splits = _read(folder / SPLITS_FILE, SplitsSpec).root
     files = {path.stem for path in folder.glob("*.yaml") if path.name != SPLITS_FILE}
     listed = {name for names in splits.values() for name in names}
@@ -74,7 +77,7 @@ def _load_family(family: Family) -> tuple[tuple[str, tuple[Domain, ...]], ...]:
             f"{folder / SPLITS_FILE} must list every domain file of {folder} once: "
             f"listed without a file {sorted(listed - files)}, files not listed {sorted(files - listed)}"
         )
-    pools = _read(POOLS_FILE, PoolsSpec)
+    pools = _read(root / POOLS_FILE, PoolsSpec)
     return tuple(
         (split, tuple(_domain(name, folder / f"{name}.yaml", pools) for name in names))
         for split, names in splits.items()
@@ -83,7 +86,7 @@ def _load_family(family: Family) -> tuple[tuple[str, tuple[Domain, ...]], ...]:
 
 def _read(path: Path, model: type[_Model]) -> _Model:
     try:
-        data: Any = yaml.load(path.read_text(), Loader=yaml.CSafeLoader)
+        data: Any = yaml.load(path.read_text(), Loader=_YAML_LOADER)
         return model.model_validate(data)
     except (OSError, yaml.YAMLError, ValidationError) as error:
         raise DomainFileError(f"{path} does not load: {error}") from None
@@ -107,8 +110,7 @@ class _Words:
             return tuple(words)
         if words.list_name not in self.pools.lists:
             raise DomainFileError(
-                f"{self.path}: {where} names the list {words.list_name!r}; {POOLS_FILE.name} has "
-                f"{sorted(self.pools.lists)}"
+                f"{self.path}: {where} names the list {words.list_name!r}; {POOLS_FILE} has {sorted(self.pools.lists)}"
             )
         chosen = tuple(self.pools.lists[words.list_name][words.start : words.stop])
         if not chosen:
@@ -120,10 +122,10 @@ class _Words:
             return ()
         if pool not in self.pools.names:
             raise DomainFileError(
-                f"{self.path}: {where} draws from the pool {pool!r}; {POOLS_FILE.name} has "
+                f"{self.path}: {where} draws from the pool {pool!r}; {POOLS_FILE} has "
                 f"{sorted(self.pools.names)} and {FLIGHT_NUMBERS!r}"
             )
-        return tuple(self.of(part, f"the pool {pool!r}") for part in self.pools.names[pool])
+        return tuple(self.of(part, f"{POOLS_FILE}'s pool {pool!r}") for part in self.pools.names[pool])
 
 
 def _table(spec: TableSpec, words: _Words) -> Table:
@@ -135,14 +137,14 @@ def _table(spec: TableSpec, words: _Words) -> Table:
 
 
 def _column(spec: ColumnSpec, table: str, rows: int, words: _Words) -> Column:
-    where = f"{table}.{spec.name}"
+    where, phrase = f"{table}.{spec.name}", _phrase(spec)
     match spec:
         case ForeignKeySpec():
             return Column(
                 spec.name,
                 "INTEGER",
                 Role.FOREIGN_KEY,
-                phrase=spec.phrase or _in_words(spec.name.removesuffix("_id")),
+                phrase=phrase,
                 references=spec.references,
                 null_fraction=spec.null_fraction,
             )
@@ -153,7 +155,7 @@ def _column(spec: ColumnSpec, table: str, rows: int, words: _Words) -> Column:
                 spec.name,
                 "INTEGER",
                 Role.NUMBER,
-                phrase=spec.phrase or _in_words(spec.name.removesuffix("_id")),
+                phrase=phrase,
                 low=1,
                 high=rows,
                 references=table,
@@ -161,7 +163,6 @@ def _column(spec: ColumnSpec, table: str, rows: int, words: _Words) -> Column:
                 null_fraction=SELF_REFERENCE_NULLS,
             )
         case LabelSpec():
-            phrase = spec.phrase or _in_words(spec.name)
             if spec.pool is not None:
                 parts = words.pool_parts(spec.pool, where)
                 return Column(spec.name, "VARCHAR", Role.LABEL, phrase=phrase, pool=spec.pool, parts=parts)
@@ -173,7 +174,7 @@ def _column(spec: ColumnSpec, table: str, rows: int, words: _Words) -> Column:
                 spec.name,
                 "VARCHAR",
                 Role.CATEGORY,
-                phrase=spec.phrase or _in_words(spec.name),
+                phrase=phrase,
                 values=words.of(spec.values, where),
                 equals_phrases=tuple(spec.equals_phrases),
                 null_fraction=spec.null_fraction,
@@ -183,7 +184,7 @@ def _column(spec: ColumnSpec, table: str, rows: int, words: _Words) -> Column:
                 spec.name,
                 "INTEGER" if spec.decimals == 0 else f"DECIMAL(12,{spec.decimals})",
                 Role.NUMBER,
-                phrase=spec.phrase or _in_words(spec.name),
+                phrase=phrase,
                 low=spec.low,
                 high=spec.high,
                 decimals=spec.decimals,
@@ -193,13 +194,19 @@ def _column(spec: ColumnSpec, table: str, rows: int, words: _Words) -> Column:
                 additive=spec.additive,
             )
         case DateSpec():
-            phrase = spec.phrase or _in_words(spec.name)
             return Column(spec.name, "DATE", Role.DATE, phrase=phrase, low=spec.first_year, high=spec.last_year)
         case FlagSpec():
-            phrase = spec.phrase or _in_words(spec.name)
             return Column(spec.name, "BOOLEAN", Role.FLAG, phrase=phrase, equals_phrases=tuple(spec.equals_phrases))
         case _:
             assert_never(spec)
+
+
+def _phrase(spec: ColumnSpec) -> str:
+    """The column's words in a question; by default its name in words, a key's without `_id`."""
+    if spec.phrase:
+        return spec.phrase
+    is_key = isinstance(spec, ForeignKeySpec | SelfReferenceSpec)
+    return _in_words(spec.name.removesuffix("_id") if is_key else spec.name)
 
 
 def _label_values(spec: LabelSpec, table: str, rows: int, words: _Words) -> tuple[str, ...]:
