@@ -11,6 +11,10 @@ class DatasetError(Text2SqlError):
     """A data set on disk is missing, malformed or inconsistent."""
 
 
+class DomainFileError(DatasetError):
+    """A domain file (tasks/text2sql/sources/domains/) does not parse, validate or resolve."""
+
+
 class RewardSpecError(Text2SqlError):
     """A reward spec does not validate."""
 

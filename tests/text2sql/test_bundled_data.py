@@ -11,10 +11,11 @@ import pytest
 
 from tasks.text2sql.dataset import Difficulty, QuestionForm, Text2SqlDataset
 from tasks.text2sql.sources.generation.build import QUESTIONS_DIR, SPLIT_DOMAINS, write_question_files
-from tasks.text2sql.sources.generation.domains import RETAIL
 from tasks.text2sql.sources.generation.questions import held_out_patterns
 from tasks.text2sql.sources.generation.rows import build_database
 from tasks.text2sql.sql.sandbox import SandboxLimits, SqlSandbox
+
+RETAIL = next(d for d in SPLIT_DOMAINS["train"] if d.db_id == "retail")
 
 
 def test_splits_have_the_promised_sizes_and_every_difficulty(bundled: Text2SqlDataset) -> None:

@@ -6,14 +6,16 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from tasks.text2sql.sources.generation.domains import DEV_DOMAINS, TEST_DOMAINS
-from tasks.text2sql.sources.generation.schema import Role
+from tasks.text2sql.sources.domains.loader import Family, load_family
+from tasks.text2sql.sources.domains.schema import Role
 from tasks.text2sql.sources.synthesis.build import SEED
-from tasks.text2sql.sources.synthesis.domains import TRAIN_SYNTH_DOMAINS
 from tasks.text2sql.sources.synthesis.naming import ABBREVIATIONS, is_plain_identifier
 from tasks.text2sql.sources.synthesis.schemas import SynthDatabase, synth_databases
 
 DATABASES = synth_databases(SEED)
+TRAIN_SYNTH_DOMAINS = load_family(Family.SYNTHESIZED)["train"]
+BUNDLED = load_family(Family.BUNDLED)
+DEV_DOMAINS, TEST_DOMAINS = BUNDLED["dev"], BUNDLED["test"]
 
 
 def _longest_chain(database: SynthDatabase) -> int:

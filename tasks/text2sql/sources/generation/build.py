@@ -17,10 +17,11 @@ import duckdb
 
 from tasks.text2sql.dataset import Database, Difficulty, Example
 from tasks.text2sql.sources.difficulty import classify_difficulty
-from tasks.text2sql.sources.generation.domains import DEV_DOMAINS, TEST_DOMAINS, TRAIN_DOMAINS
+from tasks.text2sql.sources.domains.loader import Family, family_files, load_family
+from tasks.text2sql.sources.domains.schema import Domain
 from tasks.text2sql.sources.generation.questions import Scope, draw_candidate
-from tasks.text2sql.sources.generation.rows import build_database, derived_rng
-from tasks.text2sql.sources.generation.schema import Domain
+from tasks.text2sql.sources.generation.rows import build_database
+from tasks.text2sql.sources.seeding import derived_rng
 
 SEED = 20261129
 VARIANTS = 3  # the primary database and two others with the same schema
@@ -34,20 +35,22 @@ DIFFICULTY_SHARE = {
 }
 MAX_DRAWS_PER_QUESTION = 60
 
-SPLIT_DOMAINS: dict[str, tuple[Domain, ...]] = {
-    "train": TRAIN_DOMAINS,
-    "dev": DEV_DOMAINS,
-    "test": TEST_DOMAINS,
-}
+SPLIT_DOMAINS: dict[str, tuple[Domain, ...]] = load_family(Family.BUNDLED)
 GENERATION_DIR = Path(__file__).resolve().parent
 # The bundled question files are the task's own data (tasks/text2sql/data/), two folders above the generator.
 QUESTIONS_DIR = GENERATION_DIR.parents[1] / "data"
 
 
 def generator_fingerprint() -> str:
-    """Changes whenever the generator's code changes, so a cache built by older code is never reused."""
+    """Changes whenever the generator's code or domain files change, so a cache built from older ones is never
+    reused."""
     digest = hashlib.sha256(str(SEED).encode())
-    for source in sorted(GENERATION_DIR.glob("*.py")):
+    sources = [
+        *sorted(GENERATION_DIR.glob("*.py")),
+        GENERATION_DIR.parent / "seeding.py",
+        *family_files(Family.BUNDLED),
+    ]
+    for source in sources:
         digest.update(source.read_bytes())
     return digest.hexdigest()[:16]
 

@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass
 from decimal import Decimal
 
-from tasks.text2sql.sources.generation.schema import Column, Role, Table
+from tasks.text2sql.sources.domains.schema import Column, Role, Table
 
 
 @dataclass(frozen=True)

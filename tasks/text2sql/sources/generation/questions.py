@@ -22,6 +22,7 @@ from typing import Any
 import duckdb
 
 from tasks.text2sql.dataset import QuestionForm
+from tasks.text2sql.sources.domains.schema import Column, Domain, Role, Table
 from tasks.text2sql.sources.generation.phrasing import (
     Condition,
     category_condition,
@@ -33,7 +34,6 @@ from tasks.text2sql.sources.generation.phrasing import (
     number_condition,
     sql_literal,
 )
-from tasks.text2sql.sources.generation.schema import Column, Domain, Role, Table
 
 # In a held-out split, the chance that a family with phrasings of its own asks in one of them.
 HELD_OUT_PHRASING_SHARE = 0.4
@@ -122,8 +122,8 @@ def _names(table: Table) -> str:
 
 
 def _noun(key: Column) -> str:
-    """What a child's row calls its parent: the key's own phrase ('home team') or the parent's noun."""
-    return key.phrase or key.references.rstrip("s")
+    """What a child's row calls its parent: the key's phrase ('home team', 'customer')."""
+    return key.phrase
 
 
 # Words no attribute holds, written as format specs: "{t:names}", "{key:noun}", "{name:literal}".

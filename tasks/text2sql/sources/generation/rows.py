@@ -8,33 +8,24 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
-import hashlib
 import random
 import tempfile
 from pathlib import Path
 
 import duckdb
 
-from tasks.text2sql.sources.generation.pools import FIRST_NAMES, LAST_NAMES, NAME_PARTS
-from tasks.text2sql.sources.generation.schema import Column, Domain, Role, Table
+from tasks.text2sql.sources.domains.schema import FLIGHT_NUMBERS, Column, Domain, Role, Table
+from tasks.text2sql.sources.seeding import derived_rng
 
 # Share of parent rows that children may reference: the rest stay childless, so questions such as
 # "which departments have no employees" have answers.
 REFERENCED_SHARE = 0.85
 
 
-def derived_rng(*parts: object) -> random.Random:
-    """A generator seeded from the parts' text; Python's hash() is salted per process, sha256 is not."""
-    digest = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
-    return random.Random(int.from_bytes(digest[:8], "big"))
-
-
 def _pool_name(column: Column, rng: random.Random) -> str:
-    if column.pool == "person":
-        return f"{rng.choice(FIRST_NAMES)} {rng.choice(LAST_NAMES)}"
-    if column.pool == "flight":
+    if column.pool == FLIGHT_NUMBERS:
         return f"{rng.choice('ABCDEFGHJKLMNPRSTUVWXYZ')}{rng.choice('ABCDEFGHJKLMNPRSTUVWXYZ')}{rng.randint(100, 9999)}"
-    first, second = NAME_PARTS[column.pool]
+    first, second = column.parts
     a, b = rng.choice(first), rng.choice(second)
     return f"{a}{b}" if b[0].islower() else f"{a} {b}"
 
@@ -68,12 +59,10 @@ class _ForeignKeyDraw:
 def generate_rows(domain: Domain, table: Table, seed: int, variant: int) -> list[list[object]]:
     """The rows of one table, in column order; None stands for NULL."""
     rng = derived_rng(seed, domain.db_id, variant, table.name)
-    fk_draws = {
-        c.name: _ForeignKeyDraw(domain.table(c.references).row_count, rng) for c in table.by_role(Role.FOREIGN_KEY)
-    }
+    fk_draws = {c.name: _ForeignKeyDraw(domain.table(c.references).rows, rng) for c in table.by_role(Role.FOREIGN_KEY)}
     category_weights = {c.name: [rng.uniform(0.3, 3.0) for _ in c.values] for c in table.by_role(Role.CATEGORY)}
     rows: list[list[object]] = []
-    for index in range(table.row_count):
+    for index in range(table.rows):
         row: list[object] = []
         for column in table.columns:
             value: object

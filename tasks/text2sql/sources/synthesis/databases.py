@@ -18,6 +18,7 @@ import duckdb
 from rich.progress import Progress
 
 from tasks.text2sql.dataset import Database
+from tasks.text2sql.sources.domains.loader import DOMAINS_DIR, Family, family_files
 from tasks.text2sql.sources.generation.build import default_cache_root
 from tasks.text2sql.sources.generation.rows import create_table_sql, generate_rows
 from tasks.text2sql.sources.synthesis.errors import SynthesisError
@@ -29,13 +30,11 @@ VARIANTS = 2
 # hundreds of files small.
 BLOCK_SIZE = 16_384
 DIGEST_FILE = "DIGEST"
-# The code that decides a database's contents: a change to any of it builds into a new cache folder.
+# The code that decides a database's contents, beside the domain files: a change to any of it builds into a new
+# cache folder.
 _SOURCES = (
+    "seeding.py",
     "generation/rows.py",
-    "generation/schema.py",
-    "generation/pools.py",
-    "synthesis/catalog.py",
-    "synthesis/domains.py",
     "synthesis/naming.py",
     "synthesis/schemas.py",
     "synthesis/databases.py",
@@ -45,8 +44,8 @@ _DATA_SOURCES_DIR = Path(__file__).resolve().parent.parent
 
 def code_fingerprint() -> str:
     digest = hashlib.sha256()
-    for source in _SOURCES:
-        digest.update((_DATA_SOURCES_DIR / source).read_bytes())
+    for source in [*(_DATA_SOURCES_DIR / s for s in _SOURCES), *family_files(Family.SYNTHESIZED)]:
+        digest.update(source.read_bytes())
     return digest.hexdigest()[:16]
 
 
@@ -93,8 +92,9 @@ def _build(database: SynthDatabase, seed: int, root: Path) -> None:
     except (duckdb.Error, OSError) as error:
         shutil.rmtree(scratch, ignore_errors=True)
         raise SynthesisError(
-            f"database {database.db_id} does not build from its schema ({error}); the schema in "
-            "tasks/text2sql/sources/synthesis/domains.py or its naming style is at fault: fix it, or report it"
+            f"database {database.db_id} does not build from its schema ({error}); its domain file "
+            f"{DOMAINS_DIR / Family.SYNTHESIZED / database.domain}.yaml or its naming style is at fault: fix it, or "
+            "report it"
         ) from error
     try:
         scratch.rename(root / database.db_id)
@@ -116,8 +116,8 @@ def ensure_synth_databases(
     if unknown:
         raise SynthesisError(
             f"no synthesized database {unknown[0]!r} for seed {seed} ({len(unknown)} unknown); "
-            "the question file was built with another seed or catalog: rebuild it with `python -m tasks.text2sql "
-            "build-data`"
+            "the question file was built with another seed or other domain files: rebuild it with "
+            "`python -m tasks.text2sql build-data`"
         )
     root = databases_root(seed, cache_root)
     root.mkdir(parents=True, exist_ok=True)

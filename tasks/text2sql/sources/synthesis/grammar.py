@@ -17,7 +17,7 @@ from decimal import Decimal
 
 import duckdb
 
-from tasks.text2sql.sources.generation.schema import Column, Role, Table
+from tasks.text2sql.sources.domains.schema import Column, Role, Table
 from tasks.text2sql.sources.synthesis.schemas import SynthDatabase
 
 

@@ -13,8 +13,9 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.optimizer.scope import traverse_scope
 
-from tasks.text2sql.sources.generation.rows import create_table_sql, derived_rng
-from tasks.text2sql.sources.generation.schema import Role, Table
+from tasks.text2sql.sources.domains.schema import Role, Table
+from tasks.text2sql.sources.generation.rows import create_table_sql
+from tasks.text2sql.sources.seeding import derived_rng
 from tasks.text2sql.sources.synthesis.schemas import SynthDatabase
 
 # Bump when a prompt changes: it is part of every cache key, so old answers are not reused for a new prompt.

@@ -10,7 +10,7 @@ import sqlglot
 
 from tasks.text2sql.dataset import Database, Difficulty
 from tasks.text2sql.sources.difficulty import classify_difficulty
-from tasks.text2sql.sources.generation.rows import derived_rng
+from tasks.text2sql.sources.seeding import derived_rng
 from tasks.text2sql.sources.synthesis.checks import judge
 from tasks.text2sql.sources.synthesis.errors import SynthesisError
 from tasks.text2sql.sources.synthesis.features import Feature, sql_features

@@ -1,5 +1,5 @@
 """The databases of the synthesized data: for each domain, its full schema and subsets of it, each spelled in a
-naming style of its own, as `generation.schema.Domain`s that rows.py fills.
+naming style of its own, as `domains.schema.Domain`s that rows.py fills.
 
 Everything here is a pure function of the seed.
 """
@@ -11,10 +11,9 @@ import functools
 import random
 from dataclasses import dataclass
 
-from tasks.text2sql.sources.generation.rows import derived_rng
-from tasks.text2sql.sources.generation.schema import Column, Domain, Role, Table
-from tasks.text2sql.sources.synthesis.catalog import DomainSpec, TableSpec
-from tasks.text2sql.sources.synthesis.domains import TRAIN_SYNTH_DOMAINS
+from tasks.text2sql.sources.domains.loader import Family, load_family
+from tasks.text2sql.sources.domains.schema import Column, Domain, Role, Table
+from tasks.text2sql.sources.seeding import derived_rng
 from tasks.text2sql.sources.synthesis.naming import NamingStyle, is_plain_identifier
 
 # One database per domain has the domain's full schema; the others are subsets of it.
@@ -39,7 +38,7 @@ class SynthDatabase:
         return f"the {table.singular}'s {column.phrase}"
 
 
-def _ancestors(spec: DomainSpec, concept: str) -> set[str]:
+def _ancestors(spec: Domain, concept: str) -> set[str]:
     """The table and every table it references, directly or through others."""
     seen = {concept}
     frontier = [concept]
@@ -51,30 +50,29 @@ def _ancestors(spec: DomainSpec, concept: str) -> set[str]:
     return seen
 
 
-def _subset(spec: DomainSpec, size: int, rng: random.Random) -> list[TableSpec]:
+def _subset(spec: Domain, size: int, rng: random.Random) -> list[Table]:
     """At least `size` connected tables of the domain, closed under references (no child without its parent)."""
-    chosen = _ancestors(spec, rng.choice(spec.tables).concept)
+    chosen = _ancestors(spec, rng.choice(spec.tables).name)
     while len(chosen) < size:
         neighbours = [
-            t.concept
+            t.name
             for t in spec.tables
-            if t.concept not in chosen
-            and (chosen & set(t.parents()) or any(t.concept in spec.table(c).parents() for c in chosen))
+            if t.name not in chosen
+            and (chosen & set(t.parents()) or any(t.name in spec.table(c).parents() for c in chosen))
         ]
         chosen |= _ancestors(spec, rng.choice(neighbours))
-    return [t for t in spec.tables if t.concept in chosen]
+    return [t for t in spec.tables if t.name in chosen]
 
 
-def _render(
-    spec: DomainSpec, tables: list[TableSpec], db_id: str, style: NamingStyle, rng: random.Random
-) -> SynthDatabase:
+def _render(spec: Domain, tables: list[Table], db_id: str, style: NamingStyle, rng: random.Random) -> SynthDatabase:
+    """The tables of a domain (named by concept) spelled in `style`, as the schema of database `db_id`."""
     referenced = {parent for t in tables for parent in t.parents()}
-    table_names = {t.concept: _table_name(style, t, t.concept in referenced) for t in tables}
-    key_names = {t.concept: _safe(style.key_name(t.concept), t.concept) for t in tables}
+    table_names = {t.name: _table_name(style, t, t.name in referenced) for t in tables}
+    key_names = {t.name: _safe(style.key_name(t.name), t.name) for t in tables}
     rendered: list[Table] = []
     opaque: set[tuple[str, str]] = set()
     for spec_table in tables:
-        name = table_names[spec_table.concept]
+        name = table_names[spec_table.name]
         attributes = [c for c in spec_table.columns if c.role not in (Role.ID, Role.FOREIGN_KEY, Role.LABEL)]
         attributes = [c for c in attributes if not c.references]
         hidden = set(rng.sample([c.name for c in attributes], round(len(attributes) * style.opaque_share)))
@@ -82,15 +80,15 @@ def _render(
         used: set[str] = set()
         for column in spec_table.columns:
             if column.role is Role.ID:
-                column_name = key_names[spec_table.concept]
+                column_name = key_names[spec_table.name]
                 new = dataclasses.replace(column, name=column_name)
             elif column.role is Role.FOREIGN_KEY:
                 role = column.name.removesuffix("_id")
-                column_name = _safe(style.reference_name(role), spec_table.concept)
+                column_name = _safe(style.reference_name(role), spec_table.name)
                 new = dataclasses.replace(column, name=column_name, references=table_names[column.references])
             elif column.references:  # a self-reference, which rows.py fills as a number
                 role = column.name.removesuffix("_id")
-                column_name = _safe(style.reference_name(role), spec_table.concept)
+                column_name = _safe(style.reference_name(role), spec_table.name)
                 new = dataclasses.replace(column, name=column_name, references=name)
             elif column.name in hidden:
                 column_name = style.opaque_name(len([c for c in columns if (name, c.name) in opaque]) + 1)
@@ -98,7 +96,7 @@ def _render(
                 opaque.add((name, column_name))
             else:
                 column_name = _safe(
-                    style.column_name(column.name, spec_table.concept, column.role is Role.LABEL), spec_table.concept
+                    style.column_name(column.name, spec_table.name, column.role is Role.LABEL), spec_table.name
                 )
                 new = dataclasses.replace(column, name=column_name)
             if column_name.lower() in used:
@@ -108,24 +106,23 @@ def _render(
         rendered.append(
             Table(
                 name,
-                spec_table.concept.replace("_", " "),
-                spec_table.plural.replace("_", " "),
+                spec_table.singular,
+                spec_table.plural,
                 tuple(columns),
-                rows=spec_table.rows,
+                spec_table.rows,
             )
         )
     schema = Domain(db_id, spec.description, tuple(rendered))
-    return SynthDatabase(db_id, spec.name, spec.description, schema, style, frozenset(opaque))
+    return SynthDatabase(db_id, spec.db_id, spec.description, schema, style, frozenset(opaque))
 
 
-def _table_name(style: NamingStyle, spec_table: TableSpec, referenced: bool) -> str:
-    name = style.table_name(spec_table.concept, spec_table.plural, referenced)
+def _table_name(style: NamingStyle, spec_table: Table, referenced: bool) -> str:
+    plural_concept = spec_table.plural.replace(" ", "_")
+    name = style.table_name(spec_table.name, plural_concept, referenced)
     if is_plain_identifier(name):
         return name
     # A reserved word ("order"): the plural, then a prefixed form, as schema authors work around it.
-    plural = dataclasses.replace(style, plural_tables=True).table_name(
-        spec_table.concept, spec_table.plural, referenced
-    )
+    plural = dataclasses.replace(style, plural_tables=True).table_name(spec_table.name, plural_concept, referenced)
     return plural if is_plain_identifier(plural) else f"tbl_{name}"
 
 
@@ -138,9 +135,9 @@ def _safe(name: str, table_concept: str) -> str:
 def synth_databases(seed: int) -> tuple[SynthDatabase, ...]:
     """Every database of the synthesized data, in a fixed order: DATABASES_PER_DOMAIN per domain."""
     databases: list[SynthDatabase] = []
-    for spec in TRAIN_SYNTH_DOMAINS:
+    for spec in load_family(Family.SYNTHESIZED)["train"]:
         for index in range(DATABASES_PER_DOMAIN):
-            db_id = f"{spec.name}_{index + 1}"
+            db_id = f"{spec.db_id}_{index + 1}"
             rng = derived_rng(seed, "schema", db_id)
             if index == 0:
                 tables = list(spec.tables)
