@@ -33,7 +33,6 @@ import re
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -48,7 +47,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from autoresearch.sdk_logging import quiet_sdk_logs
 from autoresearch.trials.backend import free_port
-from benchmarks import ROOT
+from benchmarks import ROOT, command_line
 from benchmarks.against_commit import start_server
 from benchmarks.periodic import Periodic
 from benchmarks.process_tree import tree_rss_bytes
@@ -569,7 +568,7 @@ def main() -> None:
     with console.status("soak") as shown:
         report = run_soak(settings, lambda phase: shown.update(f"soak: {phase}"))
     print_report(report, console)
-    console.print("command: python -m benchmarks.soak " + " ".join(sys.argv[1:]))
+    console.print(command_line("benchmarks.soak"))
 
 
 if __name__ == "__main__":
