@@ -18,6 +18,7 @@ import openai
 import pytest
 import tinker
 from support.backends import REPOSITORY, TINY
+from support.scheduling import finished, running, sample_operation, wait_for
 from support.trained_adapters import trained_adapter
 from support.trainer import SQL, RawApi
 from tinker import types
@@ -40,19 +41,7 @@ PROMPTS = [[5, 9, 14], [7, 3, 22, 41, 8, 2], [11], [30, 12, 9, 4, 4, 17, 2, 40, 
 GREEDY = types.SamplingParams(max_tokens=16, temperature=0.0)
 
 
-def wait_for(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-
-
 # --- the scheduler ------------------------------------------------------------------------------------------------
-
-
-def sample_operation(ledger: Ledger, kind: BatchKind, lane: str, payload: str, alone: bool = False) -> Operation:
-    record, _ = ledger.submit("alice", "sample", f"{lane}-{payload}-{time.monotonic_ns()}")
-    return Operation(record.request_id, "sample", lane, None, batch_kind=kind, payload=payload, alone=alone)
 
 
 def holding(ledger: Ledger, gate: threading.Event) -> Operation:
@@ -105,13 +94,6 @@ def long_generations(start_scheduler: Callable[..., Scheduler]) -> Generations:
     return Generations(scheduler, kind, calls, admitted)
 
 
-def running(scheduler: Scheduler, operation: Operation) -> Operation:
-    """`operation`, submitted, once the device runs it."""
-    scheduler.submit(operation)
-    wait_for(lambda: operation.request_id in scheduler.stats().running)
-    return operation
-
-
 def test_operations_that_run_alone_never_share_a_device_call(
     ledger: Ledger, start_scheduler: Callable[..., Scheduler]
 ) -> None:
@@ -158,9 +140,7 @@ def test_a_generation_that_runs_alone_takes_nothing_in_and_others_run_in_its_pau
 ) -> None:
     scheduler, kind = long_generations.scheduler, long_generations.kind
     evaluation = running(scheduler, sample_operation(ledger, kind, "eval", "eval", alone=True))
-    light = sample_operation(ledger, kind, "light", "light")
-    scheduler.submit(light)
-    wait_for(lambda: ledger.get(light.request_id).finished)
+    finished(scheduler, ledger, sample_operation(ledger, kind, "light", "light"))
 
     assert not ledger.get(evaluation.request_id).finished, "it ran in the lone generation's pause, not after it"
     wait_for(lambda: ledger.get(evaluation.request_id).finished)
