@@ -8,7 +8,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import optuna
 
@@ -29,24 +30,16 @@ def shared_warmup_run_id(spec: StudySpec, backend_key: str) -> str:
     return f"{spec.study}-warmup-{hashlib.sha256(backend_key.encode()).hexdigest()[:8]}"
 
 
+@dataclass(frozen=True, eq=False)
 class SharedWarmups:
     """The study's shared warm-ups: the node that runs those missing, and the one a trial on a backend starts from."""
 
-    def __init__(
-        self,
-        spec: StudySpec,
-        study: optuna.Study,
-        executor: TrialExecutor,
-        backend_urls: Sequence[str],
-        on_tick: Callable[[optuna.Study], None],
-        poll_s: float,
-    ) -> None:
-        self.spec = spec
-        self.study = study
-        self.executor = executor
-        self.backend_urls = tuple(backend_urls)
-        self.on_tick = on_tick
-        self.poll_s = poll_s
+    spec: StudySpec
+    study: optuna.Study
+    executor: TrialExecutor
+    backend_urls: tuple[str, ...]
+    on_tick: Callable[[optuna.Study], None]
+    poll_s: float
 
     def on(self, url: str) -> SharedWarmup | None:
         """The finished warm-up on the backend at `url`, or None."""

@@ -16,7 +16,6 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from autoresearch.trials.backend import free_port, wait_until_healthy
 from benchmarks import ROOT
+from benchmarks.periodic import Periodic
 from benchmarks.process_tree import rss_bytes
 
 
@@ -133,32 +133,23 @@ def server_from(
         server.wait(timeout=60)
 
 
-class MemoryWatch:
+class MemoryWatch(Periodic):
     """Samples a process's resident memory twice a second for as long as the block runs; with `limit_bytes`, stops
     the process when it grows past it."""
 
     def __init__(self, process: subprocess.Popen, limit_bytes: int | None = None) -> None:
+        super().__init__(interval_s=0.5)
         self.process, self.limit_bytes = process, limit_bytes
         self.peak_bytes = 0
         self.exceeded = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
 
-    def _watch(self) -> None:
-        while not self._stop.wait(0.5):
-            rss = rss_bytes(self.process.pid)
-            if rss is None:
-                return
-            self.peak_bytes = max(self.peak_bytes, rss)
-            if self.limit_bytes is not None and self.peak_bytes > self.limit_bytes:
-                self.exceeded = True
-                self.process.kill()
-                return
-
-    def __enter__(self) -> MemoryWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
+    def tick(self) -> bool:
+        rss = rss_bytes(self.process.pid)
+        if rss is None:
+            return False
+        self.peak_bytes = max(self.peak_bytes, rss)
+        if self.limit_bytes is not None and self.peak_bytes > self.limit_bytes:
+            self.exceeded = True
+            self.process.kill()
+            return False
+        return True

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from pathlib import Path
 import yaml
 
 from autoresearch.trials.backend import local_backend
+from benchmarks import command_line
 from benchmarks.against_commit import run_module
 from benchmarks.duty_cycle import launch, wait
 
@@ -187,7 +187,7 @@ def main() -> None:
         f"ours at once {three_makespan:.0f} s; speed-up {3 * trl['total_seconds'] / three_makespan:.2f}× "
         "(target ≥ 2)"
     )
-    console.print("command: python -m benchmarks.against_trl " + " ".join(sys.argv[1:]))
+    console.print(command_line("benchmarks.against_trl"))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from autoresearch.trials.config import TrialConfig, load_trial_config
 from autoresearch.trials.data import PromptRenderer, held_out_subset
 from autoresearch.trials.paired import compare, compare_by_form
 from autoresearch.trials.rollouts import sample_groups
+from benchmarks import command_line
 from benchmarks.rl_transfer import BASE, sampler_for
 from tasks.interface import Episode, TaskExample
 from tasks.registry import open_task
@@ -152,7 +152,7 @@ def main() -> None:
             )
     console.print(table)
     console.print(json.dumps({"split": split, "questions": len(examples), **record}))
-    console.print(f"command: python -m benchmarks.agentic_loop {' '.join(sys.argv[1:])}")
+    console.print(command_line("benchmarks.agentic_loop"))
 
 
 if __name__ == "__main__":

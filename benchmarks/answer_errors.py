@@ -27,6 +27,7 @@ from rich.table import Table
 
 from autoresearch.trials.config import TrialConfig, load_trial_config
 from autoresearch.trials.run_dir import RunDirectory
+from benchmarks import command_line
 from benchmarks.paired_trials import EvaluationNotFoundError, LoggedEvaluation, load_evaluation
 from tasks.registry import open_task
 from tasks.text2sql.prompts import parse_completion
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         table.add_row(kind, *(str(counts[name][kind]) for name in counts))
     console.print(table)
     console.print(json.dumps({name: {k: c[k] for k in KINDS} for name, c in counts.items()}), soft_wrap=True)
-    console.print(f"command: python -m benchmarks.answer_errors {' '.join(sys.argv[1:] if argv is None else argv)}")
+    console.print(command_line("benchmarks.answer_errors", argv))
     return 0
 
 

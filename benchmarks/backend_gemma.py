@@ -20,11 +20,16 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from benchmarks.against_commit import run_module
+
+if TYPE_CHECKING:
+    from trainer_backend.engine.types import SamplingRequest, SamplingResult
 
 MEASURE_FLAG = "--measure"
 
@@ -41,11 +46,29 @@ def _rss_kib(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
+def _sampling_rates(sample: Callable[[SamplingRequest], SamplingResult], tokens: int) -> dict[str, float]:
+    """Tokens per second of `sample` at batch 1 and 8: num_samples of one prompt, tokens // 4 new tokens each."""
+    from trainer_backend.engine.types import SamplingRequest
+
+    generator = torch.Generator().manual_seed(0)
+    prompt = tuple(torch.randint(10, 20_000, (32,), generator=generator).tolist())
+    rates = {}
+    for samples in (1, 8):
+        request = SamplingRequest(
+            prompt, num_samples=samples, max_tokens=tokens // 4, temperature=1.0, seed=0, stop_at_eos=False
+        )
+        sample(SamplingRequest(prompt, max_tokens=2, stop_at_eos=False))  # warm-up
+        start = time.perf_counter()
+        result = sample(request)
+        elapsed = time.perf_counter() - start
+        rates[f"batch {samples}"] = sum(len(s.tokens) for s in result.sequences) / elapsed
+    return rates
+
+
 def measure_vllm(device: str, tokens: int, vllm_python: Path) -> dict:
     """The 'sample' measurement's requests through a vLLM server started for it."""
     import tempfile
 
-    from trainer_backend.engine.types import SamplingRequest
     from trainer_backend.models.gemma import GEMMA_3_270M
     from trainer_backend.models.loading import load_base_model, select_device
     from trainer_backend.models.registry import default_cache_root, resolve_base_model
@@ -53,8 +76,6 @@ def measure_vllm(device: str, tokens: int, vllm_python: Path) -> dict:
     from trainer_backend.samplers.vllm_process import VllmSettings
 
     loaded = load_base_model(resolve_base_model(GEMMA_3_270M, default_cache_root()), select_device(device))
-    generator = torch.Generator().manual_seed(0)
-    prompt = tuple(torch.randint(10, 20_000, (32,), generator=generator).tolist())
     with tempfile.TemporaryDirectory(prefix="vllm-benchmark-") as scratch:
         settings = VllmSettings(
             model_folder=loaded.folder,
@@ -65,16 +86,7 @@ def measure_vllm(device: str, tokens: int, vllm_python: Path) -> dict:
         )
         sampler = VllmClient(settings, lambda ids: loaded.tokenizer.decode(ids, skip_special_tokens=False))
         try:
-            rates = {}
-            for samples in (1, 8):
-                request = SamplingRequest(
-                    prompt, num_samples=samples, max_tokens=tokens // 4, temperature=1.0, seed=0, stop_at_eos=False
-                )
-                sampler.sample(SamplingRequest(prompt, max_tokens=2, stop_at_eos=False))  # warm-up
-                start = time.perf_counter()
-                result = sampler.sample(request)
-                elapsed = time.perf_counter() - start
-                rates[f"batch {samples}"] = sum(len(s.tokens) for s in result.sequences) / elapsed
+            rates = _sampling_rates(sampler.sample, tokens)
         finally:
             sampler.close()
     return {"tokens_per_s": rates}
@@ -83,7 +95,7 @@ def measure_vllm(device: str, tokens: int, vllm_python: Path) -> dict:
 def measure(kind: str, device: str, batch: int, tokens: int, repeats: int) -> dict:
     """One measurement, in this process: 'chunked', 'full' or 'sample'."""
     from trainer_backend.engine.model_engine import ModelEngine
-    from trainer_backend.engine.types import AdamSettings, DecodedDatum, LoraSettings, SamplingRequest
+    from trainer_backend.engine.types import AdamSettings, DecodedDatum, LoraSettings
     from trainer_backend.models.gemma import GEMMA_3_270M
     from trainer_backend.models.loading import load_base_model, select_device
     from trainer_backend.models.registry import default_cache_root, resolve_base_model
@@ -92,20 +104,9 @@ def measure(kind: str, device: str, batch: int, tokens: int, repeats: int) -> di
     loaded = load_base_model(resolve_base_model(GEMMA_3_270M, default_cache_root()), select_device(device))
     engine = ModelEngine(loaded, chunked_logprobs=kind != "full")
     engine.create_adapter("bench", LoraSettings(rank=8, train_mlp=True, train_attn=True, train_unembed=False))
-    generator = torch.Generator().manual_seed(0)
     if kind == "sample":
-        prompt = tuple(torch.randint(10, 20_000, (32,), generator=generator).tolist())
-        rates = {}
-        for samples in (1, 8):
-            request = SamplingRequest(
-                prompt, num_samples=samples, max_tokens=tokens // 4, temperature=1.0, seed=0, stop_at_eos=False
-            )
-            engine.sample(SamplingRequest(prompt, max_tokens=2, stop_at_eos=False))  # warm-up
-            start = time.perf_counter()
-            result = engine.sample(request)
-            elapsed = time.perf_counter() - start
-            rates[f"batch {samples}"] = sum(len(s.tokens) for s in result.sequences) / elapsed
-        return {"tokens_per_s": rates}
+        return {"tokens_per_s": _sampling_rates(engine.sample, tokens)}
+    generator = torch.Generator().manual_seed(0)
     datums = []
     for _ in range(batch):
         ids = torch.randint(10, 20_000, (tokens + 1,), generator=generator)

@@ -19,7 +19,6 @@ batching them) and printed beside the built-in engine's.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import command_line
 from trainer_backend.engine.model_engine import ModelEngine
 from trainer_backend.engine.types import (
     AdamSettings,
@@ -229,7 +229,7 @@ def main() -> None:
         f"{train_serial:.0f}",
     )
     console.print(table)
-    console.print("command: python -m benchmarks.cross_tenant_batching " + " ".join(sys.argv[1:]))
+    console.print(command_line("benchmarks.cross_tenant_batching"))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from pathlib import Path
 import yaml
 
 from autoresearch.trials.config import load_trial_config
-from benchmarks import ROOT
+from benchmarks import ROOT, command_line
 from trainer_backend.config import ServerConfig
 from trainer_backend.duty_cycle import Interval
 from trainer_backend.server import RunningServer, running_server
@@ -216,7 +216,7 @@ def main() -> None:
     shown = [s for s in scenarios if s.trials in (1, 3)] or scenarios
     plot_timelines(shown, args.plot)
     console.print(f"busy timeline: {args.plot}")
-    console.print("command: python -m benchmarks.duty_cycle " + " ".join(sys.argv[1:]))
+    console.print(command_line("benchmarks.duty_cycle"))
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -47,7 +46,7 @@ from autoresearch.trials.backend import DEFAULT_API_KEY
 from autoresearch.trials.config import TrialConfig, load_trial_config
 from autoresearch.trials.evaluation import evaluate_checkpoint
 from autoresearch.trials.rl_loop import run_trial
-from benchmarks import ROOT
+from benchmarks import ROOT, command_line
 from benchmarks.against_commit import MemoryWatch, compared_trees, server_from
 from benchmarks.process_tree import tree_cpu_seconds
 from benchmarks.rl_step import RECIPES, REWARD_WITH_SPREAD
@@ -430,7 +429,7 @@ def engine_main(
     console.print(table)
     for line in verdicts:
         console.print(line)
-    console.print("command: python -m benchmarks.fairness " + " ".join(sys.argv[1:]))
+    console.print(command_line("benchmarks.fairness"))
 
 
 def main() -> None:
@@ -483,7 +482,7 @@ def main() -> None:
             f"{figures['light_ops_per_s']:.1f}",
         )
     console.print(table)
-    console.print("command: python -m benchmarks.fairness " + " ".join(sys.argv[1:]))
+    console.print(command_line("benchmarks.fairness"))
 
 
 if __name__ == "__main__":

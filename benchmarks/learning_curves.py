@@ -23,6 +23,7 @@ from rich.table import Table
 
 from autoresearch.trials.config import load_trial_config
 from autoresearch.trials.run_dir import RunDirectory
+from benchmarks import command_line
 from benchmarks.paired_trials import EvaluationNotFoundError, parse_reference
 
 
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"figure: {args.out}")
     records = {c.name: [p.__dict__ for p in c.points] for c in curves}
     console.print(json.dumps(records), soft_wrap=True)
-    console.print(f"command: python -m benchmarks.learning_curves {' '.join(sys.argv[1:] if argv is None else argv)}")
+    console.print(command_line("benchmarks.learning_curves", argv))
     return 0
 
 

@@ -24,6 +24,7 @@ from rich.table import Table
 
 from autoresearch.trials.paired import compare, compare_by_form
 from autoresearch.trials.run_dir import RunDirectory
+from benchmarks import command_line
 from tasks.report import FORMS, HeldOutReport
 
 
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     console.print(table)
     console.print(json.dumps(records), soft_wrap=True)
-    console.print(f"command: python -m benchmarks.paired_trials {' '.join(sys.argv[1:] if argv is None else argv)}")
+    console.print(command_line("benchmarks.paired_trials", argv))
     return 0
 
 

@@ -11,7 +11,6 @@ round took.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ from autoresearch.proposer import LlmProposer
 from autoresearch.search import check_candidate
 from autoresearch.spec import load_study_spec
 from autoresearch.trials.backend import api_key
-from benchmarks import ROOT
+from benchmarks import ROOT, command_line
 from trainer_backend.config import ServerConfig
 from trainer_backend.server import running_server
 
@@ -73,7 +72,7 @@ def main() -> None:
                     )
     console.print(table)
     console.print(f"{valid} of {proposed} candidates valid in {args.rounds} rounds")
-    console.print("command: python -m benchmarks.proposals " + " ".join(sys.argv[1:]))
+    console.print(command_line("benchmarks.proposals"))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import tinker
@@ -36,6 +35,7 @@ from autoresearch.trials.data import PromptRenderer, TrainingOrder, held_out_sub
 from autoresearch.trials.evaluation import evaluate_sampler
 from autoresearch.trials.paired import compare
 from autoresearch.trials.run_dir import RunDirectory
+from benchmarks import command_line
 from tasks.interface import TaskExample
 from tasks.registry import open_task
 from tasks.report import HeldOutReport
@@ -200,7 +200,7 @@ def main() -> None:
         console.print(table)
         record |= form_record
     console.print(json.dumps(record))
-    console.print(f"command: python -m benchmarks.rl_transfer {' '.join(sys.argv[1:])}")
+    console.print(command_line("benchmarks.rl_transfer"))
 
 
 if __name__ == "__main__":

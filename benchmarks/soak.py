@@ -33,7 +33,6 @@ import re
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -48,8 +47,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from autoresearch.sdk_logging import quiet_sdk_logs
 from autoresearch.trials.backend import free_port
-from benchmarks import ROOT
+from benchmarks import ROOT, command_line
 from benchmarks.against_commit import start_server
+from benchmarks.periodic import Periodic
 from benchmarks.process_tree import tree_rss_bytes
 from benchmarks.soak_tenants import (
     LORA_RANK,
@@ -170,39 +170,30 @@ def read_device_seconds(backend: Backend, labels: dict[str, str]) -> DeviceReadi
     return DeviceReading(time.time(), life, {name: by_label.get(label, 0.0) for name, label in labels.items()})
 
 
-class Watch:
+class Watch(Periodic):
     """Samples the backend's memory every MEMORY_SAMPLE_S and the tenants' device seconds every `window_s`, whichever
     life of the backend is running, until stopped."""
 
     def __init__(self, backend: Backend, labels: dict[str, str], window_s: float) -> None:
+        super().__init__(interval_s=MEMORY_SAMPLE_S)
         self.backend, self.labels, self.window_s = backend, labels, window_s
         self.memory: list[tuple[float, int]] = []
         self.device: list[DeviceReading] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._next_reading = time.time()
 
-    def _run(self) -> None:
-        next_reading = time.time()
-        while not self._stop.wait(MEMORY_SAMPLE_S):
-            pid = self.backend.pid()
-            if pid is not None:
-                self.memory.append((time.time(), tree_rss_bytes(pid)))
-            if time.time() >= next_reading:
-                self.read_device()
-                next_reading += self.window_s
+    def tick(self) -> bool:
+        pid = self.backend.pid()
+        if pid is not None:
+            self.memory.append((time.time(), tree_rss_bytes(pid)))
+        if time.time() >= self._next_reading:
+            self.read_device()
+            self._next_reading += self.window_s
+        return True
 
     def read_device(self) -> None:
         reading = read_device_seconds(self.backend, self.labels)
         if reading is not None:
             self.device.append(reading)
-
-    def __enter__(self) -> Watch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 @dataclass(frozen=True)
@@ -577,7 +568,7 @@ def main() -> None:
     with console.status("soak") as shown:
         report = run_soak(settings, lambda phase: shown.update(f"soak: {phase}"))
     print_report(report, console)
-    console.print("command: python -m benchmarks.soak " + " ".join(sys.argv[1:]))
+    console.print(command_line("benchmarks.soak"))
 
 
 if __name__ == "__main__":

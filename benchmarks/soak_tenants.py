@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -153,15 +154,18 @@ def outcome_of(error: BaseException) -> Outcome:
     return Outcome.LOST
 
 
-def session(log: TenantLog, url: str, until: Deadline) -> tinker.ServiceClient | None:
-    """An SDK session for the tenant's key, retrying while the backend cannot be reached; None once `until` passes."""
+def sessions(log: TenantLog, url: str, until: Deadline) -> Iterator[tuple[tinker.ServiceClient, tinker.RestClient]]:
+    """SDK sessions for the tenant's key, with its REST client, until `until` passes: the next one once the caller is
+    done with the last (the backend went away), each opened again and again while the backend cannot be reached."""
     while until.ahead():
         try:
-            return tinker.ServiceClient(base_url=url, api_key=log.key)
+            service = tinker.ServiceClient(base_url=url, api_key=log.key)
         except tinker.APIConnectionError:
             log.retried()
             time.sleep(RETRY_PAUSE_S)
-    return None
+            continue
+        with service:
+            yield service, tinker.RestClient(base_url=url, api_key=log.key)
 
 
 @dataclass(frozen=True)
@@ -189,47 +193,42 @@ def rl_tenant(log: TenantLog, url: str, base_model: str, shape: RlShape, seed: i
     checkpoint: tuple[int, str] | None = None  # (step, tinker path)
     left_behind: list[str] = []  # model ids of the tenant's runs it went on without
     current: str | None = None
-    while until.ahead():
-        service = session(log, url, until)
-        if service is None:
-            return
+    for service, rest in sessions(log, url, until):
         try:
-            with service:
-                rest = tinker.RestClient(base_url=url, api_key=log.key)
-                if checkpoint is None:
-                    created = service.create_lora_training_client(
-                        base_model=base_model, rank=LORA_RANK, seed=seed, user_metadata=metadata
-                    )
-                    training = log.result("create", created)
-                    log.step = 0
-                    # A state at step 0 too: a tenant interrupted before its first checkpoint also resumes from one.
+            if checkpoint is None:
+                created = service.create_lora_training_client(
+                    base_model=base_model, rank=LORA_RANK, seed=seed, user_metadata=metadata
+                )
+                training = log.result("create", created)
+                log.step = 0
+                # A state at step 0 too: a tenant interrupted before its first checkpoint also resumes from one.
+                asked = time.time()
+                checkpoint = (0, log.result("save_state", training.save_state("step-00000"), asked).path)
+                log.saved_steps.append((asked, 0))
+            else:
+                step, path = checkpoint
+                loaded = service.create_training_client_from_state_with_optimizer(path, user_metadata=metadata)
+                training = log.result("load_state", loaded)
+                log.step = step
+                log.resumes.append(Resume(time.time(), step))
+                # What the runs left behind hold besides the state resumed from goes now, not after the new run's
+                # first save: with it, that save can pass the key's quota, be refused on every try, and the tenant
+                # would resume over and over, each time leaving one more run behind.
+                for run in left_behind:
+                    delete_checkpoints(log, rest, run, keeping=path)
+            current = training.model_id
+            tokenizer = training.get_tokenizer()
+            while until.ahead():
+                rl_step(log, training, tokenizer, shape)
+                log.step += 1
+                if log.step % shape.checkpoint_every == 0:
                     asked = time.time()
-                    checkpoint = (0, log.result("save_state", training.save_state("step-00000"), asked).path)
-                    log.saved_steps.append((asked, 0))
-                else:
-                    step, path = checkpoint
-                    loaded = service.create_training_client_from_state_with_optimizer(path, user_metadata=metadata)
-                    training = log.result("load_state", loaded)
-                    log.step = step
-                    log.resumes.append(Resume(time.time(), step))
-                    # What the runs left behind hold besides the state resumed from goes now, not after the new run's
-                    # first save: with it, that save can pass the key's quota, be refused on every try, and the tenant
-                    # would resume over and over, each time leaving one more run behind.
-                    for run in left_behind:
-                        delete_checkpoints(log, rest, run, keeping=path)
-                current = training.model_id
-                tokenizer = training.get_tokenizer()
-                while until.ahead():
-                    rl_step(log, training, tokenizer, shape)
-                    log.step += 1
-                    if log.step % shape.checkpoint_every == 0:
-                        asked = time.time()
-                        saved = log.result("save_state", training.save_state(f"step-{log.step:05d}"), asked)
-                        checkpoint = (log.step, saved.path)
-                        log.saved_steps.append((asked, log.step))
-                        while left_behind:
-                            delete_checkpoints(log, rest, left_behind[0])
-                            left_behind.pop(0)
+                    saved = log.result("save_state", training.save_state(f"step-{log.step:05d}"), asked)
+                    checkpoint = (log.step, saved.path)
+                    log.saved_steps.append((asked, log.step))
+                    while left_behind:
+                        delete_checkpoints(log, rest, left_behind[0])
+                        left_behind.pop(0)
         except Exception:  # recorded by `result`: the backend went away; go on from the checkpoint in a new run
             if current is not None and current not in left_behind:
                 left_behind.append(current)
@@ -293,41 +292,36 @@ def checkpoint_tenant(log: TenantLog, url: str, base_model: str, period_s: float
     saved: list[str] = []  # tinker paths, oldest first
     rng = random.Random(0)
     count = 0
-    while until.ahead():
-        service = session(log, url, until)
-        if service is None:
-            return
+    for service, rest in sessions(log, url, until):
         try:
-            with service:
-                rest = tinker.RestClient(base_url=url, api_key=log.key)
-                states = [path for path in saved if "/weights/" in path]
-                if states:
-                    training = log.result(
-                        "load_state", service.create_training_client_from_state_with_optimizer(states[-1])
+            states = [path for path in saved if "/weights/" in path]
+            if states:
+                training = log.result(
+                    "load_state", service.create_training_client_from_state_with_optimizer(states[-1])
+                )
+            else:
+                created = service.create_lora_training_client(base_model=base_model, rank=LORA_RANK, seed=7)
+                training = log.result("create", created)
+                train_once(log, training)
+            prompt = types.ModelInput.from_ints(training.get_tokenizer().encode("SELECT"))
+            while until.ahead():
+                count += 1
+                name = f"save-{count:05d}"
+                save = training.save_state(name) if count % 2 else training.save_weights_for_sampler(name)
+                try:
+                    saved.append(log.result("save_state" if count % 2 else "save_sampler", save).path)
+                except tinker.RequestFailedError as error:
+                    if "--max-storage-bytes-per-key" not in str(error) or not saved:
+                        raise
+                    log.quota_refusals += 1
+                    log.result("delete", rest.delete_checkpoint_from_tinker_path(saved.pop(0)))
+                samplers = [path for path in saved if "/sampler_weights/" in path]
+                if count % 3 == 0 and samplers:
+                    sampler = log.result(
+                        "load_sampler", service.create_sampling_client(model_path=rng.choice(samplers))
                     )
-                else:
-                    created = service.create_lora_training_client(base_model=base_model, rank=LORA_RANK, seed=7)
-                    training = log.result("create", created)
-                    train_once(log, training)
-                prompt = types.ModelInput.from_ints(training.get_tokenizer().encode("SELECT"))
-                while until.ahead():
-                    count += 1
-                    name = f"save-{count:05d}"
-                    save = training.save_state(name) if count % 2 else training.save_weights_for_sampler(name)
-                    try:
-                        saved.append(log.result("save_state" if count % 2 else "save_sampler", save).path)
-                    except tinker.RequestFailedError as error:
-                        if "--max-storage-bytes-per-key" not in str(error) or not saved:
-                            raise
-                        log.quota_refusals += 1
-                        log.result("delete", rest.delete_checkpoint_from_tinker_path(saved.pop(0)))
-                    samplers = [path for path in saved if "/sampler_weights/" in path]
-                    if count % 3 == 0 and samplers:
-                        sampler = log.result(
-                            "load_sampler", service.create_sampling_client(model_path=rng.choice(samplers))
-                        )
-                        log.result("sample", sampler.sample(prompt, 1, types.SamplingParams(max_tokens=4)))
-                    time.sleep(period_s)
+                    log.result("sample", sampler.sample(prompt, 1, types.SamplingParams(max_tokens=4)))
+                time.sleep(period_s)
         except Exception:  # recorded by `result`: the backend went away; go on from the newest state
             time.sleep(RETRY_PAUSE_S)
 

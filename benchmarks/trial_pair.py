@@ -26,7 +26,6 @@ import argparse
 import json
 import shutil
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -40,6 +39,7 @@ from autoresearch.device_share import device_use_by_trial
 from autoresearch.sdk_logging import quiet_sdk_logs
 from autoresearch.trials.backend import DEFAULT_API_KEY
 from autoresearch.trials.config import TrialConfig
+from benchmarks import command_line
 from benchmarks.against_commit import MemoryWatch, compared_trees, server_from
 from benchmarks.fairness import DeviceCounters, Step, recipe_trial, run_b
 from benchmarks.rl_step import REWARD_WITH_SPREAD
@@ -346,7 +346,7 @@ def main() -> None:
     console.print(table)
     for line in verdicts:
         console.print(line)
-    console.print("command: python -m benchmarks.trial_pair " + " ".join(sys.argv[1:]))
+    console.print(command_line("benchmarks.trial_pair"))
 
 
 if __name__ == "__main__":

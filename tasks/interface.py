@@ -10,12 +10,13 @@ a batch.
 from __future__ import annotations
 
 import random
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel
 
+from tasks.closeable import Closeable
 from tasks.errors import SplitError, TaskError
 from tasks.report import HeldOutAnswer, HeldOutReport
 
@@ -100,7 +101,7 @@ class OneTurn(Generic[ExampleT]):
         return self.completion or ""
 
 
-class Task(ABC, Generic[ExampleT, RewardSpecT]):
+class Task(Closeable, Generic[ExampleT, RewardSpecT]):
     """A task's data, prompts and scoring; a context manager, as scoring may hold workers and connections.
 
     What a task says of its reward is known without opening it (class attributes), so a trial config or a study
@@ -213,12 +214,6 @@ class Task(ABC, Generic[ExampleT, RewardSpecT]):
 
     def close(self) -> None:
         """Release what scoring holds; the default holds nothing."""
-
-    def __enter__(self) -> Task[ExampleT, RewardSpecT]:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
 
     def held_out_subset(self, split: str, size: int, seed: int) -> tuple[ExampleT, ...]:
         """A sample of `size` examples of `split` fixed by `seed`, in the split's own order.

@@ -85,6 +85,14 @@ class Endpoint(ABC, Generic[RequestT]):
         return None
 
 
+def _refuse_alternatives(field: str, asked: int | None) -> None:
+    """Refuse a request for alternatives to each sampled token (`field` > 0): only the sampled token's is given."""
+    if asked:
+        raise UserInputError(
+            f"{field}={asked}: this server gives the sampled token's logprob only ({field}=0), not alternatives"
+        )
+
+
 class Completions(Endpoint[oa.CompletionRequest]):
     """`/v1/completions`: a prompt of text or token ids, answered with text."""
 
@@ -97,11 +105,7 @@ class Completions(Endpoint[oa.CompletionRequest]):
         self.tokenizer = tokenizer
 
     def prompt(self, request: oa.CompletionRequest) -> Prompt:
-        if request.logprobs:
-            raise UserInputError(
-                f"logprobs={request.logprobs}: this server gives the sampled token's logprob only (logprobs=0), "
-                "not alternatives"
-            )
+        _refuse_alternatives("logprobs", request.logprobs)
         tokens = list(request.prompt) if isinstance(request.prompt, list) else self.tokenizer.encode(request.prompt)
         max_tokens = request.max_tokens or DEFAULT_MAX_TOKENS
         return Prompt(tokens, max_tokens, logprobs=request.logprobs is not None)
@@ -131,11 +135,7 @@ class Chat(Endpoint[oa.ChatCompletionRequest]):
         self.chat_template = chat_template
 
     def prompt(self, request: oa.ChatCompletionRequest) -> Prompt:
-        if request.top_logprobs:
-            raise UserInputError(
-                f"top_logprobs={request.top_logprobs}: this server gives the sampled token's logprob only, "
-                "not alternatives"
-            )
+        _refuse_alternatives("top_logprobs", request.top_logprobs)
         if not self.chat_template:
             raise ChatTemplateMissingError(
                 f"model {self.loaded.name!r} has no chat template: use /v1/completions with a prompt, or "

@@ -66,6 +66,12 @@ CREATE TABLE IF NOT EXISTS sampling_sessions (
 );
 """
 
+# The columns of training_runs that `_run_from_row` reads, in its order.
+_RUN_COLUMNS = (
+    "model_id, owner, session_id, base_model, lora_rank, train_mlp, train_attn, train_unembed, seed, created_at,"
+    " last_request_at"
+)
+
 
 @dataclass(frozen=True)
 class TrainingRun:
@@ -123,13 +129,20 @@ class RunStore:
             ).fetchone()
         return "off" if row is None else row[0]
 
-    def require_session(self, owner: str, session_id: str) -> None:
+    def _owned_row(self, noun: str, query: str, key: str, owner: str) -> tuple:
+        """The row `query` selects for the `noun` `key` of `owner` (its two parameters, in that order).
+
+        Raises:
+            NotFoundError: no such row, or another owner's: the same error, so that ids of other keys cannot be probed.
+        """
         with self._lock:
-            row = self._db.execute(
-                "SELECT 1 FROM sessions WHERE session_id = ? AND owner = ?", (session_id, owner)
-            ).fetchone()
+            row = self._db.execute(query, (key, owner)).fetchone()
         if row is None:
-            raise NotFoundError(f"unknown session {session_id!r}")
+            raise NotFoundError(f"unknown {noun} {key!r}")
+        return row
+
+    def require_session(self, owner: str, session_id: str) -> None:
+        self._owned_row("session", "SELECT 1 FROM sessions WHERE session_id = ? AND owner = ?", session_id, owner)
 
     def heartbeat(self, owner: str, session_id: str) -> None:
         self.require_session(owner, session_id)
@@ -190,15 +203,8 @@ class RunStore:
         return self.training_run(owner, model_id)
 
     def training_run(self, owner: str, model_id: str) -> TrainingRun:
-        with self._lock:
-            row = self._db.execute(
-                "SELECT model_id, owner, session_id, base_model, lora_rank, train_mlp, train_attn, train_unembed, seed,"
-                " created_at, last_request_at FROM training_runs WHERE model_id = ? AND owner = ?",
-                (model_id, owner),
-            ).fetchone()
-        if row is None:
-            raise NotFoundError(f"unknown model {model_id!r}")
-        return _run_from_row(row)
+        query = f"SELECT {_RUN_COLUMNS} FROM training_runs WHERE model_id = ? AND owner = ?"
+        return _run_from_row(self._owned_row("model", query, model_id, owner))
 
     def set_retention(self, model_id: str, keep: int) -> None:
         with self._lock:
@@ -227,9 +233,7 @@ class RunStore:
     def list_training_runs(self, owner: str, limit: int = 100, offset: int = 0) -> tuple[list[TrainingRun], int]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT model_id, owner, session_id, base_model, lora_rank, train_mlp, train_attn, train_unembed, seed,"
-                " created_at, last_request_at FROM training_runs WHERE owner = ? ORDER BY created_at DESC"
-                " LIMIT ? OFFSET ?",
+                f"SELECT {_RUN_COLUMNS} FROM training_runs WHERE owner = ? ORDER BY created_at DESC LIMIT ? OFFSET ?",
                 (owner, limit, offset),
             ).fetchall()
             total = self._db.execute("SELECT COUNT(*) FROM training_runs WHERE owner = ?", (owner,)).fetchone()[0]
@@ -248,15 +252,11 @@ class RunStore:
         return SamplingSession(sampling_session_id, owner, session_id, base_model, model_path)
 
     def sampling_session(self, owner: str, sampling_session_id: str) -> SamplingSession:
-        with self._lock:
-            row = self._db.execute(
-                "SELECT sampling_session_id, owner, session_id, base_model, model_path FROM sampling_sessions"
-                " WHERE sampling_session_id = ? AND owner = ?",
-                (sampling_session_id, owner),
-            ).fetchone()
-        if row is None:
-            raise NotFoundError(f"unknown sampling session {sampling_session_id!r}")
-        return SamplingSession(*row)
+        query = (
+            "SELECT sampling_session_id, owner, session_id, base_model, model_path FROM sampling_sessions"
+            " WHERE sampling_session_id = ? AND owner = ?"
+        )
+        return SamplingSession(*self._owned_row("sampling session", query, sampling_session_id, owner))
 
 
 def _run_from_row(row: tuple) -> TrainingRun:

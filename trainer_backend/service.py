@@ -200,7 +200,7 @@ class TrainingService:
         work: Callable[[], tuple[bytes, ResultFormat]] | None = None,
         training_call: ForwardBackwardCall | None = None,
         reads: Path | None = None,
-    ) -> FutureRecord:
+    ) -> Submitted:
         """Record a future of training run `model_id` and queue its operation on the run's lane, in `seq_id` order:
         `work`, or a forward/backward call for the training pass (which batches it with other clients'). `reads`: the
         checkpoint folder it needs, kept until it has run."""
@@ -227,7 +227,7 @@ class TrainingService:
                 reads=reads,
             )
             self._start(record, lambda: self.scheduler.submit(operation))
-        return record
+        return Submitted(record, model_id=model_id)
 
     def _start(self, record: FutureRecord, start: Callable[[], None]) -> None:
         """Run `start` (queue the recorded future's work); a refusal takes the record back or fails it."""
@@ -339,10 +339,9 @@ class TrainingService:
             return _json(schemas.CreateModelResponse(model_id=run.model_id))
 
         self.scheduler.expect_sequence(run.model_id, 0)
-        record = self._submit(
+        return self._submit(
             owner, RequestKind.CREATE_MODEL, run.model_id, body, seq_id=0, idempotency_key=key, work=work
         )
-        return Submitted(record, model_id=run.model_id)
 
     def get_info(self, owner: str, model_id: str) -> schemas.GetInfoResponse:
         run = self.runs.training_run(owner, model_id)
@@ -367,10 +366,9 @@ class TrainingService:
         call = ForwardBackwardCall(
             batch.model_id, batch.datums, batch.loss_fn, batch.loss_fn_config, batch.forward_only
         )
-        record = self._submit(
+        return self._submit(
             owner, kind, batch.model_id, body, seq_id=batch.seq_id, idempotency_key=key, training_call=call
         )
-        return Submitted(record, model_id=batch.model_id)
 
     def _run_forward_backward(
         self, operations: Sequence[Operation[ForwardBackwardCall]], _pause: PauseCallback
@@ -400,10 +398,9 @@ class TrainingService:
             metrics = self.engine.optim_step(request.model_id, adam)
             return _json(schemas.OptimStepResponse(metrics=metrics))
 
-        record = self._submit(
+        return self._submit(
             owner, RequestKind.OPTIM_STEP, request.model_id, body, seq_id=request.seq_id, idempotency_key=key, work=work
         )
-        return Submitted(record, model_id=request.model_id)
 
     def _save(
         self, owner: str, model_id: str, kind: CheckpointKind, name: str, ttl_s: float | None, overwrite: bool
@@ -438,7 +435,7 @@ class TrainingService:
             )
             return _json(schemas.SaveWeightsResponse(path=info.path))
 
-        record = self._submit(
+        return self._submit(
             owner,
             RequestKind.SAVE_WEIGHTS,
             request.model_id,
@@ -447,7 +444,6 @@ class TrainingService:
             idempotency_key=key,
             work=work,
         )
-        return Submitted(record, model_id=request.model_id)
 
     @releases_seq_id_on_refusal
     def save_weights_for_sampler(
@@ -466,7 +462,7 @@ class TrainingService:
             session = self.runs.create_sampling_session(owner, run.session_id, self.loaded.name, info.path)
             return _json(schemas.SaveWeightsForSamplerResponseInternal(sampling_session_id=session.sampling_session_id))
 
-        record = self._submit(
+        return self._submit(
             owner,
             RequestKind.SAVE_WEIGHTS_FOR_SAMPLER,
             request.model_id,
@@ -475,7 +471,6 @@ class TrainingService:
             idempotency_key=key,
             work=work,
         )
-        return Submitted(record, model_id=request.model_id)
 
     @releases_seq_id_on_refusal
     def load_weights(self, owner: str, request: schemas.LoadWeightsRequest, body: bytes, key: str | None) -> Submitted:
@@ -503,10 +498,9 @@ class TrainingService:
             self.engine.load(model_id, folder, with_optimizer=request.optimizer)
             return _json(schemas.LoadWeightsResponse(path=str(path), model_id=model_id))
 
-        record = self._submit(
+        return self._submit(
             owner, RequestKind.LOAD_WEIGHTS, model_id, body, seq_id=seq_id, idempotency_key=key, work=work, reads=folder
         )
-        return Submitted(record, model_id=model_id)
 
     def _known_run(self, owner: str, model_id: str) -> bool:
         try:

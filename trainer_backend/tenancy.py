@@ -12,6 +12,7 @@ import json
 import logging
 import re
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,28 +35,19 @@ KEEP_CHECKPOINTS_KEY = "keep_checkpoints"
 MAX_USER_METADATA_CHARS = 4096
 
 
+@dataclass(frozen=True, eq=False)
 class TenancyPolicy:
-    """Runs, storage quota and retention of every key. `folders_in_use`: the checkpoint folders queued or running
-    operations read, which retention never removes."""
+    """Runs, storage quota and retention of every key."""
 
-    def __init__(
-        self,
-        runs: RunStore,
-        checkpoints: CheckpointStore,
-        folders_in_use: Callable[[], set[Path]],
-        base_model: str,
-        max_storage_bytes_per_key: int | None,
-        keep_checkpoints_per_run: int | None,
-        max_queued_per_key: int | None,
-    ) -> None:
-        self.runs = runs
-        self.checkpoints = checkpoints
-        self.folders_in_use = folders_in_use
-        self.base_model = base_model
-        self.max_storage_bytes_per_key = max_storage_bytes_per_key
-        self.keep_checkpoints_per_run = keep_checkpoints_per_run
-        # Enforced by the scheduler, which holds the queues; shown here beside the key's other limits.
-        self.max_queued_per_key = max_queued_per_key
+    runs: RunStore
+    checkpoints: CheckpointStore
+    # The checkpoint folders queued or running operations read, which retention never removes.
+    folders_in_use: Callable[[], set[Path]]
+    base_model: str
+    max_storage_bytes_per_key: int | None
+    keep_checkpoints_per_run: int | None
+    # Enforced by the scheduler, which holds the queues; shown here beside the key's other limits.
+    max_queued_per_key: int | None
 
     def create_run(
         self,

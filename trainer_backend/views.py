@@ -5,6 +5,7 @@ on the device."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from trainer_backend.checkpoints import CheckpointInfo, CheckpointKind, CheckpointPath, CheckpointStore
@@ -14,21 +15,15 @@ from trainer_backend.runs import RunStore, TrainingRun
 from trainer_backend.wire import schemas
 
 
+@dataclass(frozen=True, eq=False)
 class RegistryViews:
     """Runs and checkpoints of each owner, as the Tinker REST routes answer them."""
 
-    def __init__(
-        self,
-        runs: RunStore,
-        checkpoints: CheckpointStore,
-        has_adapter: Callable[[str], bool],
-        loaded: LoadedModel,
-    ) -> None:
-        self.runs = runs
-        self.checkpoints = checkpoints
-        # A run whose adapter the engine no longer holds is reported as corrupted.
-        self.has_adapter = has_adapter
-        self.loaded = loaded
+    runs: RunStore
+    checkpoints: CheckpointStore
+    # A run whose adapter the engine no longer holds is reported as corrupted.
+    has_adapter: Callable[[str], bool]
+    loaded: LoadedModel
 
     def _checkpoint_view(self, info: CheckpointInfo) -> schemas.Checkpoint:
         return schemas.Checkpoint(

@@ -10,7 +10,6 @@ python -m benchmarks.proposers confirm [--spec experiments/text2sql.yaml]
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from autoresearch.errors import ProposalError
 from autoresearch.sdk_logging import quiet_sdk_logs
 from autoresearch.spec import StudySpec, load_study_spec
-from benchmarks import ROOT
+from benchmarks import ROOT, command_line
 from benchmarks.proposers.arms import (
     ARMS,
     LLM_SHARES,
@@ -176,7 +175,7 @@ def compare(
     plot_curves(curves, plot, f"{spec.study}: proposers on {path.name} ({trials} trials)", objective)
     console.print(f"plot: {plot}", soft_wrap=True)
     console.print(f"runs: {records_file}" + (f" (with the earlier runs of {', '.join(earlier)})" if earlier else ""))
-    console.print("command: python -m benchmarks.proposers " + " ".join(sys.argv[1:]), soft_wrap=True)
+    console.print(command_line("benchmarks.proposers"), soft_wrap=True)
 
 
 @app.command()
@@ -218,7 +217,7 @@ def confirm(
 
         baseline, confirmations = confirm_choices(choices, bench, run_dir, backend_url, on_trial=report)
     console.print(confirmation_table(bench, baseline, confirmations, spec.objective.metric))
-    console.print("command: python -m benchmarks.proposers " + " ".join(sys.argv[1:]), soft_wrap=True)
+    console.print(command_line("benchmarks.proposers"), soft_wrap=True)
 
 
 def _spec_and_grid(spec_path: Path) -> tuple[StudySpec, Grid]:

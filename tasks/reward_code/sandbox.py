@@ -25,8 +25,9 @@ import threading
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import ModuleType, SimpleNamespace, TracebackType
+from types import ModuleType, SimpleNamespace
 
+from tasks.closeable import Closeable
 from tasks.pipe_worker import LiveWorkers, ParentPipes, PipeWorker, WorkerGoneError
 from tasks.reward_code.errors import RewardCodeError
 from tasks.reward_code.static_check import ALLOWED_MODULES, FUNCTION_NAME, SAFE_BUILTINS
@@ -62,7 +63,7 @@ class CallOutcome:
     error: str | None = None
 
 
-class CodeSandbox:
+class CodeSandbox(Closeable):
     """Runs one source's `reward` function in a worker process; safe from any number of threads (calls queue).
 
     The worker starts on the first call and is replaced when a call ends it.
@@ -107,14 +108,6 @@ class CodeSandbox:
         with self._lock:
             self._worker = None
             self._live.kill_all()
-
-    def __enter__(self) -> CodeSandbox:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 class _Worker(PipeWorker):

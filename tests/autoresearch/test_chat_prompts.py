@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -30,27 +32,36 @@ def chat_backend_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield server.url
 
 
-def test_a_trial_on_a_chat_model_samples_and_warms_up_in_its_chat_format(
-    chat_backend_url: str,
-    tiny_trial_config: TrialConfig,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    sampled_prompts: list[list[int]] = []
-    trained: list[tinker.types.Datum] = []
+@dataclass
+class SdkTraffic:
+    """What a trial hands the SDK: the prompts it samples, and the datums it trains on by loss function."""
+
+    sampled_prompts: list[list[int]] = field(default_factory=list)
+    trained: defaultdict[str, list[tinker.types.Datum]] = field(default_factory=lambda: defaultdict(list))
+
+
+@pytest.fixture
+def sdk_traffic(monkeypatch: pytest.MonkeyPatch) -> SdkTraffic:
+    """The tokens a trial sends, recorded on their way into the SDK's sampling and training clients."""
+    traffic = SdkTraffic()
     sample, forward_backward = tinker.SamplingClient.sample, tinker.TrainingClient.forward_backward
 
     def recording_sample(self, prompt, *args, **kwargs):
-        sampled_prompts.append(prompt.to_ints())
+        traffic.sampled_prompts.append(prompt.to_ints())
         return sample(self, prompt, *args, **kwargs)
 
     def recording_forward_backward(self, data, loss_fn, *args, **kwargs):
-        if loss_fn == "cross_entropy":
-            trained.extend(data)
+        traffic.trained[loss_fn].extend(data)
         return forward_backward(self, data, loss_fn, *args, **kwargs)
 
     monkeypatch.setattr(tinker.SamplingClient, "sample", recording_sample)
     monkeypatch.setattr(tinker.TrainingClient, "forward_backward", recording_forward_backward)
+    return traffic
+
+
+def test_a_trial_on_a_chat_model_samples_and_warms_up_in_its_chat_format(
+    chat_backend_url: str, tiny_trial_config: TrialConfig, tmp_path: Path, sdk_traffic: SdkTraffic
+) -> None:
     config = tiny_trial_config.model_copy(
         update={"run_id": "chat", "base_model": TINY_QWEN2_NAME, "steps": 1, "eval_size": 2, "eval_interval": 1}
     )
@@ -58,6 +69,7 @@ def test_a_trial_on_a_chat_model_samples_and_warms_up_in_its_chat_format(
 
     assert result.prompt_format == "chat"
     tokenizer = train_tiny_chatml_tokenizer()
+    sampled_prompts, trained = sdk_traffic.sampled_prompts, sdk_traffic.trained["cross_entropy"]
     assert sampled_prompts
     for prompt in sampled_prompts:
         text = tokenizer.decode(prompt)
@@ -96,6 +108,7 @@ def test_an_agentic_trial_on_a_chat_model_plays_its_episodes_as_conversations(
     tiny_trial_config: TrialConfig,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    sdk_traffic: SdkTraffic,
 ) -> None:
     # A random tiny model never writes SQL. So that every episode takes all its turns through the real sandbox, the
     # environment runs a query of its own for each reply (one that differs by turn, and by the reply's length so
@@ -109,22 +122,7 @@ def test_an_agentic_trial_on_a_chat_model_plays_its_episodes_as_conversations(
             played.step = lambda text: step(f"SELECT {len(played.turns)} AS turn, '{'x' * len(text)}' AS reply;")
         return played
 
-    sampled_prompts: list[list[int]] = []
-    trained: list[tinker.types.Datum] = []
-    sample, forward_backward = tinker.SamplingClient.sample, tinker.TrainingClient.forward_backward
-
-    def recording_sample(self, prompt, *args, **kwargs):
-        sampled_prompts.append(prompt.to_ints())
-        return sample(self, prompt, *args, **kwargs)
-
-    def recording_forward_backward(self, data, loss_fn, *args, **kwargs):
-        if loss_fn != "cross_entropy":
-            trained.extend(data)
-        return forward_backward(self, data, loss_fn, *args, **kwargs)
-
     monkeypatch.setattr(Text2SqlTask, "episode", every_reply_a_query)
-    monkeypatch.setattr(tinker.SamplingClient, "sample", recording_sample)
-    monkeypatch.setattr(tinker.TrainingClient, "forward_backward", recording_forward_backward)
     update = {"run_id": "agentic-chat", "base_model": TINY_QWEN2_NAME, "mode": "agentic", "max_turns": 3}
     config = tiny_trial_config.model_copy(
         update={**update, "prompt_format": "chat", "steps": 1, "eval_size": 2, "eval_interval": 1}
@@ -135,7 +133,7 @@ def test_an_agentic_trial_on_a_chat_model_plays_its_episodes_as_conversations(
     [metrics] = RunDirectory(tmp_path / "agentic-chat").metrics.read()
     assert metrics["turns_mean"] == 3
     tokenizer = train_tiny_chatml_tokenizer()
-    texts = [tokenizer.decode(prompt) for prompt in sampled_prompts]
+    texts = [tokenizer.decode(prompt) for prompt in sdk_traffic.sampled_prompts]
     first = [text for text in texts if text.count(USER_TURN) == 1]
     later = [text for text in texts if text.count(USER_TURN) > 1]
     opening = USER_TURN + "Write one DuckDB SQL query that answers the question."
@@ -143,6 +141,7 @@ def test_an_agentic_trial_on_a_chat_model_plays_its_episodes_as_conversations(
     # Each later turn's prompt is the conversation so far: the query's result as a user turn, the reply opened.
     assert later and all(text.endswith(GENERATION_PROMPT) for text in texts)
     assert all(f"{USER_TURN}Result:\nturn | reply\n" in text for text in later)
+    trained = [datum for loss_fn, data in sdk_traffic.trained.items() if loss_fn != "cross_entropy" for datum in data]
     assert trained
     for datum in trained:
         targets = datum.loss_fn_inputs["target_tokens"].to_numpy()

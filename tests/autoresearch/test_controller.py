@@ -65,6 +65,12 @@ OUTSIDE_THE_SPACE = {
 }
 
 
+def proposing_spec(tmp_path: Path, llm: ScriptedLlm, budget: dict, **llm_settings: object) -> StudySpec:
+    """The tiny spec with `llm` proposing, for a round of proposals only: it reaches no backend."""
+    scripted = {"base_url": llm.url, "model": "scripted", "api_key_env": "SCRIPTED_LLM_KEY", **llm_settings}
+    return tiny_spec(tmp_path, "http://127.0.0.1:9", llm=scripted, budget=budget)
+
+
 def test_a_study_runs_its_budget_with_llm_proposals_rejections_pruning_and_notes(
     backend_url: str, tmp_path: Path, llm: ScriptedLlm
 ) -> None:
@@ -111,12 +117,8 @@ def test_a_candidate_that_repeats_a_trial_or_another_candidate_is_rejected_by_na
     trial 0, and its second copy of a new candidate, are rejected with what they repeat; the new one is queued."""
     first, second = PROPOSAL["candidates"]
     llm.say({"candidates": [first, second, second]})
-    spec = tiny_spec(
-        tmp_path,
-        "http://127.0.0.1:9",  # proposing reaches no backend
-        llm={"base_url": llm.url, "model": "scripted", "api_key_env": "SCRIPTED_LLM_KEY", "max_retries": 0},
-        budget={"trials": 4, "concurrency": 3, "steps_per_trial": 1, "candidates_per_round": 3},
-    )
+    budget = {"trials": 4, "concurrency": 3, "steps_per_trial": 1, "candidates_per_round": 3}
+    spec = proposing_spec(tmp_path, llm, budget, max_retries=0)
     study = open_study(spec)
     ran = {**first["params"], **{f"reward.{kind}": w for kind, w in first["reward_weights"].items()}}
     study.add_trial(optuna.trial.create_trial(params=ran, distributions=distributions(spec), values=[0.25]))
@@ -143,12 +145,8 @@ def test_each_llm_trial_carries_its_own_rationale_tied_to_the_trials_it_read(tmp
             ]
         }
     )
-    spec = tiny_spec(
-        tmp_path,
-        "http://127.0.0.1:9",  # proposing reaches no backend
-        llm={"base_url": llm.url, "model": "scripted", "api_key_env": "SCRIPTED_LLM_KEY", "share": 1.0},
-        budget={"trials": 4, "concurrency": 2, "steps_per_trial": 1, "candidates_per_round": 2},
-    )
+    budget = {"trials": 4, "concurrency": 2, "steps_per_trial": 1, "candidates_per_round": 2}
+    spec = proposing_spec(tmp_path, llm, budget, share=1.0)
     study = open_study(spec)
     for values, score, rationale in [("ppo", 0.25, "try PPO"), ("importance_sampling", 0.125, "the default")]:
         params = {"learning_rate": 0.001, "batch_size": 1, "loss": values, "reward.format": 0.0}

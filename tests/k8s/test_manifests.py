@@ -596,42 +596,43 @@ def test_an_overlay_spec_changes_only_its_image_backends_and_trial_sizes(overlay
     assert changed <= OVERLAY_SPEC_CHANGES[overlay]
 
 
-def mounted_spec(docs: list[dict], folder: Path, monkeypatch: pytest.MonkeyPatch) -> StudySpec:
-    """The study spec the controller reads, loaded as it loads it (the password from its environment)."""
+@pytest.fixture
+def mounted_spec(rendered: dict, target: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> StudySpec:
+    """The study spec the controller of `target` reads, loaded as it loads it (the password from its environment)."""
     monkeypatch.setenv("POSTGRES_PASSWORD", "not-a-real-password")
-    configmap, key = spec_configmap(docs)
-    (folder / key).write_text(configmap["data"][key])
-    return load_study_spec(folder / key)
+    configmap, key = spec_configmap(rendered[target])
+    (tmp_path / key).write_text(configmap["data"][key])
+    return load_study_spec(tmp_path / key)
 
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_the_mounted_spec_loads_as_a_study_spec_of_kubernetes_trials(
-    rendered: dict, target: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    rendered: dict, target: str, mounted_spec: StudySpec
 ) -> None:
-    spec = mounted_spec(rendered[target], tmp_path, monkeypatch)
     statefulset, _ = backend(rendered[target])
-    assert spec.executor.kind == "kubernetes" and len(spec.backend_urls) == statefulset["spec"]["replicas"]
-    assert spec.storage_url() == "postgresql+psycopg://optuna:not-a-real-password@postgres:5432/optuna"
-    assert spec.trial_config({}, run_id="t-0").run_id == "t-0"
+    assert (
+        mounted_spec.executor.kind == "kubernetes" and len(mounted_spec.backend_urls) == statefulset["spec"]["replicas"]
+    )
+    assert mounted_spec.storage_url() == "postgresql+psycopg://optuna:not-a-real-password@postgres:5432/optuna"
+    assert mounted_spec.trial_config({}, run_id="t-0").run_id == "t-0"
 
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_the_job_the_executor_makes_from_the_mounted_spec_is_valid_and_fits_the_cluster(
-    rendered: dict, target: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    rendered: dict, target: str, mounted_spec: StudySpec
 ) -> None:
-    spec = mounted_spec(rendered[target], tmp_path, monkeypatch)
     pod, container = controller(rendered[target])
     run_root = Path(flag(container["command"], "--run-root"))
     executor = KubernetesExecutor(
-        spec.executor,
-        spec.study,
-        run_root / spec.study / "trials",
+        mounted_spec.executor,
+        mounted_spec.study,
+        run_root / mounted_spec.study / "trials",
         run_root,
         3600,
         api=BatchV1Api(ApiClient()),  # never called: no cluster here
     )
-    run_id = f"{spec.study}-0000"
-    command = ["python", "-m", "autoresearch.trials", "--backend-url", spec.backend_urls[0]]
+    run_id = f"{mounted_spec.study}-0000"
+    command = ["python", "-m", "autoresearch.trials", "--backend-url", mounted_spec.backend_urls[0]]
     job = ApiClient().sanitize_for_serialization(executor.job_manifest(job_name(run_id), run_id, command))
     job["metadata"]["namespace"] = "rl-posttrain"
     kubernetes_validate.validate(job, KUBERNETES_VERSION, strict=True)

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 from support.agentic import EPISODE_REWARD
+from support.commands import run_command
 
 from tasks.text2sql.agentic.episode import LAST_TURN_CUE, Episode, EpisodeLimits
 from tasks.text2sql.agentic.turns import ObservationLimits, TurnKind, parse_turn, render_result
@@ -147,14 +146,7 @@ def test_the_prompt_demonstrates_an_exploration_as_the_policy_will_see_it(
 
 
 def test_the_demo_plays_scripted_episodes() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "tasks.text2sql", "demo", "--agentic"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env={**os.environ, "COLUMNS": "200"},
-    )
+    done = run_command("tasks.text2sql", "demo", "--agentic", timeout_s=300, env={**os.environ, "COLUMNS": "200"})
     assert done.returncode == 0, done.stderr
     assert "transcript: explores, then answers" in done.stdout and "Result:\nid | flight_number" in done.stdout
     assert "Error: read_csv() reads files" in done.stdout and LAST_TURN_CUE in done.stdout

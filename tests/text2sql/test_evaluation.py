@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from support.commands import run_command
 
 from tasks.text2sql.dataset import Difficulty, Text2SqlDataset
 from tasks.text2sql.evaluation import OpenAICompatibleModel, evaluate, garbage_model, gold_model
@@ -88,9 +88,7 @@ def test_an_openai_compatible_endpoint_is_evaluated_over_http(
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tasks.text2sql", *args], capture_output=True, text=True, timeout=300, check=False
-    )
+    return run_command("tasks.text2sql", *args, timeout_s=300)
 
 
 def test_the_cli_prints_counts_per_split_and_difficulty(bundled: Text2SqlDataset) -> None:

@@ -12,11 +12,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import openai
 import pytest
 import tinker
 from support.backends import REPOSITORY, TINY
+from support.scheduling import finished, running, sample_operation, wait_for
 from support.trained_adapters import trained_adapter
 from support.trainer import SQL, RawApi
 from tinker import types
@@ -39,19 +41,7 @@ PROMPTS = [[5, 9, 14], [7, 3, 22, 41, 8, 2], [11], [30, 12, 9, 4, 4, 17, 2, 40, 
 GREEDY = types.SamplingParams(max_tokens=16, temperature=0.0)
 
 
-def wait_for(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-
-
 # --- the scheduler ------------------------------------------------------------------------------------------------
-
-
-def sample_operation(ledger: Ledger, kind: BatchKind, lane: str, payload: str, alone: bool = False) -> Operation:
-    record, _ = ledger.submit("alice", "sample", f"{lane}-{payload}-{time.monotonic_ns()}")
-    return Operation(record.request_id, "sample", lane, None, batch_kind=kind, payload=payload, alone=alone)
 
 
 def holding(ledger: Ledger, gate: threading.Event) -> Operation:
@@ -83,6 +73,27 @@ def stepping_generation(steps: int, calls: list[list[str]], admitted: list[tuple
     return generation
 
 
+@dataclass(frozen=True)
+class Generations:
+    """A started scheduler whose "sample" kind runs each call as 40 steps of `stepping_generation`, gathering for
+    50 ms: the operations each call was given, and what it took in before each step."""
+
+    scheduler: Scheduler
+    kind: BatchKind
+    calls: list[list[str]]
+    admitted: list[tuple[str, list[str]]]
+
+
+@pytest.fixture
+def long_generations(start_scheduler: Callable[..., Scheduler]) -> Generations:
+    calls: list[list[str]] = []
+    admitted: list[tuple[str, list[str]]] = []
+    scheduler = start_scheduler()
+    kind = BatchKind("sample", stepping_generation(40, calls, admitted), window_s=0.05, nests=True)
+    scheduler.register(kind)
+    return Generations(scheduler, kind, calls, admitted)
+
+
 def test_operations_that_run_alone_never_share_a_device_call(
     ledger: Ledger, start_scheduler: Callable[..., Scheduler]
 ) -> None:
@@ -105,16 +116,10 @@ def test_operations_that_run_alone_never_share_a_device_call(
 
 
 def test_a_running_generation_takes_in_no_operation_that_runs_alone_which_runs_in_its_pause_on_its_own(
-    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
+    ledger: Ledger, long_generations: Generations
 ) -> None:
-    calls: list[list[str]] = []
-    admitted: list[tuple[str, list[str]]] = []
-    scheduler = start_scheduler()
-    kind = BatchKind("sample", stepping_generation(40, calls, admitted), window_s=0.05, nests=True)
-    scheduler.register(kind)
-    heavy = sample_operation(ledger, kind, "heavy", "heavy")
-    scheduler.submit(heavy)
-    wait_for(lambda: heavy.request_id in scheduler.stats().running)
+    scheduler, kind = long_generations.scheduler, long_generations.kind
+    heavy = running(scheduler, sample_operation(ledger, kind, "heavy", "heavy"))
     evaluation, light = (
         sample_operation(ledger, kind, "eval", "eval", alone=True),
         sample_operation(ledger, kind, "light", "light"),
@@ -124,31 +129,23 @@ def test_a_running_generation_takes_in_no_operation_that_runs_alone_which_runs_i
     wait_for(lambda: ledger.get(evaluation.request_id).finished)
 
     assert not ledger.get(heavy.request_id).finished, "it ran in the heavy generation's pause, not after it"
-    assert ["eval"] in calls
+    assert ["eval"] in long_generations.calls
     wait_for(lambda: ledger.get(light.request_id).finished)
-    taken = [payload for _, payloads in admitted for payload in payloads]
+    taken = [payload for _, payloads in long_generations.admitted for payload in payloads]
     assert "light" in taken and "eval" not in taken
 
 
 def test_a_generation_that_runs_alone_takes_nothing_in_and_others_run_in_its_pause(
-    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
+    ledger: Ledger, long_generations: Generations
 ) -> None:
-    calls: list[list[str]] = []
-    admitted: list[tuple[str, list[str]]] = []
-    scheduler = start_scheduler()
-    kind = BatchKind("sample", stepping_generation(40, calls, admitted), window_s=0.05, nests=True)
-    scheduler.register(kind)
-    evaluation = sample_operation(ledger, kind, "eval", "eval", alone=True)
-    scheduler.submit(evaluation)
-    wait_for(lambda: evaluation.request_id in scheduler.stats().running)
-    light = sample_operation(ledger, kind, "light", "light")
-    scheduler.submit(light)
-    wait_for(lambda: ledger.get(light.request_id).finished)
+    scheduler, kind = long_generations.scheduler, long_generations.kind
+    evaluation = running(scheduler, sample_operation(ledger, kind, "eval", "eval", alone=True))
+    finished(scheduler, ledger, sample_operation(ledger, kind, "light", "light"))
 
     assert not ledger.get(evaluation.request_id).finished, "it ran in the lone generation's pause, not after it"
     wait_for(lambda: ledger.get(evaluation.request_id).finished)
-    assert calls == [["eval"], ["light"]]
-    assert all(not taken for first, taken in admitted if first == "eval")
+    assert long_generations.calls == [["eval"], ["light"]]
+    assert all(not taken for first, taken in long_generations.admitted if first == "eval")
 
 
 # --- routing beside vLLM -------------------------------------------------------------------------------------------

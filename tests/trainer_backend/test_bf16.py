@@ -3,8 +3,6 @@ trains through the SDK like the fp32 one, to bf16's precision; adapters and log-
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +13,7 @@ from tinker import types
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from tests.support.backends import TINY, tiny_server_config
+from tests.support.commands import run_command
 from tests.support.trainer import SQL, datum_for
 from trainer_backend.engine.adapters import AdapterPool
 from trainer_backend.engine.attention import FP32_SDPA, attend_in_fp32, sdpa_in_fp32
@@ -56,13 +55,8 @@ def test_auto_takes_bf16_where_the_device_computes_it_natively() -> None:
 
 
 def test_an_unknown_dtype_is_refused_at_start_up_by_its_flag(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "trainer_backend", "serve", "--base-model", TINY, "--storage-root", str(tmp_path),
-         "--dtype", "float16"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )  # fmt: skip
+    flags = ["--base-model", TINY, "--storage-root", str(tmp_path), "--dtype", "float16"]
+    result = run_command("trainer_backend", "serve", *flags, timeout_s=120)
     assert result.returncode != 0
     assert "--dtype" in result.stderr and "float16" in result.stderr
     assert "Traceback" not in result.stderr

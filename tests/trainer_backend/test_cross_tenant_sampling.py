@@ -5,10 +5,11 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import tinker
 from support.backends import TINY
+from support.scheduling import wait_for
 from support.trained_adapters import trained_adapter
 from support.trainer import LOGPROB_ROUNDING, RawApi, request_id_of
 from tinker import types
@@ -34,13 +35,6 @@ def held_device(server: RunningServer) -> Iterator[None]:
         yield
     finally:
         release.set()
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def trained_sampler(service_client: tinker.ServiceClient, text: str, seed: int) -> tinker.SamplingClient:

@@ -8,8 +8,6 @@ without quotas, runs keep what they ask for.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +15,7 @@ from pathlib import Path
 import pytest
 import tinker
 from support.backends import TINY, tiny_server_config
+from support.commands import run_command
 from support.trainer import RawApi, error_of, request_id_of, status_of
 from tinker import types
 
@@ -203,12 +202,8 @@ def test_a_run_asking_to_keep_fewer_than_one_checkpoint_is_refused(retaining_ser
     ],
 )
 def test_a_limit_below_one_is_refused_at_start_up(flag: str, tmp_path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "trainer_backend", "serve", "--base-model", TINY, "--storage-root", str(tmp_path),
-         flag, "0"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )  # fmt: skip
+    result = run_command(
+        "trainer_backend", "serve", "--base-model", TINY, "--storage-root", str(tmp_path), flag, "0", timeout_s=120
+    )
     assert result.returncode == 1, result.stderr
     assert f"error: {flag}" in result.stderr and "greater than or equal to 1" in result.stderr, result.stderr

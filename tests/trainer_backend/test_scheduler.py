@@ -10,6 +10,7 @@ from collections.abc import Callable
 import pytest
 import tinker
 from support.backends import TINY
+from support.scheduling import finished, running, sample_operation, wait_for
 from support.trainer import next_token_datum, status_of
 from tinker import types
 
@@ -43,14 +44,6 @@ def _held_until(gate: threading.Event, log: list | None = None) -> Callable[[], 
     return work
 
 
-def wait_for(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.01)
-
-
 def test_operations_of_one_client_run_in_seq_id_order_whatever_the_arrival(
     ledger: Ledger, start_scheduler: Callable[..., Scheduler]
 ) -> None:
@@ -71,15 +64,10 @@ def test_a_gap_that_never_fills_fails_the_waiting_operations(
 ) -> None:
     scheduler = start_scheduler(gap_timeout_s=0.3)
     log: list = []
-    stuck = _operation(ledger, "m1", 2, log)
-    scheduler.submit(stuck)
-    wait_for(lambda: ledger.get(stuck.request_id).finished)
-    record = ledger.get(stuck.request_id)
+    record = finished(scheduler, ledger, _operation(ledger, "m1", 2, log))
     assert record.state is FutureState.FAILED
     assert "waited" in record.error and "seq_id 1" in record.error
-    after = _operation(ledger, "m1", 3, log)
-    scheduler.submit(after)
-    wait_for(lambda: ledger.get(after.request_id).finished)
+    finished(scheduler, ledger, _operation(ledger, "m1", 3, log))
     assert log == [("m1", 3)]
 
 
@@ -173,13 +161,6 @@ def test_full_queues_push_back(ledger: Ledger, start_scheduler: Callable[..., Sc
     gate.set()
 
 
-def _sample_operation(ledger: Ledger, kind: BatchKind, lane: str, payload: str, run: str | None = None) -> Operation:
-    """A sample of `lane` (a sampling session) of batch kind `kind`, reading the weights of training run `run` when
-    given."""
-    record, _ = ledger.submit("alice", "sample", f"{lane}-{payload}-{time.monotonic_ns()}")
-    return Operation(record.request_id, "sample", lane, None, batch_kind=kind, payload=payload, run=run)
-
-
 def test_ready_operations_of_a_batch_kind_from_all_tenants_run_in_one_call(
     ledger: Ledger, start_scheduler: Callable[..., Scheduler]
 ) -> None:
@@ -201,7 +182,7 @@ def test_ready_operations_of_a_batch_kind_from_all_tenants_run_in_one_call(
     scheduler.submit(_operation(ledger, "trainer", 1, log, blocked))
     wait_for(lambda: scheduler.stats().running)
     samples = [
-        _sample_operation(ledger, kind, lane, payload) for lane, payload in [("s1", "a"), ("s2", "bad"), ("s1", "c")]
+        sample_operation(ledger, kind, lane, payload) for lane, payload in [("s1", "a"), ("s2", "bad"), ("s1", "c")]
     ]
     for operation in samples:
         scheduler.submit(operation)
@@ -238,9 +219,9 @@ def test_a_tenant_with_a_deep_queue_gets_a_share_of_each_budgeted_batch_and_no_r
     gate = threading.Event()
     scheduler.submit(_operation(ledger, "trainer", 1, [], _held_until(gate)))
     wait_for(lambda: scheduler.stats().running)
-    operations = [_sample_operation(ledger, kind, "lane-a", f"a-{i}") for i in range(40)]
-    operations += [_sample_operation(ledger, kind, "lane-b", f"b-{i}") for i in range(4)]
-    operations += [_sample_operation(ledger, kind, "lane-c", "huge-0")]
+    operations = [sample_operation(ledger, kind, "lane-a", f"a-{i}") for i in range(40)]
+    operations += [sample_operation(ledger, kind, "lane-b", f"b-{i}") for i in range(4)]
+    operations += [sample_operation(ledger, kind, "lane-c", "huge-0")]
     for operation in operations:
         scheduler.submit(operation)
     gate.set()
@@ -266,16 +247,11 @@ def test_a_batch_runner_that_breaks_fails_its_operations_and_the_worker_goes_on(
 
     kind = BatchKind("sample", broken)
     scheduler = start_scheduler(kind)
-    sampled = _sample_operation(ledger, kind, "s1", "a")
-    scheduler.submit(sampled)
-    wait_for(lambda: ledger.get(sampled.request_id).finished)
-    record = ledger.get(sampled.request_id)
+    record = finished(scheduler, ledger, sample_operation(ledger, kind, "s1", "a"))
     assert record.state is FutureState.FAILED and record.error.startswith("internal error in sample")
     assert "/srv/secret/path" not in record.error
     log: list = []
-    after = _operation(ledger, "m1", 1, log)
-    scheduler.submit(after)
-    wait_for(lambda: ledger.get(after.request_id).finished)
+    finished(scheduler, ledger, _operation(ledger, "m1", 1, log))
     assert log == [("m1", 1)]
 
 
@@ -285,12 +261,12 @@ def test_an_operation_needs_work_or_a_registered_batch_kind_and_its_payload(
     kind = BatchKind("sample", lambda operations, pause: [])
     scheduler = start_scheduler()
     with pytest.raises(ValueError, match="needs either work or a batch kind"):
-        scheduler.submit(_sample_operation(ledger, kind, "s1", "a"))
+        scheduler.submit(sample_operation(ledger, kind, "s1", "a"))
     scheduler = start_scheduler(kind)
     # A kind of the same name that the scheduler was not given is not its own.
     with pytest.raises(ValueError, match="needs either work or a batch kind"):
-        scheduler.submit(_sample_operation(ledger, BatchKind("sample", lambda operations, pause: []), "s1", "a"))
-    without_payload = _sample_operation(ledger, kind, "s1", "a")
+        scheduler.submit(sample_operation(ledger, BatchKind("sample", lambda operations, pause: []), "s1", "a"))
+    without_payload = sample_operation(ledger, kind, "s1", "a")
     without_payload.payload = None
     with pytest.raises(ValueError, match="a batch kind with a runner and payload"):
         scheduler.submit(without_payload)
@@ -367,7 +343,7 @@ def test_a_long_batch_pauses_for_other_tenants_short_operations_but_not_for_othe
     kind = BatchKind("sample", long_generation)
     scheduler = start_scheduler(kind)
     busy_before = scheduler.stats().busy_seconds
-    scheduler.submit(_sample_operation(ledger, kind, "sampler", "long"))
+    scheduler.submit(sample_operation(ledger, kind, "sampler", "long"))
     started.wait(5)
     step = _operation(ledger, "trainer", 1, log)
     step.interleaves = True
@@ -414,11 +390,11 @@ def test_another_tenants_gathered_batch_nests_in_a_long_batchs_pause_but_the_sam
     scheduler = start_scheduler()
     kind = BatchKind("sample", generation, window_s=window_s, nests=True)
     scheduler.register(kind)
-    light = _sample_operation(ledger, kind, "light", "light")
-    heavy = _sample_operation(ledger, kind, "heavy", "heavy")
+    light = sample_operation(ledger, kind, "light", "light")
+    heavy = sample_operation(ledger, kind, "heavy", "heavy")
     scheduler.submit(heavy)
     assert heavy_started.wait(5)
-    more_of_heavy = _sample_operation(ledger, kind, "heavy", "heavy-2")
+    more_of_heavy = sample_operation(ledger, kind, "heavy", "heavy-2")
     for operation in (more_of_heavy, light):
         scheduler.submit(operation)
     proceed.set()
@@ -455,13 +431,11 @@ def test_a_batch_nested_in_a_pause_is_small_so_the_paused_batch_steps_between_ne
     budget = BatchBudget(lambda payload: 1.0 if payload == "heavy" else 0.1)
     kind = BatchKind("sample", generation, window_s=0.05, budget=budget, nests=True)
     scheduler.register(kind)
-    light = [_sample_operation(ledger, kind, "light", f"light-{i}") for i in range(6)]
-    heavy = _sample_operation(ledger, kind, "heavy", "heavy")
-    scheduler.submit(heavy)
-    wait_for(lambda: heavy.request_id in scheduler.stats().running)
+    light = [sample_operation(ledger, kind, "light", f"light-{i}") for i in range(6)]
+    heavy = running(scheduler, sample_operation(ledger, kind, "heavy", "heavy"))
     for operation in light:
         scheduler.submit(operation)
-    wait_for(lambda: all(ledger.get(op.request_id).finished for op in [heavy, *light]), timeout=20)
+    wait_for(lambda: all(ledger.get(op.request_id).finished for op in [heavy, *light]), timeout_s=20)
 
     nested = [entry for entry in log if isinstance(entry, list)]
     assert sorted(p for batch in nested for p in batch) == [f"light-{i}" for i in range(6)]
@@ -503,11 +477,9 @@ def test_a_running_batch_takes_in_another_tenants_gathered_operations_and_answer
     scheduler = start_scheduler()
     kind = BatchKind("sample", _stepping_generation(40, admitted), window_s=0.05, nests=True)
     scheduler.register(kind)
-    heavy = _sample_operation(ledger, kind, "heavy", "heavy")
-    scheduler.submit(heavy)
-    wait_for(lambda: heavy.request_id in scheduler.stats().running)
+    heavy = running(scheduler, sample_operation(ledger, kind, "heavy", "heavy"))
     more_of_heavy, light, light_2 = (
-        _sample_operation(ledger, kind, lane, payload)
+        sample_operation(ledger, kind, lane, payload)
         for lane, payload in (("heavy", "heavy-2"), ("light", "light"), ("light", "light-2"))
     )
     for operation in (more_of_heavy, light, light_2):
@@ -531,12 +503,9 @@ def test_what_a_running_batch_does_not_take_in_runs_nested_in_its_pause(
     scheduler = start_scheduler()
     kind = BatchKind("sample", _stepping_generation(40, admitted, refuse="scored"), window_s=0.05, nests=True)
     scheduler.register(kind)
-    heavy = _sample_operation(ledger, kind, "heavy", "heavy")
-    scheduler.submit(heavy)
-    wait_for(lambda: heavy.request_id in scheduler.stats().running)
-    scored = _sample_operation(ledger, kind, "light", "scored")
-    scheduler.submit(scored)
-    wait_for(lambda: ledger.get(scored.request_id).finished)
+    heavy = running(scheduler, sample_operation(ledger, kind, "heavy", "heavy"))
+    scored = sample_operation(ledger, kind, "light", "scored")
+    finished(scheduler, ledger, scored)
 
     assert all("scored" not in taken for taken in admitted)
     assert not ledger.get(heavy.request_id).finished, "it ran in the heavy batch's pause, not after it"
@@ -552,11 +521,9 @@ def test_a_run_flooding_through_two_sessions_holds_one_runs_share_of_a_running_b
     budget = BatchBudget(lambda payload: 1.0 if payload == "heavy" else 0.25)
     kind = BatchKind("sample", _stepping_generation(40, admitted), window_s=0.05, budget=budget, nests=True)
     scheduler.register(kind)
-    heavy = _sample_operation(ledger, kind, "heavy", "heavy", run="heavy-run")
-    scheduler.submit(heavy)
-    wait_for(lambda: heavy.request_id in scheduler.stats().running)
-    flood = [_sample_operation(ledger, kind, f"flood-session-{i % 2}", f"flood-{i}", run="flood-run") for i in range(4)]
-    other = [_sample_operation(ledger, kind, "other-session", f"other-{i}", run="other-run") for i in range(2)]
+    running(scheduler, sample_operation(ledger, kind, "heavy", "heavy", run="heavy-run"))
+    flood = [sample_operation(ledger, kind, f"flood-session-{i % 2}", f"flood-{i}", run="flood-run") for i in range(4)]
+    other = [sample_operation(ledger, kind, "other-session", f"other-{i}", run="other-run") for i in range(2)]
     for operation in [*flood, *other]:
         scheduler.submit(operation)
     wait_for(lambda: any(admitted))
@@ -584,18 +551,13 @@ def test_a_request_the_running_batch_refuses_is_not_held_behind_a_run_that_keeps
         nests=True,
     )
     scheduler.register(kind)
-    heavy = _sample_operation(ledger, kind, "heavy", "heavy-0", run="heavy-run")
-    scheduler.submit(heavy)
-    wait_for(lambda: heavy.request_id in scheduler.stats().running)
-    light = [
-        _sample_operation(ledger, kind, f"light-session-{i % 2}", f"light-{i}", run="light-run") for i in range(60)
-    ]
+    heavy = running(scheduler, sample_operation(ledger, kind, "heavy", "heavy-0", run="heavy-run"))
+    light = [sample_operation(ledger, kind, f"light-session-{i % 2}", f"light-{i}", run="light-run") for i in range(60)]
     for operation in light:
         scheduler.submit(operation)
     wait_for(lambda: any(admitted))
-    scored = _sample_operation(ledger, kind, "scored-session", "scored-0", run="scored-run")
-    scheduler.submit(scored)
-    wait_for(lambda: ledger.get(scored.request_id).finished, timeout=20)
+    scored = sample_operation(ledger, kind, "scored-session", "scored-0", run="scored-run")
+    finished(scheduler, ledger, scored, timeout_s=20)
 
     assert not ledger.get(heavy.request_id).finished, "it ran in the batch's pause, not after it"
 
@@ -611,12 +573,12 @@ def test_a_tenant_joins_past_the_budget_only_up_to_its_even_share(
     scheduler.register(kind)
     gate = threading.Event()
     scheduler.submit(_operation(ledger, "holder", 1, [], _held_until(gate)))
-    heavy = [_sample_operation(ledger, kind, "heavy", f"heavy-{i}") for i in range(4)]
+    heavy = [sample_operation(ledger, kind, "heavy", f"heavy-{i}") for i in range(4)]
     for operation in heavy:
         scheduler.submit(operation)
     gate.set()
     wait_for(lambda: heavy[0].request_id in scheduler.stats().running)
-    light = [_sample_operation(ledger, kind, "light", f"light-{i}") for i in range(4)]
+    light = [sample_operation(ledger, kind, "light", f"light-{i}") for i in range(4)]
     for operation in light:
         scheduler.submit(operation)
     wait_for(lambda: any(admitted))
@@ -635,10 +597,8 @@ def test_a_joined_operation_counts_the_device_time_from_when_it_joined(
     scheduler.on_device_time(lambda operation, share: seconds.__setitem__(operation.payload, share))
     kind = BatchKind("sample", _stepping_generation(40, admitted), window_s=0.05, nests=True)
     scheduler.register(kind)
-    heavy = _sample_operation(ledger, kind, "heavy", "heavy")
-    scheduler.submit(heavy)
-    wait_for(lambda: heavy.request_id in scheduler.stats().running)
-    scheduler.submit(_sample_operation(ledger, kind, "light", "light"))
+    heavy = running(scheduler, sample_operation(ledger, kind, "heavy", "heavy"))
+    scheduler.submit(sample_operation(ledger, kind, "light", "light"))
     wait_for(lambda: ledger.get(heavy.request_id).finished)
 
     # The light request shared two of about forty steps of 20 ms, half each: a small part of the call's time, all of
@@ -680,9 +640,8 @@ def test_a_long_batch_yields_at_most_its_share_of_the_device_to_other_tenants(
 
     kind = BatchKind("sample", long_generation)
     scheduler = start_scheduler(kind)
-    generation = _sample_operation(ledger, kind, "sampler", "long")
-    scheduler.submit(generation)
-    wait_for(lambda: ledger.get(generation.request_id).finished)
+    generation = sample_operation(ledger, kind, "sampler", "long")
+    finished(scheduler, ledger, generation)
 
     assert set(spans) == {1, 2}, "both steps run inside the generation"
     # The second step was ready at once (the next pause comes 5 ms later), but may start only once the generation's
@@ -729,9 +688,8 @@ def test_a_long_batch_yields_its_share_of_recent_time_not_of_its_whole_life(
 
     kind = BatchKind("sample", long_generation)
     scheduler = start_scheduler(kind)
-    generation = _sample_operation(ledger, kind, "sampler", "long")
-    scheduler.submit(generation)
-    wait_for(lambda: ledger.get(generation.request_id).finished, timeout=40)
+    generation = sample_operation(ledger, kind, "sampler", "long")
+    finished(scheduler, ledger, generation, timeout_s=40)
 
     assert len(spans) == len(steps), "all the steps ran inside the generation"
     # While the steps had work queued, the generation's own share of the time: over its life (1.5 s alone, which
@@ -760,7 +718,7 @@ def test_a_batch_kind_that_does_not_nest_waits_for_the_long_batch(
 
     kind = BatchKind("sample", generation)
     scheduler = start_scheduler(kind)
-    heavy, light = _sample_operation(ledger, kind, "heavy", "heavy"), _sample_operation(ledger, kind, "light", "light")
+    heavy, light = sample_operation(ledger, kind, "heavy", "heavy"), sample_operation(ledger, kind, "light", "light")
     scheduler.submit(heavy)
     assert started.wait(5)
     scheduler.submit(light)
@@ -800,7 +758,7 @@ def test_requests_of_a_batch_kind_sent_moments_apart_gather_into_one_batch(
     # A wide window against a short gap, so that a slow machine cannot make the gap outlast the window.
     kind = BatchKind("sample", run_samples, window_s=0.5)
     scheduler = start_scheduler(kind)
-    samples = [_sample_operation(ledger, kind, "s1", payload) for payload in "abc"]
+    samples = [sample_operation(ledger, kind, "s1", payload) for payload in "abc"]
     for operation in samples:
         scheduler.submit(operation)
         time.sleep(0.02)
@@ -823,7 +781,7 @@ def test_without_a_window_the_first_request_runs_at_once(
 
     kind = BatchKind("sample", run_samples)
     scheduler = start_scheduler(kind)
-    samples = [_sample_operation(ledger, kind, "s1", payload) for payload in "abc"]
+    samples = [sample_operation(ledger, kind, "s1", payload) for payload in "abc"]
     scheduler.submit(samples[0])
     assert first_started.wait(5)
     for operation in samples[1:]:

@@ -11,8 +11,6 @@ import math
 import os
 import re
 import socket
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +19,7 @@ import pytest
 import tinker
 from prometheus_client.parser import text_string_to_metric_families
 from support.backends import TINY, tiny_server_config
+from support.commands import run_command
 from support.trainer import RawApi, assert_still_serves, error_of, next_token_datum, request_id_of
 from tinker import types
 
@@ -330,13 +329,7 @@ def test_metrics_report_queue_operations_busy_time_and_tokens(
 def test_the_command_line_explains_serve() -> None:
     # Wide enough that rich does not cut the longest flag's name.
     wide = {**os.environ, "COLUMNS": "200"}
-    result = subprocess.run(
-        [sys.executable, "-m", "trainer_backend", "serve", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=wide,
-    )
+    result = run_command("trainer_backend", "serve", "--help", timeout_s=60, env=wide)
     assert result.returncode == 0, result.stderr
     # Every config field is a flag (derived from the config, so none is forgotten), its help the field's own.
     help_text = " ".join(result.stdout.replace("│", " ").split())
@@ -351,11 +344,8 @@ def test_the_command_line_explains_serve() -> None:
     ("key", "problem"), [("x", "does not start with 'tml-'"), ("tml-short", "is too short: at least 8 characters")]
 )
 def test_the_server_refuses_a_key_the_sdk_cannot_send_or_anyone_could_guess(key: str, problem: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "trainer_backend", "serve", "--api-key", "tml-a-long-enough-key", "--api-key", key],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    result = run_command(
+        "trainer_backend", "serve", "--api-key", "tml-a-long-enough-key", "--api-key", key, timeout_s=60
     )
     assert result.returncode == 1
     assert f"API key #2 {problem}" in result.stderr and key not in result.stderr.replace(problem, "")
@@ -382,12 +372,9 @@ def test_a_server_without_keys_will_not_start_off_loopback(tmp_path: Path) -> No
 def test_a_port_in_use_is_refused_at_once_before_the_model_loads(tmp_path: Path) -> None:
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
-        result = subprocess.run(
-            [sys.executable, "-m", "trainer_backend", "serve", "--base-model", "no-such-model", "--port", str(port),
-             "--storage-root", str(tmp_path)],
-            capture_output=True,
-            text=True,
-            timeout=60,
+        result = run_command(
+            "trainer_backend", "serve", "--base-model", "no-such-model", "--port", str(port),
+            "--storage-root", str(tmp_path), timeout_s=60,
         )  # fmt: skip
     assert result.returncode == 1
     # The port is named, not the model: the model was never looked up.

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from fastapi import FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from google.protobuf.message import DecodeError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 from tinker.proto import tinker_public_pb2 as pb
 
@@ -61,6 +62,22 @@ def future_response(submitted: Submitted) -> dict:
         model_id=submitted.model_id,
         sample_sequence_ids=submitted.sample_sequence_ids,
     ).model_dump(mode="json", exclude_none=True)
+
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+async def queue_request(
+    request: Request,
+    who: str,
+    key: str | None,
+    schema: type[Body],
+    submit: Callable[[str, Body, bytes, str | None], Submitted],
+) -> dict:
+    """A queued call's route: parse the body as `schema`, hand it to `submit` with the raw bytes (which the
+    idempotency check hashes) and answer with its future."""
+    raw = await request.body()
+    return future_response(submit(who, parse(schema, raw), raw, key))
 
 
 def error_response(request: Request, message: str, category: str, status_code: int) -> JSONResponse:
@@ -165,8 +182,7 @@ def create_app(service: TrainingService, policy: KeyPolicy, long_poll_s: float =
 
     @app.post(f"{api}/create_model")
     async def create_model(request: Request, who: Owner, key: IdempotencyKey = None) -> dict:
-        raw = await request.body()
-        return future_response(service.create_model(who, parse(schemas.CreateModelRequest, raw), raw, key))
+        return await queue_request(request, who, key, schemas.CreateModelRequest, service.create_model)
 
     @app.post(f"{api}/get_info")
     async def get_info(request: Request, who: Owner) -> dict:
@@ -197,24 +213,21 @@ def create_app(service: TrainingService, policy: KeyPolicy, long_poll_s: float =
 
     @app.post(f"{api}/optim_step")
     async def optim_step(request: Request, who: Owner, key: IdempotencyKey = None) -> dict:
-        raw = await request.body()
-        return future_response(service.optim_step(who, parse(schemas.OptimStepRequest, raw), raw, key))
+        return await queue_request(request, who, key, schemas.OptimStepRequest, service.optim_step)
 
     @app.post(f"{api}/save_weights")
     async def save_weights(request: Request, who: Owner, key: IdempotencyKey = None) -> dict:
-        raw = await request.body()
-        return future_response(service.save_weights(who, parse(schemas.SaveWeightsRequest, raw), raw, key))
+        return await queue_request(request, who, key, schemas.SaveWeightsRequest, service.save_weights)
 
     @app.post(f"{api}/save_weights_for_sampler")
     async def save_weights_for_sampler(request: Request, who: Owner, key: IdempotencyKey = None) -> dict:
-        raw = await request.body()
-        body = parse(schemas.SaveWeightsForSamplerRequest, raw)
-        return future_response(service.save_weights_for_sampler(who, body, raw, key))
+        return await queue_request(
+            request, who, key, schemas.SaveWeightsForSamplerRequest, service.save_weights_for_sampler
+        )
 
     @app.post(f"{api}/load_weights")
     async def load_weights(request: Request, who: Owner, key: IdempotencyKey = None) -> dict:
-        raw = await request.body()
-        return future_response(service.load_weights(who, parse(schemas.LoadWeightsRequest, raw), raw, key))
+        return await queue_request(request, who, key, schemas.LoadWeightsRequest, service.load_weights)
 
     # --- sampling ---------------------------------------------------------------------------------------
 
@@ -229,8 +242,7 @@ def create_app(service: TrainingService, policy: KeyPolicy, long_poll_s: float =
 
     @app.post(f"{api}/asample")
     async def asample(request: Request, who: Owner, key: IdempotencyKey = None) -> dict:
-        raw = await request.body()
-        return future_response(service.sample(who, parse(schemas.SampleRequest, raw), raw, key))
+        return await queue_request(request, who, key, schemas.SampleRequest, service.sample)
 
     # --- futures ----------------------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -35,10 +35,9 @@ class ServiceCollector(Collector):
         queued = GaugeMetricFamily("trainer_queue_depth", "Operations waiting for the device", labels=["lane"])
         queued.add_metric(["all"], stats.queued)
         yield queued
-        operations = CounterMetricFamily("trainer_operations", "Device operations finished", labels=["kind"])
-        for kind, count in sorted(stats.operations_by_kind.items()):
-            operations.add_metric([kind], count)
-        yield operations
+        yield _by_label(
+            CounterMetricFamily, "trainer_operations", "Device operations finished", "kind", stats.operations_by_kind
+        )
         yield CounterMetricFamily(
             "trainer_device_busy_seconds", "Seconds the device spent running operations", value=stats.busy_seconds
         )
@@ -64,10 +63,7 @@ class ServiceCollector(Collector):
         adapters.add_metric(["loaded"], state.adapters.loaded)
         adapters.add_metric(["spilled"], state.adapters.spilled)
         yield adapters
-        tokens = CounterMetricFamily("trainer_tokens", "Tokens processed", labels=["phase"])
-        for phase, count in sorted(state.tokens_by_phase.items()):
-            tokens.add_metric([phase], count)
-        yield tokens
+        yield _by_label(CounterMetricFamily, "trainer_tokens", "Tokens processed", "phase", state.tokens_by_phase)
         sampler = state.sampler
         if sampler is not None:
             yield GaugeMetricFamily("trainer_vllm_in_flight", "Sampling requests in vLLM now", value=sampler.in_flight)
@@ -78,14 +74,13 @@ class ServiceCollector(Collector):
                 "trainer_vllm_busy_seconds", "Summed time requests spent in vLLM", value=sampler.busy_seconds
             )
             yield CounterMetricFamily("trainer_vllm_restarts", "Times vLLM was started again", value=sampler.restarts)
-            builtin = CounterMetricFamily(
+            yield _by_label(
+                CounterMetricFamily,
                 "trainer_vllm_builtin_requests",
                 "Sampling requests the built-in engine served because vLLM cannot serve them exactly",
-                labels=["reason"],
+                "reason",
+                sampler.builtin_requests,
             )
-            for reason, count in sorted(sampler.builtin_requests.items()):
-                builtin.add_metric([reason], count)
-            yield builtin
         yield from _weight_check_metrics(state)
         futures = GaugeMetricFamily("trainer_futures", "Futures in the ledger by state", labels=["state"])
         for future_state, count in sorted(state.futures_by_state.items()):
@@ -142,13 +137,13 @@ class ServiceCollector(Collector):
 def _weight_check_metrics(state: ServerState) -> Iterator[Metric]:
     """Loads of sampler weights shown applied, refused (by reason), and the time the checks took, by engine."""
     counts = state.weight_checks
-    passed = CounterMetricFamily(
+    yield _by_label(
+        CounterMetricFamily,
         "trainer_sampler_weights_checked",
         "Loads of sampler weights shown to be the saved ones, applied",
-        labels=["engine"],
+        "engine",
+        counts.passed,
     )
-    for engine, count in sorted(counts.passed.items()):
-        passed.add_metric([engine], count)
     refused = CounterMetricFamily(
         "trainer_sampler_weights_refused",
         "Loads of sampler weights refused, by reason (Refusal in trainer_backend/engine/weights_proof.py)",
@@ -156,11 +151,25 @@ def _weight_check_metrics(state: ServerState) -> Iterator[Metric]:
     )
     for (engine, reason), count in sorted(counts.refused.items()):
         refused.add_metric([engine, reason], count)
-    seconds = CounterMetricFamily(
+    yield refused
+    yield _by_label(
+        CounterMetricFamily,
         "trainer_sampler_weights_check_seconds",
         "Seconds spent checking loads of sampler weights",
-        labels=["engine"],
+        "engine",
+        counts.seconds,
     )
-    for engine, total in sorted(counts.seconds.items()):
-        seconds.add_metric([engine], total)
-    yield from (passed, refused, seconds)
+
+
+def _by_label(
+    family: type[CounterMetricFamily | GaugeMetricFamily],
+    name: str,
+    documentation: str,
+    label: str,
+    values: Mapping[str, float],
+) -> Metric:
+    """A metric with one series for each value of its one label, in the label's order."""
+    metric = family(name, documentation, labels=[label])
+    for label_value, value in sorted(values.items()):
+        metric.add_metric([label_value], value)
+    return metric

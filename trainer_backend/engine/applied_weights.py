@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
@@ -18,23 +19,17 @@ from trainer_backend.engine.weights_proof import AdapterProof, ProbeAnswer, Weig
 ENGINE = "builtin"
 
 
+@dataclass(eq=False)
 class AppliedWeights:
     """Proves saved adapters and checks loaded sampler weights on the engine's model; the device's worker calls it."""
 
-    def __init__(
-        self,
-        adapters: AdapterPool,
-        probe: tuple[int, ...],
-        decode: Callable[[Sequence[int]], str],
-        max_context_length: int,
-        checks: WeightChecks,
-    ) -> None:
-        self.adapters = adapters
-        self.probe = probe
-        self.decode = decode
-        self.max_context_length = max_context_length
-        self.checks = checks
-        self._base: dict[tuple[int, ...], tuple[float, ...]] = {}
+    adapters: AdapterPool
+    probe: tuple[int, ...]
+    decode: Callable[[Sequence[int]], str]
+    max_context_length: int
+    checks: WeightChecks
+    # The base model's answers by prompt, computed once: the base model never changes.
+    _base: dict[tuple[int, ...], tuple[float, ...]] = field(default_factory=dict, init=False, repr=False)
 
     def prove(self, name: str, saved: SavedWeights) -> AdapterProof:
         """The proof of adapter `name`, just saved: its hash, and the probe's answers through it and without it."""

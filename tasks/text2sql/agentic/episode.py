@@ -52,18 +52,16 @@ class Turn:
     status: ExecutionStatus | None = None
 
 
+@dataclass(eq=False)
 class Episode:
     """The state of one episode; `step` takes the policy's next turn and returns what it reads next."""
 
-    def __init__(
-        self, example: Example, db_path: Path, sandbox: QueryRunner, limits: EpisodeLimits, chat: bool = False
-    ) -> None:
-        self.example = example
-        self.db_path = db_path
-        self.sandbox = sandbox
-        self.limits = limits
-        self.chat = chat
-        self.turns: list[Turn] = []
+    example: Example
+    db_path: Path
+    sandbox: QueryRunner
+    limits: EpisodeLimits
+    chat: bool = False
+    turns: list[Turn] = field(default_factory=list, init=False)
 
     @property
     def done(self) -> bool:

@@ -14,6 +14,7 @@ import duckdb
 import sqlglot
 from sqlglot import exp
 
+from tasks.closeable import Closeable
 from tasks.text2sql.dataset import Example, Text2SqlDataset
 from tasks.text2sql.prompts import ParsedCompletion, parse_completion
 from tasks.text2sql.reward.reward_code_inputs import code_inputs
@@ -103,7 +104,7 @@ class _ResultCache:
                 self.entries.popitem(last=False)
 
 
-class Scorer:
+class Scorer(Closeable):
     """Scores completions for a data set's examples; gold results are computed once and kept."""
 
     def __init__(
@@ -121,12 +122,6 @@ class Scorer:
 
     def close(self) -> None:
         self.sandbox.close()
-
-    def __enter__(self) -> Scorer:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
 
     def gold_results(self, example: Example) -> tuple[ExecutionResult, ...]:
         """The gold query's result on the primary database and each variant."""

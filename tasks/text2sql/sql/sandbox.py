@@ -34,11 +34,11 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
-from types import TracebackType
 from typing import Protocol
 
 import duckdb
 
+from tasks.closeable import Closeable
 from tasks.text2sql.errors import SandboxError
 from tasks.text2sql.sql.screening import RefusedSqlError, screen
 from tasks.text2sql.sql.screening import is_utf8 as is_utf8  # re-exported: scoring.py imports it from here
@@ -180,7 +180,7 @@ class _Watchdog:
                 self._wake.wait(self._deadlines[0].at - now if self._deadlines else None)
 
 
-class SqlSandbox:
+class SqlSandbox(Closeable):
     """Executes one untrusted read-only query at a time per thread, from any number of threads.
 
     Each (thread, database) pair keeps its own read-only connection, so repeated queries are cheap.
@@ -239,17 +239,6 @@ class SqlSandbox:
             slots, self._slots = list(self._slots.values()), {}
         for slot in slots:
             slot.connection.close()
-
-    def __enter__(self) -> SqlSandbox:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def _slot(self, db_path: Path) -> _Slot:
         if self._closed:

@@ -29,8 +29,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 
+from tasks.closeable import Closeable
 from tasks.pipe_worker import LiveWorkers, ParentPipes, PipeWorker, WorkerGoneError
 from tasks.text2sql.errors import SandboxError
 from tasks.text2sql.sql.sandbox import ExecutionResult, ExecutionStatus, SandboxLimits, SqlSandbox
@@ -91,7 +91,7 @@ class _Worker(PipeWorker):
         return answers, True
 
 
-class IsolatedSandbox:
+class IsolatedSandbox(Closeable):
     """`SqlSandbox`'s `execute`, and `execute_many` for a batch, run in worker processes with an address-space cap;
     safe from any number of threads.
 
@@ -177,14 +177,6 @@ class IsolatedSandbox:
         """Stop every worker; later calls to execute raise SandboxError."""
         self._closed = True
         self._live.kill_all()
-
-    def __enter__(self) -> IsolatedSandbox:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 def _checked(result: ExecutionResult) -> ExecutionResult:
