@@ -7,7 +7,8 @@ Each configuration runs in a process of its own (the sharded one leads followers
 does), loads the model in the dtype `serve` picks, makes a rank-16 adapter and times, after one untimed run of each:
 forward_backward of 8 prompts × 4 completions (256 + 32 tokens, seeded random ids, importance-sampling loss), the
 optimizer step, and sampling 8 prompts × 4 completions of 32 tokens (temperature 1, seeded). Prints the decoder
-layers' resident bytes per process, each pass's median, and the leader's peak resident memory.
+layers' resident bytes per process, each pass's median, and each process's peak resident memory: once the model is
+loaded (after a one-token generation, whose gathers every process has made once it returns) and at the end.
 
 Every process of a group computes the whole batch (the shards save memory, not time, docs/sharding.md), and on a CPU
 the processes share its cores, so a group is not expected to be faster here; on a GPU node each process has a GPU of
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
+import re
 import statistics
 import subprocess
 import sys
@@ -28,6 +29,12 @@ from pathlib import Path
 
 PROMPTS, GROUP, PROMPT_TOKENS, COMPLETION_TOKENS = 8, 4, 256, 32
 TIMED_RUNS = 2
+
+
+def _peak_gib(pid: int | str = "self") -> float:
+    """The peak resident memory (VmHWM) of process `pid` so far, in GiB; Linux only."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 2**20
 
 
 def _worker(model: str, shards: int, device: str) -> dict:
@@ -53,6 +60,7 @@ def _worker(model: str, shards: int, device: str) -> dict:
     scratch = Path(tempfile.mkdtemp(prefix="sharded-bench-"))
     cache = default_cache_root()
     resolved = resolve_base_model(model, cache)  # converted once, before any follower looks for it
+    processes: list[int | str] = ["self"]
     if shards == 1:
         target = torch.device(device)
         loaded = load_base_model(resolved, target, select_dtype("auto", target))
@@ -62,10 +70,13 @@ def _worker(model: str, shards: int, device: str) -> dict:
         settings = EngineSettings(model, cache, device, "auto", ACTIVATION_BUDGET_BYTES, scratch / "spill")
         place = ShardPlace(0, shards, port=free_port())
         followers = start_followers(place, settings.arguments())
+        processes += [process.pid for process in followers.processes]
         group, local = sharded_engine(settings, place)
         engine = LeaderEngine(local, group, followers)
         layers = decoder_layers(local.loaded.model)
     layer_bytes = resident_weight_bytes(layers)
+    engine.sample_batch([SamplingRequest((10, 11), 1, 1, seed=0)])
+    loaded_peaks = [_peak_gib(pid) for pid in processes]
     engine.create_adapter("bench", LoraSettings(rank=16))
     generator = torch.Generator().manual_seed(0)
     vocab = min(engine.loaded.vocab_size, 20_000)
@@ -97,7 +108,8 @@ def _worker(model: str, shards: int, device: str) -> dict:
         "optim_step_s": timed(lambda: engine.optim_step("bench", AdamSettings())),
         "sampling_s": timed(lambda: engine.sample_batch(requests)),
         "layer_bytes": layer_bytes,
-        "peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "loaded_peak_gib": loaded_peaks,
+        "peak_gib": [_peak_gib(pid) for pid in processes],
     }
     engine.close()
     return measured
@@ -132,7 +144,8 @@ def main() -> None:
         "forward_backward s",
         "optim_step s",
         "sampling s",
-        "leader peak GiB",
+        "peak GiB once loaded (each process)",
+        "peak GiB (each process)",
     ):
         table.add_column(column, justify="right")
     for shards, run in runs.items():
@@ -142,7 +155,8 @@ def main() -> None:
             f"{statistics.median(run['forward_backward_s']):.2f}",
             f"{statistics.median(run['optim_step_s']):.3f}",
             f"{statistics.median(run['sampling_s']):.2f}",
-            f"{run['peak_gib']:.2f}",
+            " / ".join(f"{peak:.2f}" for peak in run["loaded_peak_gib"]),
+            " / ".join(f"{peak:.2f}" for peak in run["peak_gib"]),
         )
     console.print(table)
     console.print(
