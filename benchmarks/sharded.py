@@ -7,12 +7,14 @@ Each configuration runs in a process of its own (the sharded one leads followers
 does), loads the model in the dtype `serve` picks, makes a rank-16 adapter and times, after one untimed run of each:
 forward_backward of 8 prompts × 4 completions (256 + 32 tokens, seeded random ids, importance-sampling loss), the
 optimizer step, and sampling 8 prompts × 4 completions of 32 tokens (temperature 1, seeded). Prints the decoder
-layers' resident bytes per process, each pass's median, and each process's peak resident memory: once the model is
-loaded (after a one-token generation, whose gathers every process has made once it returns) and at the end.
+layers' resident bytes per process, each pass's median (and the leading process's CPU time in it, which says what it
+computed where other jobs share the CPU), and each process's peak resident memory: once the model is loaded (after a
+one-token generation, whose gathers every process has made once it returns) and at the end.
 
-Every process of a group computes the whole batch (the shards save memory, not time, docs/sharding.md), and on a CPU
-the processes share its cores, so a group is not expected to be faster here; on a GPU node each process has a GPU of
-its own and what the group adds is the gathers of each layer's weights.
+Each process of a group computes its share of a forward_backward's datums, and every process the whole of a
+generation (docs/sharding.md). On a CPU the processes share its cores and gather each layer's weights over gloo, so a
+group is not expected to be faster here; on a GPU node each process has a GPU of its own and what the group adds is
+the gathers of each layer's weights.
 """
 
 from __future__ import annotations
@@ -95,18 +97,24 @@ def _worker(model: str, shards: int, device: str) -> dict:
         for i, p in enumerate(prompts)
     ]
 
-    def timed(run: object) -> list[float]:
-        times = []
+    def timed(run: object) -> tuple[list[float], list[float]]:
+        """The wall time of each timed run, and this process's CPU time in it (all its threads)."""
+        times, cpu_times = [], []
         for _ in range(TIMED_RUNS + 1):
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             run()
             times.append(time.perf_counter() - started)
-        return times[1:]
+            cpu_times.append(time.process_time() - cpu_started)
+        return times[1:], cpu_times[1:]
 
+    forward_backward_s, forward_backward_cpu_s = timed(lambda: engine.forward_backward_batch([call]))
+    sampling_s, sampling_cpu_s = timed(lambda: engine.sample_batch(requests))
     measured = {
-        "forward_backward_s": timed(lambda: engine.forward_backward_batch([call])),
-        "optim_step_s": timed(lambda: engine.optim_step("bench", AdamSettings())),
-        "sampling_s": timed(lambda: engine.sample_batch(requests)),
+        "forward_backward_s": forward_backward_s,
+        "forward_backward_cpu_s": forward_backward_cpu_s,
+        "optim_step_s": timed(lambda: engine.optim_step("bench", AdamSettings()))[0],
+        "sampling_s": sampling_s,
+        "sampling_cpu_s": sampling_cpu_s,
         "layer_bytes": layer_bytes,
         "loaded_peak_gib": loaded_peaks,
         "peak_gib": [_peak_gib(pid) for pid in processes],
@@ -144,6 +152,7 @@ def main() -> None:
         "forward_backward s",
         "optim_step s",
         "sampling s",
+        "leader's CPU s: forward_backward / sampling",
         "peak GiB once loaded (each process)",
         "peak GiB (each process)",
     ):
@@ -155,6 +164,7 @@ def main() -> None:
             f"{statistics.median(run['forward_backward_s']):.2f}",
             f"{statistics.median(run['optim_step_s']):.3f}",
             f"{statistics.median(run['sampling_s']):.2f}",
+            f"{statistics.median(run['forward_backward_cpu_s']):.1f} / {statistics.median(run['sampling_cpu_s']):.1f}",
             " / ".join(f"{peak:.2f}" for peak in run["loaded_peak_gib"]),
             " / ".join(f"{peak:.2f}" for peak in run["peak_gib"]),
         )

@@ -5,6 +5,7 @@ the same settings."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,8 +13,10 @@ import torch
 import torch.distributed as dist
 
 from trainer_backend.engine.model_engine import ModelEngine
+from trainer_backend.engine.training_pass import TrainingPass
 from trainer_backend.models.loading import LoadedModel, select_dtype
 from trainer_backend.models.registry import resolve_base_model
+from trainer_backend.sharding.data_parallel import DataParallelPass
 from trainer_backend.sharding.group import ShardGroup, ShardPlace, shard_device
 from trainer_backend.sharding.weights import load_sharded_model
 
@@ -30,13 +33,20 @@ class EngineSettings:
     spill_root: Path
     max_loaded_adapters: int | None = None
 
-    def engine(self, loaded: LoadedModel, spill_root: Path | None = None) -> ModelEngine:
-        """The engine over `loaded` with these limits, spilling adapters to `spill_root` (default: `spill_root`)."""
+    def engine(
+        self,
+        loaded: LoadedModel,
+        spill_root: Path | None = None,
+        training_pass: Callable[..., TrainingPass] = TrainingPass,
+    ) -> ModelEngine:
+        """The engine over `loaded` with these limits, spilling adapters to `spill_root` (default: `spill_root`),
+        its forward/backward run by what `training_pass` makes."""
         return ModelEngine(
             loaded,
             activation_budget=self.activation_budget,
             spill_root=spill_root or self.spill_root,
             max_loaded_adapters=self.max_loaded_adapters,
+            training_pass=training_pass,
         )
 
     def arguments(self) -> list[str]:
@@ -81,4 +91,4 @@ def sharded_engine(settings: EngineSettings, place: ShardPlace) -> tuple[ShardGr
     resolved = resolved or resolve_base_model(settings.base_model, settings.model_cache)
     loaded = load_sharded_model(resolved, device, select_dtype(settings.dtype, device), place, group.mesh)
     spill_root = settings.spill_root if place.leads else settings.spill_root / f"shard-{place.rank}"
-    return group, settings.engine(loaded, spill_root)
+    return group, settings.engine(loaded, spill_root, DataParallelPass)
