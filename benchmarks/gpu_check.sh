@@ -38,6 +38,7 @@ python -m benchmarks.trial_pair --model google/gemma-3-270m --steps 6 --eval-int
 GPUS=$(python -c "import torch; print(torch.cuda.device_count())")
 if [ "$GPUS" -ge 2 ]; then
   python -m pytest -q tests/trainer_backend/test_sharded_engine.py tests/trainer_backend/test_sharded_server.py \
+    tests/trainer_backend/test_sharded_loading.py \
     | tee "$OUT/sharded_tests.txt"  # the parity tests, on CPU processes over gloo
   python -m benchmarks.sharded --model Qwen/Qwen2.5-Coder-0.5B-Instruct --shards "$GPUS" --device cuda \
     | tee "$OUT/sharded.txt"

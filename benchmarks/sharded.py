@@ -7,18 +7,21 @@ Each configuration runs in a process of its own (the sharded one leads followers
 does), loads the model in the dtype `serve` picks, makes a rank-16 adapter and times, after one untimed run of each:
 forward_backward of 8 prompts × 4 completions (256 + 32 tokens, seeded random ids, importance-sampling loss), the
 optimizer step, and sampling 8 prompts × 4 completions of 32 tokens (temperature 1, seeded). Prints the decoder
-layers' resident bytes per process, each pass's median, and the leader's peak resident memory.
+layers' resident bytes per process, each pass's median (and the leading process's CPU time in it, which says what it
+computed where other jobs share the CPU), and each process's peak resident memory: once the model is loaded (after a
+one-token generation, whose gathers every process has made once it returns) and at the end.
 
-Every process of a group computes the whole batch (the shards save memory, not time, docs/sharding.md), and on a CPU
-the processes share its cores, so a group is not expected to be faster here; on a GPU node each process has a GPU of
-its own and what the group adds is the gathers of each layer's weights.
+Each process of a group computes its share of a forward_backward's datums, and every process the whole of a
+generation (docs/sharding.md). On a CPU the processes share its cores and gather each layer's weights over gloo, so a
+group is not expected to be faster here; on a GPU node each process has a GPU of its own and what the group adds is
+the gathers of each layer's weights.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
+import re
 import statistics
 import subprocess
 import sys
@@ -28,6 +31,12 @@ from pathlib import Path
 
 PROMPTS, GROUP, PROMPT_TOKENS, COMPLETION_TOKENS = 8, 4, 256, 32
 TIMED_RUNS = 2
+
+
+def _peak_gib(pid: int | str = "self") -> float:
+    """The peak resident memory (VmHWM) of process `pid` so far, in GiB; Linux only."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 2**20
 
 
 def _worker(model: str, shards: int, device: str) -> dict:
@@ -53,6 +62,7 @@ def _worker(model: str, shards: int, device: str) -> dict:
     scratch = Path(tempfile.mkdtemp(prefix="sharded-bench-"))
     cache = default_cache_root()
     resolved = resolve_base_model(model, cache)  # converted once, before any follower looks for it
+    processes: list[int | str] = ["self"]
     if shards == 1:
         target = torch.device(device)
         loaded = load_base_model(resolved, target, select_dtype("auto", target))
@@ -62,10 +72,13 @@ def _worker(model: str, shards: int, device: str) -> dict:
         settings = EngineSettings(model, cache, device, "auto", ACTIVATION_BUDGET_BYTES, scratch / "spill")
         place = ShardPlace(0, shards, port=free_port())
         followers = start_followers(place, settings.arguments())
+        processes += [process.pid for process in followers.processes]
         group, local = sharded_engine(settings, place)
         engine = LeaderEngine(local, group, followers)
         layers = decoder_layers(local.loaded.model)
     layer_bytes = resident_weight_bytes(layers)
+    engine.sample_batch([SamplingRequest((10, 11), 1, 1, seed=0)])
+    loaded_peaks = [_peak_gib(pid) for pid in processes]
     engine.create_adapter("bench", LoraSettings(rank=16))
     generator = torch.Generator().manual_seed(0)
     vocab = min(engine.loaded.vocab_size, 20_000)
@@ -84,20 +97,27 @@ def _worker(model: str, shards: int, device: str) -> dict:
         for i, p in enumerate(prompts)
     ]
 
-    def timed(run: object) -> list[float]:
-        times = []
+    def timed(run: object) -> tuple[list[float], list[float]]:
+        """The wall time of each timed run, and this process's CPU time in it (all its threads)."""
+        times, cpu_times = [], []
         for _ in range(TIMED_RUNS + 1):
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             run()
             times.append(time.perf_counter() - started)
-        return times[1:]
+            cpu_times.append(time.process_time() - cpu_started)
+        return times[1:], cpu_times[1:]
 
+    forward_backward_s, forward_backward_cpu_s = timed(lambda: engine.forward_backward_batch([call]))
+    sampling_s, sampling_cpu_s = timed(lambda: engine.sample_batch(requests))
     measured = {
-        "forward_backward_s": timed(lambda: engine.forward_backward_batch([call])),
-        "optim_step_s": timed(lambda: engine.optim_step("bench", AdamSettings())),
-        "sampling_s": timed(lambda: engine.sample_batch(requests)),
+        "forward_backward_s": forward_backward_s,
+        "forward_backward_cpu_s": forward_backward_cpu_s,
+        "optim_step_s": timed(lambda: engine.optim_step("bench", AdamSettings()))[0],
+        "sampling_s": sampling_s,
+        "sampling_cpu_s": sampling_cpu_s,
         "layer_bytes": layer_bytes,
-        "peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "loaded_peak_gib": loaded_peaks,
+        "peak_gib": [_peak_gib(pid) for pid in processes],
     }
     engine.close()
     return measured
@@ -132,7 +152,9 @@ def main() -> None:
         "forward_backward s",
         "optim_step s",
         "sampling s",
-        "leader peak GiB",
+        "leader's CPU s: forward_backward / sampling",
+        "peak GiB once loaded (each process)",
+        "peak GiB (each process)",
     ):
         table.add_column(column, justify="right")
     for shards, run in runs.items():
@@ -142,7 +164,9 @@ def main() -> None:
             f"{statistics.median(run['forward_backward_s']):.2f}",
             f"{statistics.median(run['optim_step_s']):.3f}",
             f"{statistics.median(run['sampling_s']):.2f}",
-            f"{run['peak_gib']:.2f}",
+            f"{statistics.median(run['forward_backward_cpu_s']):.1f} / {statistics.median(run['sampling_cpu_s']):.1f}",
+            " / ".join(f"{peak:.2f}" for peak in run["loaded_peak_gib"]),
+            " / ".join(f"{peak:.2f}" for peak in run["peak_gib"]),
         )
     console.print(table)
     console.print(

@@ -121,12 +121,6 @@ class ServerConfig(BaseSettings):
             raise ValueError("--sampler vllm needs one of --vllm-python (to start vLLM) or --vllm-url (one running)")
         return self
 
-    @model_validator(mode="after")
-    def _shards_sample_builtin(self) -> ServerConfig:
-        if self.shards > 1 and self.sampler != "builtin":
-            raise ValueError("a sharded backend (--shards above 1) samples with the built-in engine, not vLLM")
-        return self
-
     @field_validator("api_keys")
     @classmethod
     def _usable_keys(cls, keys: list[str]) -> list[str]:

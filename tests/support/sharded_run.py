@@ -2,6 +2,9 @@
 leads; it starts the followers), with what they computed saved for the tests to compare, and the bytes of the base
 model's decoder layers that the (leading) process holds before any adapter exists.
 
+Both run forward/backward in micro-batches of about 40 tokens, so that a pass takes several, and a group's shares
+(`sharding/data_parallel.py`) take different numbers of them.
+
 Run: python tests/support/sharded_run.py MODEL_FOLDER SHARDS OUT_FOLDER
 """
 
@@ -13,8 +16,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 from torch.distributed.tensor import DTensor
+from transformers import AutoConfig
 
-from trainer_backend.engine.microbatches import ACTIVATION_BUDGET_BYTES
+from trainer_backend.engine.microbatches import activation_bytes_per_token
 from trainer_backend.engine.model_engine import ModelEngine
 from trainer_backend.engine.types import (
     AdamSettings,
@@ -32,6 +36,9 @@ from trainer_backend.sharding.shard_model import decoder_layers, resident_weight
 from trainer_backend.sharding.shards import EngineSettings, sharded_engine
 
 PROMPT = (5, 9, 14, 3, 22, 7, 30, 11)
+# Long enough for the data that begin with it to be computed through it once (`engine/prefixes.py`).
+SYSTEM = tuple(range(60, 84))
+PIECE_TOKENS = 40
 
 
 def datum(tokens: list[int], advantage: float | None = None) -> DecodedDatum:
@@ -43,6 +50,15 @@ def datum(tokens: list[int], advantage: float | None = None) -> DecodedDatum:
             "advantages": torch.full((len(tokens) - 1,), advantage),
         }
     return DecodedDatum(tokens[:-1], inputs)
+
+
+def system_datum(user: list[int], completion: list[int]) -> DecodedDatum:
+    """A completion after the shared system prompt and a user turn, trained on the completion alone: nothing of the
+    shared prefix has a gradient of its own, only through its keys and values."""
+    tokens = [*SYSTEM, *user, *completion]
+    weights = torch.zeros(len(tokens) - 1)
+    weights[len(SYSTEM) + len(user) - 1 :] = 1
+    return DecodedDatum(tokens[:-1], {"target_tokens": torch.tensor(tokens[1:]), "weights": weights})
 
 
 def script(engine: ModelEngine | LeaderEngine, out: Path) -> dict:
@@ -57,16 +73,31 @@ def script(engine: ModelEngine | LeaderEngine, out: Path) -> dict:
             ForwardBackwardCall("a", [datum(s) for s in sequences], "cross_entropy", None, False),
             ForwardBackwardCall("b", [datum(s, 0.5) for s in sequences[:2]], "importance_sampling", None, False),
             ForwardBackwardCall("a", [], "cross_entropy", None, False),  # refused: no datums
+            ForwardBackwardCall("b", [datum(s, -0.7) for s in sequences[1:4]], "ppo", None, False),
+            ForwardBackwardCall("b", [datum(s, 0.3) for s in sequences[2:]], "cispo", None, False),
+            ForwardBackwardCall("b", [datum(s, 1.1) for s in sequences[:3]], "dro", None, False),
+            ForwardBackwardCall("b", [datum(s) for s in sequences[1:]], "cross_entropy", None, True),
         ]
     )
+    # Alone in its batch, a prompt's six completions are more than one process's share: they are split.
+    users = [[90 + i, 91 + i, 92] for i in range(6)]
+    second = engine.forward_backward_batch(
+        [
+            ForwardBackwardCall(
+                "a", [system_datum(u, [40 + i, 12, 13, 14]) for i, u in enumerate(users)], "cross_entropy", None, False
+            )
+        ]
+    )
+    computed = [first[0], first[1], *first[3:], *second]
     results["refused"] = type(first[2]).__name__
-    results["fb_logprobs"] = [o["logprobs"] for outcome in first[:2] for o in outcome.loss_fn_outputs]
-    results["fb_loss"] = [outcome.metrics["loss:sum"] for outcome in first[:2]]
+    results["fb_logprobs"] = [o["logprobs"] for outcome in computed for o in outcome.loss_fn_outputs]
+    results["fb_loss"] = [outcome.metrics["loss:sum"] for outcome in computed]
     engine.optim_step("a", AdamSettings(learning_rate=1e-2))
     engine.optim_step("b", AdamSettings(learning_rate=1e-2))
-    (out / "a").mkdir()
-    engine.save("a", out / "a", False)
-    results["saved_a"] = load_file(out / "a" / "adapter_model.safetensors")
+    for name in ("a", "b"):
+        (out / name).mkdir()
+        engine.save(name, out / name, False)
+        results[f"saved_{name}"] = load_file(out / name / "adapter_model.safetensors")
 
     paused: list[int] = []
     taken: list[int] = []
@@ -111,17 +142,19 @@ def script(engine: ModelEngine | LeaderEngine, out: Path) -> dict:
 
 
 def main(folder: Path, shards: int, out: Path) -> None:
+    resolved = resolve_base_model(str(folder), out / "cache")
+    budget = PIECE_TOKENS * activation_bytes_per_token(AutoConfig.from_pretrained(resolved.folder), 4)
     settings = EngineSettings(
         base_model=str(folder),
         model_cache=out / "cache",
         device="cpu",
         dtype="float32",
-        activation_budget=ACTIVATION_BUDGET_BYTES,
+        activation_budget=budget,
         spill_root=out / "spill",
     )
     if shards == 1:
-        loaded = load_base_model(resolve_base_model(str(folder), out / "cache"), torch.device("cpu"), torch.float32)
-        engine = ModelEngine(loaded, spill_root=out / "spill")
+        loaded = load_base_model(resolved, torch.device("cpu"), torch.float32)
+        engine = settings.engine(loaded)
         layer_bytes = resident_weight_bytes(decoder_layers(loaded.model))
         results = script(engine, out)
     else:

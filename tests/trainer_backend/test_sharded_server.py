@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -19,7 +20,10 @@ from tinker import types
 
 from autoresearch.trials.backend import free_port
 from trainer_backend.errors import UnknownBaseModelError, UserInputError
-from trainer_backend.models.registry import ResolvedModel
+from trainer_backend.models.loading import load_base_model
+from trainer_backend.models.registry import ResolvedModel, resolve_base_model
+from trainer_backend.samplers.routing import vllm_settings
+from trainer_backend.samplers.vllm_process import VllmProcess, VllmSettings
 from trainer_backend.sharding.group import SHARD_LOST_EXIT, ShardPlace
 from trainer_backend.sharding.leader import check_shards
 
@@ -107,8 +111,26 @@ def test_a_group_this_machine_cannot_hold_is_refused_before_anything_starts(tmp_
         check_shards(ShardPlace(0, 2), torch.device("mps"), model)
     with pytest.raises(UserInputError, match="name no GPU"):
         check_shards(ShardPlace(0, 2), torch.device("cuda", 1), model)
-    with pytest.raises(ValueError, match="samples with the built-in engine"):
-        tiny_server_config(tmp_path, shards=2, sampler="vllm", vllm_url="http://127.0.0.1:1")
+    with pytest.raises(UserInputError, match="tensor parallelism"):
+        check_shards(ShardPlace(0, 2), torch.device("cpu"), model, sampler="vllm")
+
+
+def test_vllm_beside_a_sharded_backend_is_split_over_its_gpus(tmp_path: Path) -> None:
+    config = tiny_server_config(tmp_path, shards=2, sampler="vllm", vllm_python=sys.executable)
+    loaded = load_base_model(resolve_base_model(TINY, tmp_path / "models"), torch.device("cpu"))
+    process = VllmProcess(vllm_settings(config, loaded))
+    command = process.command()
+    assert command[command.index("--tensor-parallel-size") + 1] == "2"
+
+
+def test_vllm_started_by_a_leader_under_torchrun_is_no_process_of_its_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in ShardPlace(0, 2).environment_of(0).items():
+        monkeypatch.setenv(name, value)
+    environment = VllmProcess(VllmSettings(tmp_path, TINY, python=Path(sys.executable))).environment()
+    assert not {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"} & environment.keys()
+    assert environment["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
 
 
 def test_a_model_whose_layers_cannot_be_split_is_refused_with_the_reason(tmp_path: Path) -> None:

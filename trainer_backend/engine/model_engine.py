@@ -62,8 +62,11 @@ class ModelEngine:
         chunked_logprobs: bool = True,
         spill_root: Path | None = None,
         max_loaded_adapters: int | None = None,
+        training_pass: Callable[..., TrainingPass] = TrainingPass,
     ) -> None:
-        """`max_loaded_adapters` training adapters stay loaded; the least recently used others go to `spill_root`."""
+        """`max_loaded_adapters` training adapters stay loaded; the least recently used others go to `spill_root`.
+        `training_pass` makes what runs forward/backward: `TrainingPass` itself, or on a sharded backend one that
+        runs each process's share of a batch (`sharding/data_parallel.py`)."""
         self.loaded = loaded
         # The engine's own paths read the output embedding's weight as it is (`unembedding.py`); a packed copy
         # would only serve the model's own forward.
@@ -89,7 +92,7 @@ class ModelEngine:
         # (`python -m benchmarks.rl_step`, 2026-12-04), when LoRA's inputs were fp32 copies too; since the adapters
         # multiply in bf16 (`MasterWeightLinear`), 2 bytes has not been measured again.
         dtype_bytes = max(4, next(loaded.model.parameters()).element_size())
-        self.training = TrainingPass(
+        self.training = training_pass(
             loaded,
             self.adapters,
             logprobs,

@@ -15,6 +15,7 @@ from torch import Tensor
 from transformers import Cache
 
 from trainer_backend.engine.adapters import AdapterPool
+from trainer_backend.engine.decoder_steps import DecoderSteps
 from trainer_backend.engine.kv_cache import cut_cache, repeated_cache
 from trainer_backend.engine.logprobs import LowRankDelta
 from trainer_backend.engine.losses import compute_loss, gradient_positions
@@ -31,7 +32,7 @@ IGNORED_TARGET = -100
 class TrainingPass:
     """Runs forward/backward passes over `adapters` of the loaded model. `logprobs` computes target log-probs from
     hidden states (chunked by default); `chunk_tokens` positions' logits exist at once, `piece_tokens` tokens'
-    activations per micro-batch."""
+    activations per micro-batch; `steps` is told of each decoder forward and backward before it runs."""
 
     def __init__(
         self,
@@ -40,8 +41,10 @@ class TrainingPass:
         logprobs: Callable[..., Tensor],
         chunk_tokens: int,
         piece_tokens: int,
+        steps: DecoderSteps | None = None,
     ) -> None:
         self.loaded = loaded
+        self.steps = steps or DecoderSteps()
         self.adapters = adapters
         self._logprobs = logprobs
         self.chunk_tokens = chunk_tokens
@@ -61,18 +64,8 @@ class TrainingPass:
         begins; the losses are sums over data, so the gradients add up to those of one pass. Either way a datum gets
         the log-probs, loss and gradients it gets alone, up to float rounding.
         """
-        outcomes: list[ForwardBackwardResult | UserInputError | None] = [None] * len(calls)
-        for c, call in enumerate(calls):
-            try:
-                # Bad loss inputs fail their call before any of its gradients reach the adapter.
-                compute_loss(
-                    call.loss_fn,
-                    _placeholder_logprobs(call),
-                    [d.loss_fn_inputs for d in call.datums],
-                    call.loss_fn_config,
-                )
-            except UserInputError as error:
-                outcomes[c] = error
+        # Bad loss inputs fail their call before any of its gradients reach the adapter.
+        outcomes: list[ForwardBackwardResult | UserInputError | None] = [self.refusal(call) for call in calls]
         valid = [c for c, outcome in enumerate(outcomes) if outcome is None]
         alone: list[tuple[int, int]] = []
         shared: list[tuple[int, PrefixGroup]] = []
@@ -103,9 +96,10 @@ class TrainingPass:
                 keys = list(piece.alone) + [(c, i) for c, group in piece.groups for i in group.members]
                 needs_grad = any(not calls[c].forward_only for c, _ in keys)
                 piece_prefixes = prefixes.of(piece)
+                outputs = _DecoderOutputs()
                 with torch.set_grad_enabled(needs_grad):
                     piece_logprobs = self._piece_logprobs(
-                        output.decoder, head, calls, piece, piece_prefixes, one_adapter
+                        output.decoder, head, calls, piece, piece_prefixes, one_adapter, outputs
                     )
                     piece_loss = None
                     for c in dict.fromkeys(c for c, _ in keys):
@@ -127,13 +121,24 @@ class TrainingPass:
                             piece_loss = result.loss if piece_loss is None else piece_loss + result.loss
                     if piece_loss is not None:
                         piece_loss.backward()
-                prefixes.done(piece)
+                outputs.backward(self.steps)
+                prefixes.done(piece, self.steps)
         for c in valid:
             outcomes[c] = ForwardBackwardResult(
                 loss_fn_outputs=[{"logprobs": logprobs[(c, i)]} for i in range(len(calls[c].datums))],
                 metrics={"loss:sum": losses[c]},
             )
         return outcomes
+
+    def refusal(self, call: ForwardBackwardCall) -> UserInputError | None:
+        """Why the call's loss cannot be computed on its datums (their inputs or its config), or None."""
+        try:
+            compute_loss(
+                call.loss_fn, _placeholder_logprobs(call), [d.loss_fn_inputs for d in call.datums], call.loss_fn_config
+            )
+        except UserInputError as error:
+            return error
+        return None
 
     def _piece_logprobs(
         self,
@@ -143,9 +148,11 @@ class TrainingPass:
         piece: Piece,
         prefixes: Sequence[_ComputedPrefix],
         one_adapter: bool,
+        outputs: _DecoderOutputs,
     ) -> dict[tuple[int, int], Tensor]:
         """The `[T, K]` target log-probs of every datum of one micro-batch, keyed by (call, datum); `prefixes` are its
-        groups' computed prefixes, in order. Its decoder outputs all go through the head together."""
+        groups' computed prefixes, in order. Its decoder outputs all go through the head together, cut from the
+        decoder's graph (`outputs`)."""
         waiting: list[_HeadRows] = []
         if piece.alone:
             datums = [calls[c].datums[i] for c, i in piece.alone]
@@ -153,13 +160,14 @@ class TrainingPass:
                 tokens_B_T, mask_B_T, targets_B_T_K, live_B_T = self._batch(
                     datums, [self._gradient_rows(calls[c], i) for c, i in piece.alone]
                 )
-                hidden_B_T_H = decoder(input_ids=tokens_B_T, attention_mask=mask_B_T).last_hidden_state
+                self.steps.forward()
+                hidden_B_T_H = outputs.cut(decoder(input_ids=tokens_B_T, attention_mask=mask_B_T).last_hidden_state)
             owners = [
                 _RowOwner(key, len(d.model_input_tokens), None) for key, d in zip(piece.alone, datums, strict=True)
             ]
             waiting.append(_HeadRows(owners, hidden_B_T_H, targets_B_T_K, live_B_T))
         for (c, part), prefix in zip(piece.groups, prefixes, strict=True):
-            waiting += self._member_buckets(decoder, c, calls[c], part, prefix, one_adapter)
+            waiting += self._member_buckets(decoder, c, calls[c], part, prefix, one_adapter, outputs)
         logprobs: dict[tuple[int, int], Tensor] = {}
         for rows, logprobs_B_T_K in zip(waiting, _logprobs_together(head, waiting), strict=True):
             for b, owner in enumerate(rows.owners):
@@ -184,6 +192,7 @@ class TrainingPass:
         prefix_1P = torch.tensor([members[0].model_input_tokens[:prefix]], dtype=torch.long, device=device)
         with torch.set_grad_enabled(not call.forward_only):
             with self._routed(one_adapter, [call.model_id]):
+                self.steps.forward()
                 output = decoder(input_ids=prefix_1P, use_cache=True)
             targets = [_targets_by_position(d)[:prefix] for d in members]
             live = [self._gradient_rows(call, i)[:prefix] for i in group.members]
@@ -194,7 +203,12 @@ class TrainingPass:
         cache, cut = cut_cache(output.cache)
         logprobs_leaf = logprobs_1P_GK.detach().requires_grad_(logprobs_1P_GK.requires_grad)
         return _ComputedPrefix(
-            group.members, targets[0].shape[1], cache, logprobs_leaf, [*cut, (logprobs_1P_GK, logprobs_leaf)]
+            group.members,
+            targets[0].shape[1],
+            cache,
+            logprobs_leaf,
+            [*cut, (logprobs_1P_GK, logprobs_leaf)],
+            output.last_hidden_state,
         )
 
     def _member_buckets(
@@ -205,9 +219,11 @@ class TrainingPass:
         part: PrefixGroup,
         prefix: _ComputedPrefix,
         one_adapter: bool,
+        outputs: _DecoderOutputs,
     ) -> list[_HeadRows]:
         """The members of `part` (of call `c`) through the decoder on top of their group's computed prefix, in
-        buckets of completions of similar length, each continuing its own copy of the prefix's cache."""
+        buckets of completions of similar length, each continuing its own copy of the prefix's cache; their decoder
+        outputs cut from its graph (`outputs`)."""
         device = self.loaded.device
         members = [call.datums[i] for i in part.members]
         prefix_length = part.prefix_length
@@ -230,6 +246,7 @@ class TrainingPass:
                 live_B_S[b, :size] = live[g][prefix_length:]
             positions_B_S = torch.arange(prefix_length, prefix_length + longest).expand(len(bucket), -1)
             with self._routed(one_adapter, [call.model_id] * len(bucket)):
+                self.steps.forward()
                 hidden_B_S_H = decoder(
                     input_ids=suffix_B_S.to(device),
                     attention_mask=mask_B_A.to(device),
@@ -237,6 +254,7 @@ class TrainingPass:
                     cache=repeated_cache(prefix.cache, len(bucket)),
                     use_cache=True,
                 ).last_hidden_state
+            hidden_B_S_H = outputs.cut(hidden_B_S_H)
             owners = [_RowOwner((c, part.members[g]), len(suffixes[g]), prefix) for g in bucket]
             buckets.append(_HeadRows(owners, hidden_B_S_H, targets_B_S_K.to(device), live_B_S.to(device)))
         return buckets
@@ -382,16 +400,23 @@ class _ComputedPrefix:
     cache: Cache
     logprobs_1P_GK: Tensor
     cut: list[tuple[Tensor, Tensor]]  # (a tensor of the prefix's graph, the leaf that stands for it)
+    hidden_1P_H: Tensor  # the decoder's output, where the prefix's backward starts
 
     def member_logprobs(self, member: int) -> Tensor:
         """`[P, K]`: datum `member`'s target log-probs at the prefix's positions."""
         g = self.members.index(member)
         return self.logprobs_1P_GK[0, :, g * self.width : (g + 1) * self.width]
 
-    def backward(self) -> None:
+    def backward(self, steps: DecoderSteps) -> None:
         """The gradients the members' backwards left on the leaves, through the prefix's own graph."""
         reached = [(tensor, leaf.grad) for tensor, leaf in self.cut if leaf.grad is not None]
         if reached:
+            # From the decoder's output too, with a zero gradient: the backward then enters every layer from its
+            # output, as `DecoderSteps` has it. From a layer's keys and values alone (a prefix none of whose
+            # positions has a gradient of its own) it would start inside the layer, where a sharded layer's weights
+            # are not gathered.
+            reached.append((self.hidden_1P_H, torch.zeros_like(self.hidden_1P_H)))
+            steps.backward()
             torch.autograd.backward([tensor for tensor, _ in reached], [grad for _, grad in reached])
 
 
@@ -422,13 +447,37 @@ class _PrefixesInFlight:
             prefixes.append(self._computed[whole])
         return prefixes
 
-    def done(self, piece: Piece) -> None:
+    def done(self, piece: Piece, steps: DecoderSteps) -> None:
         """After the piece's backward: the prefixes whose last part it held send their gradients through."""
         for c, part in piece.groups:
             whole = self._whole_of(c, part)
             self._parts_left[whole] -= 1
             if self._parts_left[whole] == 0:
-                self._computed.pop(whole).backward()
+                self._computed.pop(whole).backward(steps)
+
+
+class _DecoderOutputs:
+    """A micro-batch's decoder outputs, cut from the head's graph: the losses' backward leaves the head's gradients
+    on the cuts, and each output's backward then runs on its own (`DecoderSteps`). On a sharded model, one backward
+    through several forwards gathers a layer as many times as autograd's interleaving of them asks (two forwards of
+    two layers: three gathers); one backward per forward gathers each layer once, whatever the micro-batch holds."""
+
+    def __init__(self) -> None:
+        self._cut: list[tuple[Tensor, Tensor]] = []  # (the decoder's output, the leaf the head reads instead)
+
+    def cut(self, hidden: Tensor) -> Tensor:
+        """A leaf standing for `hidden` in the head's graph."""
+        leaf = hidden.detach().requires_grad_(hidden.requires_grad)
+        self._cut.append((hidden, leaf))
+        return leaf
+
+    def backward(self, steps: DecoderSteps) -> None:
+        """Each output that the losses reached, backward through the decoder from its leaf's gradient."""
+        for hidden, leaf in self._cut:
+            if leaf.grad is not None:
+                steps.backward()
+                hidden.backward(leaf.grad)
+        self._cut.clear()
 
 
 def _placeholder_logprobs(call: ForwardBackwardCall) -> list[Tensor]:

@@ -119,6 +119,12 @@ def load_base_model(resolved: ResolvedModel, device: torch.device, dtype: torch.
         resolved.folder, dtype=dtype or select_dtype("auto", device), local_files_only=True
     )
     model.to(device).eval().requires_grad_(False)
+    return with_tokenizer(resolved, model, device)
+
+
+def with_tokenizer(resolved: ResolvedModel, model: PreTrainedModel, device: torch.device) -> LoadedModel:
+    """`model`, already on `device` with its weights in place, with the tokenizer in `resolved.folder` and the facts
+    the server needs."""
     tokenizer = AutoTokenizer.from_pretrained(resolved.folder, local_files_only=True)
     # Multimodal folders (Gemma 3 4B and up) keep the language model's facts in a nested text config.
     text_config = model.config.get_text_config()

@@ -74,7 +74,19 @@ def build_sampler(
     """The server's sampler: the built-in engine, or with `--sampler vllm` vLLM routed beside it."""
     if config.sampler == "builtin":
         return builtin
-    settings = VllmSettings(
+    client = VllmClient(
+        vllm_settings(config, loaded),
+        lambda ids: loaded.tokenizer.decode(ids, skip_special_tokens=False),
+        builtin.engine.weight_checks,
+        builtin.engine.applied_weights.probe,
+    )
+    return RoutedSampler(VllmSampler(client, answers), builtin)
+
+
+def vllm_settings(config: ServerConfig, loaded: LoadedModel) -> VllmSettings:
+    """How this server starts (or reaches) vLLM: the trainer's model in its dtype; on a sharded backend's GPUs, split
+    over all of them (tensor parallelism), beside the trainer's shards."""
+    return VllmSettings(
         model_folder=loaded.folder,
         served_name=loaded.name,
         python=config.vllm_python,
@@ -85,11 +97,5 @@ def build_sampler(
         device=loaded.device.type,
         dtype=dtype_name(loaded.model.dtype),
         gpu_memory_share=config.vllm_gpu_memory_share,
+        tensor_parallel_size=config.shards,
     )
-    client = VllmClient(
-        settings,
-        lambda ids: loaded.tokenizer.decode(ids, skip_special_tokens=False),
-        builtin.engine.weight_checks,
-        builtin.engine.applied_weights.probe,
-    )
-    return RoutedSampler(VllmSampler(client, answers), builtin)

@@ -22,6 +22,10 @@ log = logging.getLogger(__name__)
 HEALTH_POLL_S = 0.5
 # How long vLLM gets to shut down on SIGTERM before its process group is killed.
 STOP_GRACE_S = 30.0
+# What torchrun tells each process of its group (and `sharding/group.py` each follower it starts).
+TORCHRUN_VARIABLES = frozenset(
+    {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"}
+)
 
 
 class VllmUnavailableError(ServerError):
@@ -43,6 +47,7 @@ class VllmSettings:
     device: str = "cpu"
     dtype: str = "float32"  # the trainer's, so that both compute the same log-probs
     gpu_memory_share: float = 0.4  # on a GPU: vLLM's share of its memory, the trainer keeps the rest
+    tensor_parallel_size: int = 1  # GPUs vLLM splits the model over: a sharded backend's, one per process
 
 
 def _free_port() -> int:
@@ -77,11 +82,21 @@ class VllmProcess:
         ]  # fmt: skip
         if s.device != "cpu":
             command += ["--gpu-memory-utilization", str(s.gpu_memory_share)]
+        if s.tensor_parallel_size > 1:
+            command += ["--tensor-parallel-size", str(s.tensor_parallel_size)]
         return command
 
-    def start(self) -> None:
-        environment = os.environ | {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    def environment(self) -> dict[str, str]:
+        """vLLM's environment: this process's, runtime LoRA loading on, and without torchrun's variables, which a
+        sharded backend's leader has under torchrun. vLLM is a server of its own, not a process of the trainer's group:
+        seeing them, vLLM would take itself for one of torchrun's processes."""
+        environment = {name: value for name, value in os.environ.items() if name not in TORCHRUN_VARIABLES}
+        environment["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         environment.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        return environment
+
+    def start(self) -> None:
+        environment = self.environment()
         log.info("starting vLLM: %s", " ".join(self.command()))
         with self.settings.log_path.open("ab") as output:
             # A session (process group) of its own: vLLM's engine runs in child processes, which must go with it. On

@@ -47,16 +47,21 @@ def engine_settings(config: ServerConfig, cache_root: Path, device: torch.device
     )
 
 
-def check_shards(place: ShardPlace, device: torch.device, resolved: ResolvedModel) -> None:
+def check_shards(place: ShardPlace, device: torch.device, resolved: ResolvedModel, sampler: str = "builtin") -> None:
     """Refuse, before any process starts, a group this machine or this model cannot hold.
 
     Raises:
-        UserInputError: a device other than CPUs or CUDA GPUs, a GPU index (each process takes its rank's), or more
-            processes than GPUs (or than CPU cores).
+        UserInputError: a device other than CPUs or CUDA GPUs, a GPU index (each process takes its rank's), more
+            processes than GPUs (or than CPU cores), or vLLM as the `sampler` of CPU processes.
         UnknownBaseModelError: the model keeps no list of decoder layers to shard.
     """
     if device.type not in ("cpu", "cuda"):
         raise UserInputError(f"a sharded backend runs on CPUs (gloo) or CUDA GPUs (NCCL), not on {device.type}")
+    if sampler == "vllm" and device.type != "cuda":
+        raise UserInputError(
+            "--sampler vllm with --shards splits vLLM over the processes' GPUs (tensor parallelism), which CPUs "
+            "cannot: a sharded backend on CPUs samples with the built-in engine (--sampler builtin)"
+        )
     if device.type == "cuda" and device.index is not None:
         raise UserInputError(f"--device {device} with --shards: name no GPU, each process takes the GPU of its rank")
     available = torch.cuda.device_count() if device.type == "cuda" else os.cpu_count() or 1
@@ -74,7 +79,7 @@ def lead(
 ) -> LeaderEngine:
     """The leader's engine over its shard, the followers started first where torchrun did not start them (the model
     is already converted into the cache, so that they find it there)."""
-    check_shards(place, device, resolved)
+    check_shards(place, device, resolved, config.sampler)
     settings = engine_settings(config, cache_root, device)
     followers = None if torchrun_place() else start_followers(place, settings.arguments())
     try:

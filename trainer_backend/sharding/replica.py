@@ -8,9 +8,9 @@ own pause) and its admissions take in more requests (sent as the leader took the
 random comes from a state the leader sends: the global generator's (a new adapter's initial weights) and each
 request's seed, drawn by the leader for a request that has none.
 
-Every process computes the whole batch of every call: the shards save memory, not time (the docs say what a GPU node
-would gain from splitting the batches too). An error a call raises on the leader it raises on every follower, which
-goes on to the next call; the leader answers the tenant.
+A forward_backward's datums are split across the processes, each computing its share (`data_parallel.py`); every
+other call (a generation, prompt scoring, a save's proof) every process computes whole. An error a call raises on the
+leader it raises on every follower, which goes on to the next call; the leader answers the tenant.
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
-"""A process's engine over its shard of the base model: load the model, join the group, shard the decoder layers,
-build the engine; the same steps on the leader and on every follower, from the same settings."""
+"""A process's engine over its shard of the base model: join the group, load the model's shard (the leader reads the
+weights, the followers receive theirs), build the engine; the same steps on the leader and on every follower, from
+the same settings."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,10 +13,12 @@ import torch
 import torch.distributed as dist
 
 from trainer_backend.engine.model_engine import ModelEngine
-from trainer_backend.models.loading import LoadedModel, load_base_model, select_dtype
+from trainer_backend.engine.training_pass import TrainingPass
+from trainer_backend.models.loading import LoadedModel, select_dtype
 from trainer_backend.models.registry import resolve_base_model
+from trainer_backend.sharding.data_parallel import DataParallelPass
 from trainer_backend.sharding.group import ShardGroup, ShardPlace, shard_device
-from trainer_backend.sharding.shard_model import shard_decoder_layers
+from trainer_backend.sharding.weights import load_sharded_model
 
 
 @dataclass(frozen=True)
@@ -29,13 +33,20 @@ class EngineSettings:
     spill_root: Path
     max_loaded_adapters: int | None = None
 
-    def engine(self, loaded: LoadedModel, spill_root: Path | None = None) -> ModelEngine:
-        """The engine over `loaded` with these limits, spilling adapters to `spill_root` (default: `spill_root`)."""
+    def engine(
+        self,
+        loaded: LoadedModel,
+        spill_root: Path | None = None,
+        training_pass: Callable[..., TrainingPass] = TrainingPass,
+    ) -> ModelEngine:
+        """The engine over `loaded` with these limits, spilling adapters to `spill_root` (default: `spill_root`),
+        its forward/backward run by what `training_pass` makes."""
         return ModelEngine(
             loaded,
             activation_budget=self.activation_budget,
             spill_root=spill_root or self.spill_root,
             max_loaded_adapters=self.max_loaded_adapters,
+            training_pass=training_pass,
         )
 
     def arguments(self) -> list[str]:
@@ -78,7 +89,6 @@ def sharded_engine(settings: EngineSettings, place: ShardPlace) -> tuple[ShardGr
     resolved = resolve_base_model(settings.base_model, settings.model_cache) if place.leads else None
     dist.barrier()
     resolved = resolved or resolve_base_model(settings.base_model, settings.model_cache)
-    loaded = load_base_model(resolved, device, select_dtype(settings.dtype, device))
-    shard_decoder_layers(loaded.model, group.mesh)
+    loaded = load_sharded_model(resolved, device, select_dtype(settings.dtype, device), place, group.mesh)
     spill_root = settings.spill_root if place.leads else settings.spill_root / f"shard-{place.rank}"
-    return group, settings.engine(loaded, spill_root)
+    return group, settings.engine(loaded, spill_root, DataParallelPass)
