@@ -48,9 +48,9 @@ def _unit(call: int, tokens: Sequence[Sequence[int]], members: tuple[int, ...], 
 def share_datums(calls: Sequence[ForwardBackwardCall], processes: int) -> list[list[tuple[int, ...]]]:
     """Each process's share of the calls' datums: `shares[process][call]`, the indices of its datums of that call
     in order (empty where it has none). The same calls give the same shares on every process."""
+    tokens_by_call = [[d.model_input_tokens for d in call.datums] for call in calls]
     units: list[_Unit] = []
-    for c, call in enumerate(calls):
-        tokens = [d.model_input_tokens for d in call.datums]
+    for c, tokens in enumerate(tokens_by_call):
         groups, singles = shared_prefix_groups(tokens)
         units += [_unit(c, tokens, (i,), 0) for i in singles]
         units += [_unit(c, tokens, group.members, group.prefix_length) for group in groups]
@@ -59,7 +59,7 @@ def share_datums(calls: Sequence[ForwardBackwardCall], processes: int) -> list[l
     for unit in units:
         # A group larger than a fair share in parts of interleaved members, each computing the prefix again.
         parts = min(len(unit.members), math.ceil(unit.cost / fair)) if unit.prefix_length else 1
-        tokens = [d.model_input_tokens for d in calls[unit.call].datums]
+        tokens = tokens_by_call[unit.call]
         pieces += [_unit(unit.call, tokens, unit.members[p::parts], unit.prefix_length) for p in range(parts)]
     loads = [0] * processes
     shares: list[list[list[int]]] = [[[] for _ in calls] for _ in range(processes)]
