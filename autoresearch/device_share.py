@@ -24,16 +24,19 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class DeviceUse:
-    """A trial's share of its backend's device over about the last minute, and its device seconds in all."""
+    """A trial's share of its backend's device over about the last minute, its device seconds in all, and its
+    requests queued or running there now."""
 
     share_1m: float
     seconds: float
+    open_requests: int = 0
 
 
 class _Run(BaseModel):
     user_metadata: dict[str, Any] | None = None
     device_seconds: float
     device_share_1m: float
+    open_requests: int = 0  # absent from backends older than the field
 
 
 class _Status(BaseModel):
@@ -57,5 +60,9 @@ def device_use_by_trial(backend_urls: Sequence[str], api_key: str, timeout_s: fl
             if trial is None:
                 continue
             before = found.get(str(trial), DeviceUse(0.0, 0.0))
-            found[str(trial)] = DeviceUse(before.share_1m + run.device_share_1m, before.seconds + run.device_seconds)
+            found[str(trial)] = DeviceUse(
+                before.share_1m + run.device_share_1m,
+                before.seconds + run.device_seconds,
+                before.open_requests + run.open_requests,
+            )
     return found

@@ -10,10 +10,11 @@ model's trial recipe under the trials' default key, started at once: trial 1 eva
 on `--eval-size` held-out questions, trial 2 only at its end (one question), as a study's trials at different points
 of their runs do. The backend's status is read every POLL_S seconds for each trial's device seconds (its sampling,
 training and saves). Reported, per server: each trial's median and longest step; the longest step of either against
-the median step of both (goal: at most STEP_GOAL); each trial's share of the device over every WINDOW_S window while
-both ran (goal: within SHARE_GOAL of an even split); the device's busy fraction of the makespan; with `--serial`, the
-two trials one after the other first, and the makespan together against that sum (the seed's goal: at most
-MAKESPAN_GOAL where the device has room, which a 2-core CPU has little of); the backend's peak resident memory.
+the median step of both (goal: at most STEP_GOAL); each trial's share of the device over every WINDOW_S window of
+the time both had requests queued or running on it (goal: within SHARE_GOAL of an even split), and how much of the
+time that was; the device's busy fraction of the makespan; with `--serial`, the two trials one after the other
+first, and the makespan together against that sum (the seed's goal: at most MAKESPAN_GOAL where the device has room,
+which a 2-core CPU has little of); the backend's peak resident memory.
 
 With `--watch`: two trials already running on a backend (a study's, under the trials' default key), followed for
 `--minutes` or until one ends, their steps read from their run folders' metrics as they appear: the same figures
@@ -23,6 +24,7 @@ but the serial makespan and the memory.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import shutil
 import statistics
@@ -47,8 +49,8 @@ from trainer_backend.models.gemma import GEMMA_3_270M
 from trainer_backend.models.qwen import QWEN_2_5_CODER_0_5B_INSTRUCT
 
 # Issue 48's goals: no step of either trial above this many times the median step of the two running together; each
-# trial's share of the device within this much of an even split over any WINDOW_S window while both run; together at
-# most this share of one after the other.
+# trial's share of the device within this much of an even split over any WINDOW_S window while both have work queued;
+# together at most this share of one after the other.
 STEP_GOAL = 2.0
 SHARE_GOAL = 0.10
 WINDOW_S = 300.0
@@ -72,37 +74,58 @@ def pair_configs(model: str, steps: int, eval_interval: int, eval_size: int) -> 
 
 
 @dataclass(frozen=True)
+class Reading:
+    """One poll of the backend's status: when (wall clock), each trial's device seconds so far, and whether both
+    trials had requests queued or running on the device."""
+
+    at: float
+    seconds: dict[str, float]
+    both_working: bool = True
+
+
+@dataclass(frozen=True)
 class Shares:
-    """Each trial's share of the device in the windows of a run of both (or the whole overlap, when shorter)."""
+    """Each trial's share of the device in the windows of the time both had work on it (or all that time, when
+    shorter), and how much of the readings' span that time was."""
 
     window_s: float
     worst_deviation: float  # the largest |share - 1/2| of trial 1 over the windows
     windows: int
+    both_working_s: float
+    span_s: float
 
 
-def shares_over_windows(
-    samples: Sequence[tuple[float, dict[str, float]]], until: float, trials: tuple[str, str] = TRIALS
-) -> Shares | None:
-    """From (time, device seconds by trial) readings, the first trial's share of the two trials' device time in every
-    WINDOW_S window that ends by `until` (the first trial's end), one window per reading; None without two readings."""
-    readings = [(at, seconds) for at, seconds in samples if at <= until]
-    if len(readings) < 2:
+def shares_over_windows(readings: Sequence[Reading], until: float, trials: tuple[str, str] = TRIALS) -> Shares | None:
+    """From the readings up to `until` (the first trial's end), the first trial's share of the two trials' device time
+    in every WINDOW_S window of the time both had work on the device (the intervals that begin with both working,
+    end to end: while one trial scores or evaluates on its own side, the other using the device alone is no unfair
+    share), one window per interval; None when no such interval ended."""
+    readings = [reading for reading in readings if reading.at <= until]
+    clock, used = 0.0, dict.fromkeys(trials, 0.0)
+    timeline = [(clock, dict(used))]
+    for before, after in itertools.pairwise(readings):
+        if not before.both_working:
+            continue
+        clock += after.at - before.at
+        for trial in trials:
+            used[trial] += after.seconds.get(trial, 0.0) - before.seconds.get(trial, 0.0)
+        timeline.append((clock, dict(used)))
+    if len(timeline) < 2:
         return None
-    span = readings[-1][0] - readings[0][0]
-    window = min(WINDOW_S, span)
+    window = min(WINDOW_S, clock)
     deviations = []
-    for index, (start, before) in enumerate(readings):
-        end_index = next((j for j in range(index + 1, len(readings)) if readings[j][0] - start >= window - 1e-9), None)
+    for index, (start, before_use) in enumerate(timeline):
+        end_index = next((j for j in range(index + 1, len(timeline)) if timeline[j][0] - start >= window - 1e-9), None)
         if end_index is None:
             break
-        after = readings[end_index][1]
-        used = {trial: after.get(trial, 0.0) - before.get(trial, 0.0) for trial in trials}
-        total = sum(used.values())
+        after_use = timeline[end_index][1]
+        window_use = {trial: after_use[trial] - before_use[trial] for trial in trials}
+        total = sum(window_use.values())
         if total > 0:
-            deviations.append(abs(used[trials[0]] / total - 0.5))
+            deviations.append(abs(window_use[trials[0]] / total - 0.5))
     if not deviations:
         return None
-    return Shares(window, max(deviations), len(deviations))
+    return Shares(window, max(deviations), len(deviations), clock, readings[-1].at - readings[0].at)
 
 
 @dataclass(frozen=True)
@@ -149,7 +172,7 @@ def run_pair(
                 serial_s += time.time() - began
         steps: dict[str, list[Step]] = {trial: [] for trial in TRIALS}
         ended: dict[str, float] = {}
-        samples: list[tuple[float, dict[str, float]]] = []
+        readings: list[Reading] = []
 
         def trial(name: str, config: TrialConfig) -> None:
             try:
@@ -159,8 +182,7 @@ def run_pair(
 
         def poll() -> None:
             while len(ended) < len(TRIALS):
-                use = device_use_by_trial([url], DEFAULT_API_KEY)
-                samples.append((time.time(), {name: use[name].seconds for name in TRIALS if name in use}))
+                readings.append(read_trials(url, DEFAULT_API_KEY, TRIALS))
                 time.sleep(POLL_S)
 
         before = DeviceCounters.read(url)
@@ -179,7 +201,7 @@ def run_pair(
         {name: tuple(found) for name, found in steps.items()},
         together_s,
         busy_s,
-        shares_over_windows(samples, min(ended.values())),
+        shares_over_windows(readings, min(ended.values())),
         serial_s,
         watch.peak_bytes / 2**30,
     )
@@ -199,7 +221,7 @@ def watch_trials(
     names = (run_dirs[0].name, run_dirs[1].name)
     steps: dict[str, list[Step]] = {name: [] for name in names}
     seen = {name: _metric_lines(folder) for name, folder in zip(names, run_dirs, strict=True)}
-    samples: list[tuple[float, dict[str, float]]] = []
+    readings: list[Reading] = []
     # The device's busy share of each last minute, read at every poll: a call that began before the watch counts its
     # whole time when it ends, so the busy seconds of the watch alone would run past its length.
     busy: list[float] = []
@@ -211,12 +233,11 @@ def watch_trials(
         now = time.time()
         found = {name: tuple(found) for name, found in steps.items()}
         busy_s = statistics.mean(busy) * (now - began)
-        return PairFigures(found, now - began, busy_s, shares_over_windows(samples, now, names), None, None)
+        return PairFigures(found, now - began, busy_s, shares_over_windows(readings, now, names), None, None)
 
     while time.time() - began < minutes * 60 and not any((folder / "result.json").exists() for folder in run_dirs):
-        use = device_use_by_trial([url], api_key)
-        now = time.time()
-        samples.append((now, {name: use[name].seconds for name in names if name in use}))
+        readings.append(read_trials(url, api_key, names))
+        now = readings[-1].at
         busy.append(_busy_fraction_1m(url, api_key))
         for name, folder in zip(names, run_dirs, strict=True):
             lines = _metric_lines(folder)
@@ -232,6 +253,16 @@ def watch_trials(
     if figures is None:
         raise RuntimeError(f"no step of both trials ended in {time.time() - began:.0f} s; watch for longer")
     return figures
+
+
+def read_trials(url: str, api_key: str, trials: tuple[str, str]) -> Reading:
+    """The trials' device seconds so far on the backend at `url`, and whether both have requests open there."""
+    use = device_use_by_trial([url], api_key)
+    return Reading(
+        time.time(),
+        {name: use[name].seconds for name in trials if name in use},
+        all(name in use and use[name].open_requests > 0 for name in trials),
+    )
 
 
 def _busy_fraction_1m(url: str, api_key: str) -> float:
@@ -267,7 +298,10 @@ def row(name: str, figures: PairFigures) -> list[str]:
         steps_cell(first),
         steps_cell(second),
         f"{figures.step_ratio:.2f}",
-        f"{shares.worst_deviation:.1%} ({shares.windows} x {shares.window_s:.0f} s)" if shares else "-",
+        f"{shares.worst_deviation:.1%} ({shares.windows} x {shares.window_s:.0f} s; "
+        f"both busy {shares.both_working_s / shares.span_s:.0%})"
+        if shares
+        else "-",
         f"{figures.together_s:.0f} s",
         f"{figures.busy_s / figures.together_s:.0%}",
         f"{serial_s:.0f} s ({figures.together_s / serial_s:.2f})" if serial_s else "-",

@@ -26,7 +26,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
@@ -106,6 +106,8 @@ class SchedulerStats:
     running: tuple[str, ...]
     # When the device call running now started (monotonic); None when the device is idle.
     running_since: float | None
+    # Operations queued or running by (owner, training run): which runs have work on the device now.
+    open_by_run: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 class Scheduler:
@@ -245,6 +247,7 @@ class Scheduler:
                 batched_operations=self._batched_operations,
                 running=tuple(op.request_id for call in self._calls for op in call.unfinished()),
                 running_since=self._calls[0].started if self._calls else None,
+                open_by_run=dict(self._open_by_run()),
             )
 
     def stop(self) -> None:
@@ -260,6 +263,11 @@ class Scheduler:
 
     def _queued_by_owner(self) -> Counter[str]:
         return Counter(op.owner for lane in self._lanes.values() for op in lane.operations() if op.owner is not None)
+
+    def _open_by_run(self) -> Counter[tuple[str, str]]:
+        queued = [op for lane in self._lanes.values() for op in lane.operations()]
+        running = [op for call in self._calls for op in call.unfinished()]
+        return Counter((op.owner, op.run) for op in [*queued, *running] if op.owner is not None and op.run is not None)
 
     def _queued_by(self, owner: str) -> int:
         return self._queued_by_owner()[owner]

@@ -284,7 +284,7 @@ class TrainingService:
         against the per-key limits and has used, and its recently active runs with their share of the device."""
         state = self.state()
         usage = self.tenancy.key_usage(owner, state)
-        runs = self.tenancy.run_usage(self.usage.runs_of(owner, state.read_at, state.on_device))
+        runs = self.tenancy.run_usage(owner, self.usage.runs_of(owner, state.read_at, state.on_device), state)
         return server_status(owner, state, usage, runs)
 
     def _count_device_time(self, operation: Operation, seconds: float) -> None:

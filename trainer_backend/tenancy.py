@@ -123,8 +123,9 @@ class TenancyPolicy:
             tokens_trained=used.tokens_trained,
         )
 
-    def run_usage(self, runs: Iterable[RunTotals]) -> list[RunUsage]:
-        """A key's recently active runs, each beside the user_metadata it was created with (to tell them apart)."""
+    def run_usage(self, owner: str, runs: Iterable[RunTotals], state: ServerState) -> list[RunUsage]:
+        """`owner`'s recently active runs, each beside the user_metadata it was created with (to tell them apart) and
+        its requests open on the device in `state`."""
         return [
             RunUsage(
                 model_id=run.model_id,
@@ -133,6 +134,7 @@ class TenancyPolicy:
                 device_share_1m=round(run.device_share_1m, 4),
                 tokens_sampled=run.tokens_sampled,
                 tokens_trained=run.tokens_trained,
+                open_requests=state.device.open_by_run.get((owner, run.model_id), 0),
             )
             for run in runs
         ]

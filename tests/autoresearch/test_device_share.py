@@ -47,6 +47,8 @@ def test_a_trials_runs_are_summed_under_its_run_id(backend_url: str) -> None:
         assert len(mine) == starts
         assert found[trial].seconds == pytest.approx(sum(run["device_seconds"] for run in mine))
         assert found[trial].seconds > 0 and found[trial].share_1m > 0
+        # Every request has finished: nothing of the trial's is open on the device.
+        assert found[trial].open_requests == 0 == sum(run["open_requests"] for run in mine)
 
 
 def test_a_trial_tells_the_backend_its_run_id(tiny_trial_config: TrialConfig, backend_url: str, tmp_path: Path) -> None:

@@ -116,6 +116,28 @@ def test_a_runs_new_sampling_sessions_do_not_put_it_ahead_of_another_run(
     assert len(quiet_turns) == 2 and quiet_turns[0] <= 1 and quiet_turns[1] < order.index("busy-session-3"), order
 
 
+def test_the_stats_count_each_runs_requests_queued_or_running_until_they_finish(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
+) -> None:
+    """What a benchmark reads to tell whether two runs both have work on the device (issue 48's fairness windows)."""
+    scheduler = start_scheduler()
+    gate = threading.Event()
+    blocker = _operation(ledger, "training-a", 1, [], _held_until(gate))
+    queued = [_operation(ledger, "training-a", 2, []), _operation(ledger, "session-b", None, [])]
+    base_sample = _operation(ledger, "session-base", None, [])  # no run: counts toward none
+    for operation, run in zip([blocker, *queued], ["run-a", "run-a", "run-b"], strict=True):
+        operation.owner, operation.run = "alice", run
+    base_sample.owner = "alice"
+    running(scheduler, blocker)
+    for operation in [*queued, base_sample]:
+        scheduler.submit(operation)
+
+    assert scheduler.stats().open_by_run == {("alice", "run-a"): 2, ("alice", "run-b"): 1}
+    gate.set()
+    wait_for(lambda: all(ledger.get(op.request_id).finished for op in [blocker, *queued, base_sample]))
+    assert scheduler.stats().open_by_run == {}
+
+
 def test_failures_are_recorded_and_the_worker_keeps_serving(
     ledger: Ledger, start_scheduler: Callable[..., Scheduler], caplog: pytest.LogCaptureFixture
 ) -> None:

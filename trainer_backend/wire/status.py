@@ -74,6 +74,7 @@ class RunUsage(BaseModel):
     device_share_1m: float = Field(description="share of the device's time over about the last minute")
     tokens_sampled: int
     tokens_trained: int
+    open_requests: int = Field(0, description="its requests queued or running on the device now")
 
 
 class ServerStatus(BaseModel):
