@@ -265,8 +265,6 @@ class OpenAIInference:
     def _constraint(self, response_format: oa.ResponseFormat | None) -> JsonSchemaConstraint | None:
         if response_format is None or response_format.type == "text":
             return None
-        if not self.service.engine.serves_constraints:
-            raise UserInputError("response_format is not served by a sharded backend (--shards) yet")
         if response_format.type == "json_object":
             return self.constraints.for_schema(None, "response_format")
         if response_format.json_schema is None or response_format.json_schema.json_schema is None:

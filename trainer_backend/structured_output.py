@@ -49,6 +49,19 @@ class JsonSchemaConstraints:
             raise UserInputError(f"{where} is not a JSON schema this server can follow: {problem}")
         return JsonSchemaConstraint(schema, grammar, self.tokenizer, self.vocab_size)
 
+    def remade(self, sent: SentGrammar) -> JsonSchemaConstraint:
+        """The constraint another process of a sharded backend made and validated, made here with this process's
+        tokenizer (the same model's: the same token masks)."""
+        return JsonSchemaConstraint(sent.schema, sent.grammar, self.tokenizer, self.vocab_size)
+
+
+@dataclass(frozen=True)
+class SentGrammar:
+    """A constraint as text, to send to another process: a compiled matcher and its tokenizer cannot be."""
+
+    schema: dict[str, Any]
+    grammar: str
+
 
 @dataclass(frozen=True)
 class JsonSchemaConstraint:
@@ -62,6 +75,9 @@ class JsonSchemaConstraint:
 
     def __call__(self) -> TokenConstraint:
         return _MatcherConstraint(llguidance.LLMatcher(self.tokenizer, self.grammar), self.tokenizer, self.vocab_size)
+
+    def sent(self) -> SentGrammar:
+        return SentGrammar(self.schema, self.grammar)
 
 
 class _MatcherConstraint:

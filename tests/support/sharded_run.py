@@ -34,6 +34,7 @@ from trainer_backend.sharding.group import ShardPlace, free_port, start_follower
 from trainer_backend.sharding.replica import LeaderEngine
 from trainer_backend.sharding.shard_model import decoder_layers, resident_weight_bytes
 from trainer_backend.sharding.shards import EngineSettings, sharded_engine
+from trainer_backend.structured_output import JsonSchemaConstraints
 
 PROMPT = (5, 9, 14, 3, 22, 7, 30, 11)
 # Long enough for the data that begin with it to be computed through it once (`engine/prefixes.py`).
@@ -101,7 +102,11 @@ def script(engine: ModelEngine | LeaderEngine, out: Path) -> dict:
 
     paused: list[int] = []
     taken: list[int] = []
-    extra = SamplingRequest(PROMPT[:5], num_samples=2, max_tokens=4, temperature=1.0, seed=11)
+    # Taken in under a JSON constraint (structured output): the followers make it again from its grammar.
+    constraints = JsonSchemaConstraints(engine.loaded.tokenizer, engine.loaded.vocab_size)
+    extra = SamplingRequest(
+        PROMPT[:5], num_samples=2, max_tokens=4, temperature=1.0, seed=11, constraint=constraints.for_schema(None, "")
+    )
 
     def pause() -> None:
         # Another tenant's training step inside the generation's pause, once.
@@ -129,6 +134,7 @@ def script(engine: ModelEngine | LeaderEngine, out: Path) -> dict:
     results["sampled"] = [[s.tokens for s in o.sequences] for o in (sampled[0], sampled[1], sampled[3])]
     results["sampled_logprobs"] = [[s.logprobs for s in o.sequences] for o in (sampled[0], sampled[1], sampled[3])]
     results["unseeded_sampled"] = all(isinstance(o, SamplingResult) for o in sampled)
+    results["constrained_texts"] = [engine.loaded.tokenizer.decode(s.tokens) for s in sampled[3].sequences]
     scored = engine.sample_batch(
         [SamplingRequest((*PROMPT, 40 + i), max_tokens=1, seed=1, prompt_logprobs=True) for i in range(3)]
     )

@@ -306,7 +306,7 @@ def test_metrics_report_queue_operations_busy_time_and_tokens(
     server: RunningServer, training: tinker.TrainingClient, ids: list[int]
 ) -> None:
     training.forward_backward([next_token_datum(ids)], "cross_entropy").result()
-    sampler = training.save_weights_and_get_sampling_client()
+    sampler = training.save_weights_and_get_sampling_client().result()
     params = types.SamplingParams(max_tokens=3, temperature=0.0, stop=[])
     sampler.sample(types.ModelInput.from_ints(ids), num_samples=1, sampling_params=params).result()
     reply = httpx.get(f"{server.url}/metrics")

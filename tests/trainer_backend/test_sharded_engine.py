@@ -4,8 +4,8 @@ decoder layers' weights and computing its share of each forward_backward's datum
 A scripted series of engine calls (`support/sharded_run.py`: adapters made from the global generator, a
 forward_backward of two adapters with every loss, a forward-only call and a refused call, one of a prompt's
 completions trained on their own tokens alone, optimizer steps, saves, a generation that pauses for another adapter's
-training step of a single datum and takes in a request, unseeded requests, prompt scoring, a load) runs once on a
-plain engine and once led by a process whose follower it starts; both save what they computed.
+training step of a single datum and takes in a request under a JSON constraint, unseeded requests, prompt scoring, a
+load) runs once on a plain engine and once led by a process whose follower it starts; both save what they computed.
 """
 
 from __future__ import annotations
@@ -56,6 +56,8 @@ def test_two_processes_compute_what_one_does(both_runs: tuple[dict, dict]) -> No
             torch.testing.assert_close(two[saved][name], weight, atol=FP32_TOLERANCE, rtol=0)
     assert two["taken_in"] == one["taken_in"] == 1
     assert two["sampled"] == one["sampled"]
+    # The request taken in was under a JSON constraint, made again on the follower.
+    assert all(text.startswith("{") for text in one["constrained_texts"]), one["constrained_texts"]
     for mine, theirs in zip(two["sampled_logprobs"], one["sampled_logprobs"], strict=True):
         for a, b in zip(mine, theirs, strict=True):
             assert a == pytest.approx(b, abs=FP32_TOLERANCE)

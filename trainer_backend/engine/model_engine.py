@@ -51,9 +51,6 @@ SampleOutcome = SamplingResult | SamplingInputError | SamplerWeightsError
 class ModelEngine:
     """The base model, its adapters, and the operations the Tinker API asks of them."""
 
-    # Samples under a request's token constraint (structured output).
-    serves_constraints = True
-
     def __init__(
         self,
         loaded: LoadedModel,

@@ -15,6 +15,7 @@ leader it raises on every follower, which goes on to the next call; the leader a
 
 from __future__ import annotations
 
+import functools
 import random
 import shutil
 import tempfile
@@ -34,6 +35,7 @@ from trainer_backend.engine.types import (
 )
 from trainer_backend.errors import BackendError
 from trainer_backend.sharding.group import CommandChannel, FollowerProcesses, ShardGroup
+from trainer_backend.structured_output import JsonSchemaConstraint, JsonSchemaConstraints, SentGrammar
 
 
 @dataclass(frozen=True)
@@ -48,10 +50,35 @@ class EngineCall:
 
 
 @dataclass(frozen=True)
+class SentSample:
+    """A sampling request as the followers receive it: the leader's (with the seed every process draws from, without
+    its streaming callback), its structured-output constraint as text, which each follower makes again with its own
+    tokenizer."""
+
+    request: SamplingRequest
+    grammar: SentGrammar | None = None
+
+    @classmethod
+    def of(cls, request: SamplingRequest) -> SentSample:
+        """Raises ValueError for a constraint that is not a JSON schema's (none other can be sent)."""
+        if request.constraint is None:
+            return cls(request)
+        if not isinstance(request.constraint, JsonSchemaConstraint):
+            raise ValueError(f"a sharded backend cannot send a {type(request.constraint).__name__} to its followers")
+        return cls(replace(request, constraint=None), request.constraint.sent())
+
+    def made(self, constraints: Callable[[], JsonSchemaConstraints]) -> SamplingRequest:
+        """The request with its constraint made from `constraints()` (called only for a constrained request)."""
+        if self.grammar is None:
+            return self.request
+        return replace(self.request, constraint=constraints().remade(self.grammar))
+
+
+@dataclass(frozen=True)
 class TakenIn:
     """The requests the leader's generation took in before its next decode step."""
 
-    requests: tuple[SamplingRequest, ...]
+    requests: tuple[SentSample, ...]
 
 
 @dataclass(frozen=True)
@@ -84,11 +111,8 @@ def _set_random_state(states: tuple[torch.Tensor, ...]) -> None:
 
 
 def _replayable(request: SamplingRequest) -> SamplingRequest:
-    """`request` as a follower can make it: a seed of its own (the leader's draw, which every process repeats), and
-    without the leader's streaming callback. A constrained request (structured output) cannot be sent: the OpenAI
-    endpoint refuses it before it is queued (`serves_constraints`)."""
-    if request.constraint is not None:
-        raise ValueError("a constrained request reached a sharded engine; its endpoint should have refused it")
+    """`request` as every process makes it: a seed of its own (the leader's draw, which every process repeats), and
+    without the leader's streaming callback."""
     seed = random.getrandbits(63) if request.seed is None else request.seed
     return replace(request, seed=seed, on_token=None)
 
@@ -96,9 +120,6 @@ def _replayable(request: SamplingRequest) -> SamplingRequest:
 class LeaderEngine:
     """The leader's engine: each call is sent to the followers, then made here. What only reads the engine's state
     (`has_adapter`, `residency`, the weight checks) is the leader's alone."""
-
-    # A constrained request's constraint is made on the leader and cannot be sent to the followers (yet).
-    serves_constraints = False
 
     def __init__(self, engine: ModelEngine, group: ShardGroup, followers: FollowerProcesses | None) -> None:
         """`followers`: the processes this leader started (None where torchrun started them)."""
@@ -148,7 +169,7 @@ class LeaderEngine:
     ) -> list[SampleOutcome]:
         """As `ModelEngine.sample_batch`; the followers make the same generation, pausing and taking in as it does."""
         replayed = [_replayable(request) for request in requests]
-        self._send("sample_batch", replayed, takes_in=admit is not None)
+        self._send("sample_batch", [SentSample.of(request) for request in replayed], takes_in=admit is not None)
 
         def paused() -> None:
             pause()
@@ -156,7 +177,7 @@ class LeaderEngine:
 
         def taking_in(accepts: Callable[[SamplingRequest], bool]) -> Sequence[SamplingRequest]:
             taken = [_replayable(request) for request in admit(accepts)]
-            self.channel.send(TakenIn(tuple(taken)))
+            self.channel.send(TakenIn(tuple(SentSample.of(request) for request in taken)))
             return taken
 
         return self.engine.sample_batch(replayed, paused, taking_in if admit is not None else None, finished)
@@ -176,46 +197,62 @@ def follow(engine: ModelEngine, channel: CommandChannel) -> None:
     """Make the leader's engine calls on `engine`, in order, until the leader stops."""
     scratch = Path(tempfile.mkdtemp(prefix="shard-saves-"))
     try:
+        replay = _Replay(engine, channel, scratch)
         while not isinstance(message := channel.receive(), Stop):
-            _make(engine, channel, message, scratch)
+            replay.make(message)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _make(engine: ModelEngine, channel: CommandChannel, call: object, scratch: Path) -> None:
-    if not isinstance(call, EngineCall):
-        raise ShardDivergedError(f"a follower expected an engine call and got {type(call).__name__}")
-    _set_random_state(call.random_state)
-    try:
-        if call.method == "sample_batch":
-            _sample_batch(engine, channel, call, scratch)
-        elif call.method == "save":
-            # The leader writes the files; a follower's save still makes the proof's forward pass with the others.
-            model_id, _folder, include_optimizer = call.arguments
-            folder = scratch / "save"
-            folder.mkdir()
-            engine.save(model_id, folder, include_optimizer)
-            shutil.rmtree(folder)
-        else:
-            getattr(engine, call.method)(*call.arguments)
-    except BackendError:
-        pass  # the leader's own call fails alike and answers the tenant
+class _Replay:
+    """A follower's side of the leader's calls: each made on its engine as the leader made it."""
 
+    def __init__(self, engine: ModelEngine, channel: CommandChannel, scratch: Path) -> None:
+        self.engine = engine
+        self.channel = channel
+        self.scratch = scratch
 
-def _sample_batch(engine: ModelEngine, channel: CommandChannel, call: EngineCall, scratch: Path) -> None:
-    def pause() -> None:
-        while not isinstance(message := channel.receive(), Resumed):
-            _make(engine, channel, message, scratch)
+    @functools.cached_property
+    def constraints(self) -> JsonSchemaConstraints:
+        # Made at the first constrained request: converting a tokenizer for llguidance takes a while.
+        return JsonSchemaConstraints(self.engine.loaded.tokenizer, self.engine.loaded.vocab_size)
 
-    def take_in(accepts: Callable[[SamplingRequest], bool]) -> Sequence[SamplingRequest]:
-        message = channel.receive()
-        if not isinstance(message, TakenIn):
-            got = type(message).__name__
-            raise ShardDivergedError(f"a follower's generation expected the requests taken in, got {got}")
-        for request in message.requests:
-            if not accepts(request):
+    def make(self, call: object) -> None:
+        if not isinstance(call, EngineCall):
+            raise ShardDivergedError(f"a follower expected an engine call and got {type(call).__name__}")
+        _set_random_state(call.random_state)
+        try:
+            if call.method == "sample_batch":
+                self._sample_batch(call)
+            elif call.method == "save":
+                # The leader writes the files; a follower's save still makes the proof's forward pass with the others.
+                model_id, _folder, include_optimizer = call.arguments
+                folder = self.scratch / "save"
+                folder.mkdir()
+                self.engine.save(model_id, folder, include_optimizer)
+                shutil.rmtree(folder)
+            else:
+                getattr(self.engine, call.method)(*call.arguments)
+        except BackendError:
+            pass  # the leader's own call fails alike and answers the tenant
+
+    def _sample_batch(self, call: EngineCall) -> None:
+        def pause() -> None:
+            while not isinstance(message := self.channel.receive(), Resumed):
+                self.make(message)
+
+        def take_in(accepts: Callable[[SamplingRequest], bool]) -> Sequence[SamplingRequest]:
+            message = self.channel.receive()
+            if not isinstance(message, TakenIn):
+                got = type(message).__name__
+                raise ShardDivergedError(f"a follower's generation expected the requests taken in, got {got}")
+            requests = [self._made(sent) for sent in message.requests]
+            if not all(accepts(request) for request in requests):
                 raise ShardDivergedError("a follower's generation cannot take in a request the leader's took in")
-        return message.requests
+            return requests
 
-    (requests,) = call.arguments
-    engine.sample_batch(requests, pause, take_in if call.takes_in else None)
+        (sent,) = call.arguments
+        self.engine.sample_batch([self._made(one) for one in sent], pause, take_in if call.takes_in else None)
+
+    def _made(self, sent: SentSample) -> SamplingRequest:
+        return sent.made(lambda: self.constraints)
