@@ -36,6 +36,10 @@ def _no_pause_share_limit() -> None:
     scheduler.PAUSE_SHARE_LIMIT = math.inf
 
 
+def _even_pause_share() -> None:
+    scheduler.PAUSE_SHARE_LIMIT = 1.0
+
+
 def _no_gathering_window() -> None:
     builtin.SAMPLING_BATCH_WINDOW_S = 0.0
 
@@ -48,6 +52,7 @@ VARIANTS: dict[str, Callable[[], None]] = {
     "no-joining": _no_joining,  # nested batches only, as before joining
     "no-nesting": _no_nesting,  # what a generation cannot take in waits for its end
     "no-pause-share-limit": _no_pause_share_limit,  # others' work runs in every pause
+    "even-pause-share": _even_pause_share,  # a long call's pauses lend others as much time as it keeps, not twice
     "no-gathering-window": _no_gathering_window,  # a batch forms (or takes requests in) as soon as one is ready
     "join-within-budget": _join_within_budget,  # no tenant takes a running batch past its budget
 }

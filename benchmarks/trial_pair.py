@@ -2,14 +2,15 @@
 together saves over one after the other.
 
 Run: python -m benchmarks.trial_pair [--model google/gemma-3-270m] [--steps 20] [--eval-interval 10]
-         [--eval-size 64] [--serial] [--before COMMIT] [--log-dir DIR]
+         [--eval-size 64] [--serial] [--before COMMIT] [--log-dir DIR] [--variants even-pause-share …]
      python -m benchmarks.trial_pair --watch URL --run-dir TRIAL_DIR TRIAL_DIR [--minutes 60]
 
-A real server (`python -m trainer_backend serve` of this tree, and of `--before` when given) and two trials of the
-model's trial recipe under the trials' default key, started at once: trial 1 evaluates every `--eval-interval` steps
-on `--eval-size` held-out questions, trial 2 only at its end (one question), as a study's trials at different points
-of their runs do. The backend's status is read every POLL_S seconds for each trial's device seconds (its sampling,
-training and saves). Reported, per server: each trial's median and longest step; the longest step of either against
+A real server (`python -m trainer_backend serve` of this tree, of `--before` when given, and of this tree with each
+scheduling variant of `--variants`, benchmarks/scheduler_variants.py) and two trials of the model's trial recipe under
+the trials' default key, started at once: trial 1 evaluates every `--eval-interval` steps on `--eval-size` held-out
+questions, trial 2 only at its end (one question), as a study's trials at different points of their runs do. The
+backend's status is read every POLL_S seconds for each trial's device seconds (its sampling, training and saves) and
+open requests. Reported, per server: each trial's median and longest step; the longest step of either against
 the median step of both (goal: at most STEP_GOAL); each trial's share of the device over every WINDOW_S window of
 the time both had requests queued or running on it (goal: within SHARE_GOAL of an even split), and how much of the
 time that was; the device's busy fraction of the makespan; with `--serial`, the two trials one after the other
@@ -41,10 +42,11 @@ from autoresearch.device_share import device_use_by_trial
 from autoresearch.sdk_logging import quiet_sdk_logs
 from autoresearch.trials.backend import DEFAULT_API_KEY
 from autoresearch.trials.config import TrialConfig
-from benchmarks import command_line
+from benchmarks import ROOT, command_line
 from benchmarks.against_commit import MemoryWatch, compared_trees, server_from
 from benchmarks.fairness import DeviceCounters, Step, recipe_trial, run_b
 from benchmarks.rl_step import REWARD_WITH_SPREAD
+from benchmarks.scheduler_variants import VARIANTS
 from trainer_backend.models.gemma import GEMMA_3_270M
 from trainer_backend.models.qwen import QWEN_2_5_CODER_0_5B_INSTRUCT
 
@@ -310,15 +312,21 @@ def row(name: str, figures: PairFigures) -> list[str]:
 
 
 def measured(
-    before: str | None, configs: tuple[TrialConfig, TrialConfig], serial: bool, log_dir: Path | None
+    before: str | None,
+    configs: tuple[TrialConfig, TrialConfig],
+    serial: bool,
+    log_dir: Path | None,
+    variants: Sequence[str] = (),
 ) -> Iterator[tuple[str, PairFigures]]:
-    """The pair on the server of commit `before` (when given), then on this tree's, each as it is measured."""
+    """The pair on the server of commit `before` (when given), then on this tree's, then on this tree's with each
+    scheduling variant (`benchmarks.scheduler_variants`), each as it is measured."""
     with tempfile.TemporaryDirectory(prefix="trial-pair-") as scratch, compared_trees(before, "before") as trees:
-        for tree in trees:
-            name = tree.commit or "this tree"
+        servers = [(tree.commit or "this tree", tree.folder, ("trainer_backend",)) for tree in trees]
+        servers += [(variant, ROOT, ("benchmarks.scheduler_variants", variant)) for variant in variants]
+        for name, tree_folder, launcher in servers:
             folder = Path(scratch) / name.replace(" ", "-")
             try:
-                figures = run_pair(tree.folder, folder, configs, serial, ("trainer_backend",))
+                figures = run_pair(tree_folder, folder, configs, serial, launcher)
             finally:
                 if log_dir is not None:
                     log_dir.mkdir(parents=True, exist_ok=True)
@@ -337,6 +345,13 @@ def main() -> None:
     parser.add_argument("--serial", action="store_true", help="also run the two trials one after the other first")
     parser.add_argument("--before", default=None, help="also measure the server of this commit")
     parser.add_argument("--log-dir", type=Path, default=None, help="keep each server's log here")
+    parser.add_argument(
+        "--variants",
+        nargs="*",
+        default=[],
+        choices=sorted(VARIANTS),
+        help="also measure this tree's server with each of these scheduling mechanisms set otherwise",
+    )
     parser.add_argument("--watch", default=None, metavar="URL", help="follow two trials running on this backend")
     parser.add_argument("--run-dir", type=Path, nargs=2, default=None, help="with --watch: the two trials' folders")
     parser.add_argument("--minutes", type=float, default=60.0, help="with --watch: for at most this long")
@@ -368,7 +383,7 @@ def main() -> None:
             f"{args.eval_interval}), {args.model}"
         )
         rows = []
-        for name, figures in measured(args.before, configs, args.serial, args.log_dir):
+        for name, figures in measured(args.before, configs, args.serial, args.log_dir, args.variants):
             # Each server's figures as soon as they exist: a run stopped midway keeps what it measured.
             console.print(f"{name}: {figures}")
             rows.append(row(name, figures))

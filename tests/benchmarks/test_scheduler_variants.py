@@ -1,0 +1,39 @@
+"""The scheduling variants the fairness and trial-pair benchmarks measure: each sets the one constant it names away
+from the server's own, and an unknown one is refused with the list."""
+
+from __future__ import annotations
+
+import math
+import sys
+from types import ModuleType
+
+import pytest
+
+from benchmarks import scheduler_variants
+from benchmarks.scheduler_variants import VARIANTS
+from trainer_backend import scheduler
+from trainer_backend.samplers import builtin
+
+
+@pytest.mark.parametrize(
+    ("variant", "module", "constant", "value"),
+    [
+        ("even-pause-share", scheduler, "PAUSE_SHARE_LIMIT", 1.0),
+        ("no-pause-share-limit", scheduler, "PAUSE_SHARE_LIMIT", math.inf),
+        ("join-within-budget", scheduler, "JOIN_BUDGET_LIMIT", 1.0),
+        ("no-gathering-window", builtin, "SAMPLING_BATCH_WINDOW_S", 0.0),
+    ],
+)
+def test_a_variant_sets_its_constant_away_from_the_servers(
+    monkeypatch: pytest.MonkeyPatch, variant: str, module: ModuleType, constant: str, value: float
+) -> None:
+    monkeypatch.setattr(module, constant, getattr(module, constant))  # put back after the test
+    assert getattr(module, constant) != value
+    VARIANTS[variant]()
+    assert getattr(module, constant) == value
+
+
+def test_an_unknown_variant_is_refused_naming_the_known_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "argv", ["scheduler_variants", "fastest", "serve"])
+    with pytest.raises(SystemExit, match=r"unknown variant 'fastest'; the variants are .*even-pause-share"):
+        scheduler_variants.main()
