@@ -20,6 +20,10 @@ which a 2-core CPU has little of); the backend's peak resident memory.
 With `--watch`: two trials already running on a backend (a study's, under the trials' default key), followed for
 `--minutes` or until one ends, their steps read from their run folders' metrics as they appear: the same figures
 but the serial makespan and the memory.
+
+A trial's device time and open requests are its training run's (its training, and the samples of its weights): an
+evaluation of the base model (a trial's step 0, when it is not shared) counts to no run, so the windows judge the
+time both runs had work, not those minutes.
 """
 
 from __future__ import annotations
