@@ -50,7 +50,7 @@ from benchmarks import ROOT, command_line
 from benchmarks.against_commit import MemoryWatch, compared_trees, server_from
 from benchmarks.process_tree import tree_cpu_seconds
 from benchmarks.rl_step import RECIPES, REWARD_WITH_SPREAD
-from benchmarks.scheduler_variants import VARIANTS
+from benchmarks.scheduler_variants import add_variants_option
 from trainer_backend.ledger import Ledger, ResultFormat
 from trainer_backend.models.gemma import GEMMA_3_270M
 from trainer_backend.models.qwen import QWEN_2_5_CODER_0_5B_INSTRUCT
@@ -451,13 +451,7 @@ def main() -> None:
         action="store_true",
         help="with --engine: A's evaluation under B's key, as a study's trials run (two runs of one tenant)",
     )
-    parser.add_argument(
-        "--variants",
-        nargs="*",
-        default=[],
-        choices=sorted(VARIANTS),
-        help="with --engine: also measure this tree's server with each of these scheduling mechanisms set otherwise",
-    )
+    add_variants_option(parser, "with --engine: ")
     args = parser.parse_args()
     if args.engine:
         engine_main(args.model, args.before, args.steps, args.log_dir, args.variants, args.same_key)

@@ -7,6 +7,7 @@ Run: python -m benchmarks.scheduler_variants VARIANT serve [the flags of python 
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import sys
@@ -56,6 +57,17 @@ VARIANTS: dict[str, Callable[[], None]] = {
     "no-gathering-window": _no_gathering_window,  # a batch forms (or takes requests in) as soon as one is ready
     "join-within-budget": _join_within_budget,  # no tenant takes a running batch past its budget
 }
+
+
+def add_variants_option(parser: argparse.ArgumentParser, when: str = "") -> None:
+    """`--variants`, as the benchmarks that measure servers take it; `when` prefixes its help ("with --engine: ")."""
+    parser.add_argument(
+        "--variants",
+        nargs="*",
+        default=[],
+        choices=sorted(VARIANTS),
+        help=f"{when}also measure this tree's server with each of these scheduling mechanisms set otherwise",
+    )
 
 
 def main() -> None:

@@ -50,7 +50,7 @@ from benchmarks import ROOT, command_line
 from benchmarks.against_commit import MemoryWatch, compared_trees, server_from
 from benchmarks.fairness import DeviceCounters, Step, recipe_trial, run_b
 from benchmarks.rl_step import REWARD_WITH_SPREAD
-from benchmarks.scheduler_variants import VARIANTS
+from benchmarks.scheduler_variants import add_variants_option
 from trainer_backend.models.gemma import GEMMA_3_270M
 from trainer_backend.models.qwen import QWEN_2_5_CODER_0_5B_INSTRUCT
 
@@ -349,13 +349,7 @@ def main() -> None:
     parser.add_argument("--serial", action="store_true", help="also run the two trials one after the other first")
     parser.add_argument("--before", default=None, help="also measure the server of this commit")
     parser.add_argument("--log-dir", type=Path, default=None, help="keep each server's log here")
-    parser.add_argument(
-        "--variants",
-        nargs="*",
-        default=[],
-        choices=sorted(VARIANTS),
-        help="also measure this tree's server with each of these scheduling mechanisms set otherwise",
-    )
+    add_variants_option(parser)
     parser.add_argument("--watch", default=None, metavar="URL", help="follow two trials running on this backend")
     parser.add_argument("--run-dir", type=Path, nargs=2, default=None, help="with --watch: the two trials' folders")
     parser.add_argument("--minutes", type=float, default=60.0, help="with --watch: for at most this long")
