@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -231,9 +231,8 @@ class Scheduler:
     def folders_in_use(self) -> set[Path]:
         """Checkpoint folders that queued or running operations read."""
         with self._condition:
-            operations = [op for lane in self._lanes.values() for op in lane.operations()]
             running = [op for call in self._calls for op in call.operations]
-            return {op.reads for op in [*operations, *running] if op.reads is not None}
+            return {op.reads for op in [*self._queued_operations(), *running] if op.reads is not None}
 
     def stats(self) -> SchedulerStats:
         with self._condition:
@@ -262,12 +261,15 @@ class Scheduler:
         return sum(len(lane) for lane in self._lanes.values())
 
     def _queued_by_owner(self) -> Counter[str]:
-        return Counter(op.owner for lane in self._lanes.values() for op in lane.operations() if op.owner is not None)
+        return Counter(op.owner for op in self._queued_operations() if op.owner is not None)
 
     def _open_by_run(self) -> Counter[tuple[str, str]]:
-        queued = [op for lane in self._lanes.values() for op in lane.operations()]
         running = [op for call in self._calls for op in call.unfinished()]
-        return Counter((op.owner, op.run) for op in [*queued, *running] if op.owner is not None and op.run is not None)
+        open_operations = [*self._queued_operations(), *running]
+        return Counter((op.owner, op.run) for op in open_operations if op.owner is not None and op.run is not None)
+
+    def _queued_operations(self) -> Iterator[Operation]:
+        return (op for lane in self._lanes.values() for op in lane.operations())
 
     def _queued_by(self, owner: str) -> int:
         return self._queued_by_owner()[owner]
@@ -380,7 +382,7 @@ class Scheduler:
                 return []
             now = time.monotonic()
             refused = call.refused
-            if refused and any(op.request_id in refused for lane in self._lanes.values() for op in lane.operations()):
+            if refused and any(op.request_id in refused for op in self._queued_operations()):
                 return []
             inside = call.parties()
             waiting = []
