@@ -390,10 +390,8 @@ def engine_main(
                 if log_dir is not None:
                     log_dir.mkdir(parents=True, exist_ok=True)
                     shutil.copy(folder / "backend" / "server.log", log_dir / f"{name.replace(' ', '-')}.log")
-            # Each server's figures as soon as they exist: a run stopped midway keeps what it measured.
-            console.print(f"{name}: {figures}")
             device_alone = figures.a_alone.device + figures.b_alone.device
-            table.add_row(
+            cells = (
                 name,
                 f"{statistics.median(figures.b_steps_alone):.1f} s",
                 f"{statistics.median(figures.b_steps_beside_a):.1f} s ({len(figures.b_steps_beside_a)})"
@@ -409,6 +407,9 @@ def engine_main(
                 f"{device_alone.busy_s:.0f} / {figures.together.device.busy_s:.0f}",
                 f"{figures.peak_gib:.1f} GiB",
             )
+            # Each server's figures as soon as they exist: a run stopped midway keeps what it measured.
+            console.print(" | ".join(cells))
+            table.add_row(*cells)
             verdicts += [f"{name}: {goal}: {'pass' if ok else 'FAIL'}" for goal, ok in figures.passed.items()]
             together = figures.together.device
             verdicts.append(

@@ -32,6 +32,7 @@ python -m benchmarks.duty_cycle --model google/gemma-3-270m --device cuda --conc
 # Two trials of one key (issue 48): their device shares and the makespan together against one after the other, where
 # the device has room to spare (on a 2-core CPU it has little).
 python -m benchmarks.trial_pair --model google/gemma-3-270m --steps 6 --eval-interval 3 --eval-size 64 --serial \
+  --plot "$OUT/trial_pair_shares.png" \
   | tee "$OUT/trial_pair.txt"
 # The sharded backend (issue 49), where the machine has two GPUs or more: one process against a group of one process
 # per GPU, NCCL gathering each decoder layer's weights.

@@ -4,6 +4,7 @@ together saves over one after the other.
 Run: python -m benchmarks.trial_pair [--model google/gemma-3-270m] [--steps 20] [--eval-interval 10]
          [--eval-size 64] [--serial] [--before COMMIT] [--log-dir DIR] [--variants even-pause-share …]
      python -m benchmarks.trial_pair --watch URL --run-dir TRIAL_DIR TRIAL_DIR [--minutes 60]
+     either with [--plot PNG]: each window's share drawn, per server
 
 A real server (`python -m trainer_backend serve` of this tree, of `--before` when given, and of this tree with each
 scheduling variant of `--variants`, benchmarks/scheduler_variants.py) and two trials of the model's trial recipe under
@@ -95,10 +96,19 @@ class Shares:
     shorter), and how much of the readings' span that time was."""
 
     window_s: float
-    worst_deviation: float  # the largest |share - 1/2| of trial 1 over the windows
-    windows: int
+    # Trial 1's share in each window, by where the window starts on the clock of the time both had work.
+    window_shares: tuple[tuple[float, float], ...]
     both_working_s: float
     span_s: float
+
+    @property
+    def worst_deviation(self) -> float:
+        """The largest |share - 1/2| of trial 1 over the windows."""
+        return max(abs(share - 0.5) for _, share in self.window_shares)
+
+    @property
+    def windows(self) -> int:
+        return len(self.window_shares)
 
 
 def shares_over_windows(readings: Sequence[Reading], until: float, trials: tuple[str, str] = TRIALS) -> Shares | None:
@@ -119,7 +129,7 @@ def shares_over_windows(readings: Sequence[Reading], until: float, trials: tuple
     if len(timeline) < 2:
         return None
     window = min(WINDOW_S, clock)
-    deviations = []
+    window_shares = []
     for index, (start, before_use) in enumerate(timeline):
         end_index = next((j for j in range(index + 1, len(timeline)) if timeline[j][0] - start >= window - 1e-9), None)
         if end_index is None:
@@ -128,10 +138,10 @@ def shares_over_windows(readings: Sequence[Reading], until: float, trials: tuple
         window_use = {trial: after_use[trial] - before_use[trial] for trial in trials}
         total = sum(window_use.values())
         if total > 0:
-            deviations.append(abs(window_use[trials[0]] / total - 0.5))
-    if not deviations:
+            window_shares.append((start, window_use[trials[0]] / total))
+    if not window_shares:
         return None
-    return Shares(window, max(deviations), len(deviations), clock, readings[-1].at - readings[0].at)
+    return Shares(window, tuple(window_shares), clock, readings[-1].at - readings[0].at)
 
 
 @dataclass(frozen=True)
@@ -315,6 +325,34 @@ def row(name: str, figures: PairFigures) -> list[str]:
     ]
 
 
+def plot_shares(figures_by_name: dict[str, PairFigures], path: Path) -> None:
+    """Trial 1's device share in each window of the time both trials had work, one line per server, the goal's
+    band shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(10, 4))
+    axis.axhspan(0.5 - SHARE_GOAL, 0.5 + SHARE_GOAL, color="tab:green", alpha=0.15, label="goal: within 10 points")
+    window_s = WINDOW_S
+    for name, figures in figures_by_name.items():
+        if figures.shares is None:
+            continue
+        window_s = figures.shares.window_s
+        starts, shares = zip(*figures.shares.window_shares, strict=True)
+        worst = figures.shares.worst_deviation
+        axis.plot([start / 60 for start in starts], shares, label=f"{name} (worst {worst:.0%} off even)")
+    axis.set_ylim(0, 1)
+    axis.set_xlabel("minutes of the time both trials had work on the device (the window's start)")
+    axis.set_ylabel(f"trial 1's share of {window_s / 60:.0f} min")
+    axis.legend(fontsize=8, loc="lower left")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
 def measured(
     before: str | None,
     configs: tuple[TrialConfig, TrialConfig],
@@ -353,6 +391,7 @@ def main() -> None:
     parser.add_argument("--watch", default=None, metavar="URL", help="follow two trials running on this backend")
     parser.add_argument("--run-dir", type=Path, nargs=2, default=None, help="with --watch: the two trials' folders")
     parser.add_argument("--minutes", type=float, default=60.0, help="with --watch: for at most this long")
+    parser.add_argument("--plot", type=Path, default=None, help="draw each window's share to this PNG")
     args = parser.parse_args()
     if (args.watch is None) != (args.run_dir is None):
         parser.error("--watch and --run-dir go together")
@@ -363,15 +402,23 @@ def main() -> None:
     quiet_sdk_logs()
     console = Console(width=140)
     verdicts: list[str] = []
+    plotted: dict[str, PairFigures] = {}
+
+    def keep(name: str, figures: PairFigures) -> None:
+        # Drawn as the figures come: a run stopped midway keeps its plot of what it measured.
+        plotted[name] = figures
+        if args.plot is not None:
+            plot_shares(plotted, args.plot)
+
     if args.watch is not None:
         table = Table(title=f"two running trials on {args.watch}: {args.run_dir[0].name}, {args.run_dir[1].name}")
-        figures = watch_trials(
-            args.watch,
-            tuple(args.run_dir),
-            args.minutes,
-            DEFAULT_API_KEY,
-            lambda so_far: console.print(f"so far ({so_far.together_s / 60:.0f} min): " + " | ".join(row("", so_far))),
-        )
+
+        def progress(so_far: PairFigures) -> None:
+            console.print(f"so far ({so_far.together_s / 60:.0f} min): " + " | ".join(row("", so_far)))
+            keep("watched", so_far)
+
+        figures = watch_trials(args.watch, tuple(args.run_dir), args.minutes, DEFAULT_API_KEY, progress)
+        keep("watched", figures)
         rows = [row("watched", figures)]
         verdicts += [f"watched: {goal}: {'pass' if ok else 'FAIL'}" for goal, ok in figures.passed.items()]
     else:
@@ -383,8 +430,9 @@ def main() -> None:
         rows = []
         for name, figures in measured(args.before, configs, args.serial, args.log_dir, args.variants):
             # Each server's figures as soon as they exist: a run stopped midway keeps what it measured.
-            console.print(f"{name}: {figures}")
             rows.append(row(name, figures))
+            console.print(" | ".join(rows[-1]))
+            keep(name, figures)
             verdicts += [f"{name}: {goal}: {'pass' if ok else 'FAIL'}" for goal, ok in figures.passed.items()]
     for column in COLUMNS:
         table.add_column(column, justify="right")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from benchmarks import trial_pair
@@ -48,3 +50,16 @@ def test_only_the_time_both_had_work_open_counts(monkeypatch: pytest.MonkeyPatch
     assert (shares.both_working_s, shares.span_s, shares.windows) == (60.0, 90.0, 4)
     # Never both with work open at once: nothing to judge.
     assert shares_over_windows(readings(rates, idle=range(10)), until=90.0) is None
+
+
+def test_the_plot_draws_each_servers_window_shares(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(trial_pair, "WINDOW_S", 30.0)
+    stalled = shares_over_windows(readings([(0.5, 0.5)] * 3 + [(0.0, 1.0)] * 3 + [(0.5, 0.5)] * 3), until=90.0)
+    assert stalled is not None
+    # Trial 1's share falls to nothing in the window that holds the stall, and is even again after it.
+    assert [share for _, share in stalled.window_shares] == pytest.approx([0.5, 1 / 3, 1 / 6, 0.0, 1 / 6, 1 / 3, 0.5])
+    judged = trial_pair.PairFigures({}, 90.0, 90.0, stalled, None, None)
+    unjudged = trial_pair.PairFigures({}, 1.0, 1.0, None, None, None)  # a server whose trials never both had work
+    path = tmp_path / "shares.png"
+    trial_pair.plot_shares({"this tree": judged, "another": unjudged}, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
