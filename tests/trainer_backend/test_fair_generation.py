@@ -3,7 +3,8 @@ requests until its queue drains.
 
 A real server of the tiny model whose generation batch holds eight of tenant A's requests (`--max-generation-batch-
 tokens`). A sends 64 requests at once, then B sends two: B's are answered before most of A's. And B's request does
-not even wait for A's running generation to end: it runs in one of its pauses.
+not even wait for A's running generation to end: it runs in one of its pauses. Two runs of one key (a study's
+trials) share it as two keys do.
 """
 
 from __future__ import annotations
@@ -76,5 +77,30 @@ def test_a_tenants_request_runs_inside_another_tenants_long_generation(server: R
         assert [len(sequence.tokens) for sequence in b_result.sequences] == [8] * 4
         # B's answer came while A's generation was still running.
         running = [f for f in status_of(server, key_a)["in_flight"] if f["kind"] == "sample"]
+        assert running and running[0]["state"] == "running"
+        assert len(a_future.result().sequences[0].tokens) == 400
+
+
+def test_a_runs_request_is_not_held_behind_another_run_of_the_same_key(server: RunningServer) -> None:
+    """A study's trials run under one key: each trial's samples of its own weights count to its run, and a run waits
+    for another run of its key no longer than for another key's (the bound: a pause of the running generation)."""
+    key = "tml-fair-one-key"
+    with tinker.ServiceClient(base_url=server.url, api_key=key) as client:
+        runs = [client.create_lora_training_client(base_model=TINY, rank=4) for _ in range(2)]
+        run_a, run_b = (run.result() for run in runs)
+        sampler_a = run_a.save_weights_and_get_sampling_client(name="run-a")
+        sampler_b = run_b.save_weights_and_get_sampling_client(name="run-b")
+        very_long = types.SamplingParams(max_tokens=400, temperature=1.0, stop=[])
+        a_future = sampler_a.sample(PROMPT, 1, very_long)
+        deadline = time.monotonic() + 30
+        while "sample" not in status_of(server, key)["device"]["running_kinds"]:
+            assert time.monotonic() < deadline, "run A's generation never started"
+            time.sleep(0.02)
+
+        short = types.SamplingParams(max_tokens=8, temperature=1.0, stop=[])
+        b_result = sampler_b.sample(PROMPT, 4, short).result()
+        assert [len(sequence.tokens) for sequence in b_result.sequences] == [8] * 4
+        # Run B's answer came while run A's generation, of the same key, was still running.
+        running = [f for f in status_of(server, key)["in_flight"] if f["kind"] == "sample"]
         assert running and running[0]["state"] == "running"
         assert len(a_future.result().sequences[0].tokens) == 400
