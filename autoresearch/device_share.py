@@ -2,9 +2,11 @@
 
 A trial creates its training runs with its run id in their user_metadata (`TRIAL_METADATA_KEY`), and
 `GET /api/v1/status` lists the caller's recently active runs with their device time; sampling from a run's sampler
-weights counts toward the run, so a trial's figure covers its sampling, training and saves. Trials share one API key,
-so the key's own usage could not tell them apart. A backend that does not answer, or answers without `runs` (one
-that is not this project's), leaves its trials without a figure: the view is a convenience, never a reason to stop.
+weights, and sampling the base model through the client session that trains the run (a KL penalty's reference
+log-probs), counts toward the run, so a trial's figure covers its sampling, scoring, training and saves. Trials
+share one API key, so the key's own usage could not tell them apart. A backend that does not answer, or answers
+without `runs` (one that is not this project's), leaves its trials without a figure: the view is a convenience, never
+a reason to stop.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 together saves over one after the other.
 
 Run: python -m benchmarks.trial_pair [--model google/gemma-3-270m] [--steps 20] [--eval-interval 10]
-         [--eval-size 64] [--serial] [--before COMMIT] [--log-dir DIR] [--variants even-pause-share …]
+         [--eval-size 64] [--serial] [--before COMMIT] [--log-dir DIR] [--variants twice-pause-share …]
      python -m benchmarks.trial_pair --watch URL --run-dir TRIAL_DIR TRIAL_DIR [--minutes 60]
      either with [--plot PNG]: each window's share drawn, per server
 
@@ -22,9 +22,9 @@ With `--watch`: two trials already running on a backend (a study's, under the tr
 `--minutes` or until one ends, their steps read from their run folders' metrics as they appear: the same figures
 but the serial makespan and the memory.
 
-A trial's device time and open requests are its training run's (its training, and the samples of its weights): an
-evaluation of the base model (a trial's step 0, when it is not shared) counts to no run, so the windows judge the
-time both runs had work, not those minutes.
+A trial's device time and open requests are its training run's: its training, the samples of its weights, and the
+base model's samples through its client session (its KL penalty's reference log-probs, its own step-0 evaluation).
+A study's shared evaluation of the base model counts to no trial.
 """
 
 from __future__ import annotations

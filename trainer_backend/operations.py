@@ -66,9 +66,10 @@ class Operation(Generic[PayloadT]):
 
     @property
     def party(self) -> str:
-        """Whose fair share of the device this operation counts toward: its training run (the run's own requests, and
-        the samples and evaluations that read its weights, from whichever sampling session), else its lane. Runs of
-        one key share the device as runs of two keys do."""
+        """Whose fair share of the device this operation counts toward: its training run (the run's own requests, the
+        samples and evaluations that read its weights, from whichever sampling session, and the base model's samples
+        of the client session that trains it), else its lane. Runs of one key share the device as runs of two keys
+        do."""
         return self.run or self.lane
 
 

@@ -251,6 +251,13 @@ class RunStore:
             )
         return SamplingSession(sampling_session_id, owner, session_id, base_model, model_path)
 
+    def sole_run_of_session(self, session_id: str) -> str | None:
+        """The training run the client session `session_id` created, when it created exactly one."""
+        with self._lock:
+            rows = self._db.execute("SELECT model_id FROM training_runs WHERE session_id = ? LIMIT 2", (session_id,))
+            found = rows.fetchall()
+        return found[0][0] if len(found) == 1 else None
+
     def sampling_session(self, owner: str, sampling_session_id: str) -> SamplingSession:
         query = (
             "SELECT sampling_session_id, owner, session_id, base_model, model_path FROM sampling_sessions"

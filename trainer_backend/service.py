@@ -529,10 +529,20 @@ class TrainingService:
         model_path = self._sampling_weights(owner, request)
         sampling = request.to_engine(None if model_path is None else self.checkpoints.folder(model_path))
         lane = request.sampling_session_id or f"base:{owner}"
-        run = None if model_path is None else model_path.model_id
+        run = model_path.model_id if model_path is not None else self._run_sampling_the_base_model(owner, request)
         session = request.sampling_session_id
         alone = session is not None and runs_alone(self.runs.batch_invariance(session), sampling)
         return self.submit_sampling(owner, sampling, lane, body, key, request.prompt_logprobs_last_n, run, alone)
+
+    def _run_sampling_the_base_model(self, owner: str, request: schemas.SampleRequest) -> str | None:
+        """The run a sample of the base model counts toward: the one training run of the client session that made
+        its sampling session (an RL loop's reference log-probs for its KL penalty, its evaluation of the base model),
+        so that a study's trials, all of one key, share the device by trial; None where that session trains no run
+        or several."""
+        if request.sampling_session_id is None:
+            return None
+        session = self.runs.sampling_session(owner, request.sampling_session_id)
+        return self.runs.sole_run_of_session(session.session_id)
 
     def submit_sampling(
         self,
@@ -547,8 +557,9 @@ class TrainingService:
     ) -> Submitted:
         """Record one sampling request (Tinker's `sample`, or an OpenAI-compatible completion) and hand it to the
         sampler; its future resolves to the encoded `SampleResponse`, and `Submitted.sampled` to the engine's result.
-        `lane`: the queue it waits in. `run`: the training run whose sampler weights it reads, which its usage counts
-        toward. `batch_invariant`: answered as if alone on the server (`batch_invariance.py`)."""
+        `lane`: the queue it waits in. `run`: the training run its usage and device share count toward (whose sampler
+        weights it reads, or whose client session samples the base model). `batch_invariant`: answered as if alone on
+        the server (`batch_invariance.py`)."""
         samples = request.num_samples
         if samples > self.config.max_num_samples:
             raise UserInputError(

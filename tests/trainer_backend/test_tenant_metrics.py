@@ -47,18 +47,21 @@ def sampled_tokens(response: types.SampleResponse) -> int:
 
 
 def train_and_sample(client: tinker.ServiceClient, trial: str, steps: int) -> Work:
-    """A small RL-like loop on a run tagged with `trial`: forward_backward, optim_step, save, sample its weights."""
+    """A small RL-like loop on a run tagged with `trial`: forward_backward, optim_step, save, sample its weights, and
+    sample the base model through the same client session (as a KL penalty's reference does)."""
     training = client.create_lora_training_client(
         base_model=TINY, rank=4, seed=0, user_metadata={"trial": trial}
     ).result()
+    reference = client.create_sampling_client(base_model=TINY).result()
     datum = types.Datum(model_input=PROMPT, loss_fn_inputs={"target_tokens": [9, 14, 3, 2]})
     sampled = 0
+    params = types.SamplingParams(max_tokens=12, temperature=1.0, stop=[])
     for _ in range(steps):
         training.forward_backward([datum], "cross_entropy").result()
         training.optim_step(types.AdamParams(learning_rate=1e-3)).result()
         sampler = training.save_weights_and_get_sampling_client().result()
-        params = types.SamplingParams(max_tokens=12, temperature=1.0, stop=[])
         sampled += sampled_tokens(sampler.sample(PROMPT, 2, params).result())
+        sampled += sampled_tokens(reference.sample(PROMPT, 1, params).result())
     return Work(sampled=sampled, trained=steps * PROMPT.length, model_id=training.model_id)
 
 
@@ -126,10 +129,11 @@ def test_the_status_shows_the_caller_its_label_usage_and_runs(server: RunningSer
 
     [run] = status_of(server, KEY_A)["runs"]
     assert run["model_id"] == work[KEY_A].model_id and run["user_metadata"] == {"trial": "study-0001"}
-    # Sampling its own sampler weights counts toward the run.
+    # Sampling its own sampler weights counts toward the run, and so does sampling the base model through the client
+    # session that trains it (a study's trials, all of one key, share the device by run).
     assert (run["tokens_sampled"], run["tokens_trained"]) == (work[KEY_A].sampled, work[KEY_A].trained)
     assert 0 < run["device_seconds"] <= usage["device_seconds"] and 0 < run["device_share_1m"] <= 1
-    # B sampled only the base model: its own time, no run.
+    # B sampled only the base model, from a session that trains nothing: its own time, no run.
     b = status_of(server, KEY_B)
     assert b["usage"]["device_seconds"] > 0 and b["runs"] == []
 
