@@ -37,8 +37,8 @@ def _no_pause_share_limit() -> None:
     scheduler.PAUSE_SHARE_LIMIT = math.inf
 
 
-def _even_pause_share() -> None:
-    scheduler.PAUSE_SHARE_LIMIT = 1.0
+def _twice_pause_share() -> None:
+    scheduler.PAUSE_SHARE_LIMIT = 2.0
 
 
 def _no_gathering_window() -> None:
@@ -49,13 +49,18 @@ def _join_within_budget() -> None:
     scheduler.JOIN_BUDGET_LIMIT = 1.0
 
 
+def _join_half_budget() -> None:
+    scheduler.JOIN_EVEN_SHARE_OF = 1.0
+
+
 VARIANTS: dict[str, Callable[[], None]] = {
     "no-joining": _no_joining,  # nested batches only, as before joining
     "no-nesting": _no_nesting,  # what a generation cannot take in waits for its end
     "no-pause-share-limit": _no_pause_share_limit,  # others' work runs in every pause
-    "even-pause-share": _even_pause_share,  # a long call's pauses lend others as much time as it keeps, not twice
+    "twice-pause-share": _twice_pause_share,  # pauses lend others twice the time the call keeps (the limit before)
     "no-gathering-window": _no_gathering_window,  # a batch forms (or takes requests in) as soon as one is ready
     "join-within-budget": _join_within_budget,  # no tenant takes a running batch past its budget
+    "join-half-budget": _join_half_budget,  # past the budget, a second tenant holds half a budget (the rule before)
 }
 
 

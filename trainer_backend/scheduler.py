@@ -42,11 +42,13 @@ log = logging.getLogger(__name__)
 # arrived first (kept to measure what the policy buys: benchmarks/fairness.py).
 SchedulingPolicy = Literal["least_recently_served", "fifo"]
 # A running batch lets other tenants' work run in its pauses while that work has taken at most this many times the
-# batch's own device time, so a long generation keeps a third of the device however busy the others are. Measured
-# with Gemma 3 270M (benchmarks.fairness --engine, docs/performance.md): with no bound, a tenant's RL steps beside
-# another tenant's 332-prompt evaluation ran about as fast as alone and the evaluation's batches took 9 times as long;
-# at 2, the RL steps took 1.20 times as long as alone and the evaluation no longer than before nested batches.
-PAUSE_SHARE_LIMIT = 2.0
+# batch's own device time, so a long generation keeps half the device however busy the others are: as much as it
+# lends, which two trials of a study need to split the device evenly (issue 48). Measured with Gemma 3 270M
+# (benchmarks.fairness --engine, docs/performance.md): with no bound, a tenant's RL steps beside another tenant's
+# 332-prompt evaluation ran about as fast as alone and the evaluation's batches took 9 times as long; at 2 (until
+# 2026-12-07), the RL steps took 1.2-1.6 times as long as alone, and one Gemma trial's step beside another's ran 2.7
+# times the pair's median (benchmarks.trial_pair) where at 1 the longest ran 1.6 times.
+PAUSE_SHARE_LIMIT = 1.0
 # ...counted over the last this many seconds of the batch, not its whole life: a generation that other tenants keep
 # feeding may run for many minutes, and over its life it would owe them minutes of pauses back to back (nested
 # generations that do not pause), or none at all once they had run ahead, while its own tenant waits.
@@ -58,10 +60,14 @@ PAUSE_SHARE_WINDOW_S = 60.0
 # steps between the nested ones (PAUSE_SHARE_LIMIT), at the cost of more, smaller generations.
 NESTED_BATCH_SHARE = 0.25
 # A running call takes in other tenants' operations while it holds less than its kind's budget, and past it while the
-# joining tenant holds no more than its even share of one budget among the call's tenants (half when it is the
-# second), never more than twice the budget in all: what a batch and a batch nested in its pause held before calls
-# took operations in.
+# joining tenant holds no more than its even share of JOIN_EVEN_SHARE_OF budgets among the call's tenants, never more
+# than JOIN_BUDGET_LIMIT budgets in all: what a batch and a batch nested in its pause held before calls took
+# operations in. The call's time is split by the budget each holds, so a tenant that joins a full call may hold as
+# much as the one that filled it. Measured on a study's two Spider trials (issue 48, docs/performance.md): held to its
+# even share of one budget (half), the second trial got a third of the device for as long as the first trial's
+# evaluation fed the call.
 JOIN_BUDGET_LIMIT = 2.0
+JOIN_EVEN_SHARE_OF = 2.0
 
 
 class _Turn(Enum):
@@ -402,7 +408,10 @@ class Scheduler:
                 tenants = len(held) + (operation.party not in held)
                 total = sum(held.values()) + share
                 own = held.get(operation.party, 0.0) + share
-                if not (total <= 1.0 + 1e-9 or (own <= 1.0 / tenants + 1e-9 and total <= JOIN_BUDGET_LIMIT + 1e-9)):
+                if not (
+                    total <= 1.0 + 1e-9
+                    or (own <= JOIN_EVEN_SHARE_OF / tenants + 1e-9 and total <= JOIN_BUDGET_LIMIT + 1e-9)
+                ):
                     return _Turn.PARTY_DONE
                 if operation.alone or not accepts(operation):
                     call.refused.add(operation.request_id)

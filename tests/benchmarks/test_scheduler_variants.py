@@ -18,9 +18,10 @@ from trainer_backend.samplers import builtin
 @pytest.mark.parametrize(
     ("variant", "module", "constant", "value"),
     [
-        ("even-pause-share", scheduler, "PAUSE_SHARE_LIMIT", 1.0),
+        ("twice-pause-share", scheduler, "PAUSE_SHARE_LIMIT", 2.0),
         ("no-pause-share-limit", scheduler, "PAUSE_SHARE_LIMIT", math.inf),
         ("join-within-budget", scheduler, "JOIN_BUDGET_LIMIT", 1.0),
+        ("join-half-budget", scheduler, "JOIN_EVEN_SHARE_OF", 1.0),
         ("no-gathering-window", builtin, "SAMPLING_BATCH_WINDOW_S", 0.0),
     ],
 )
@@ -35,5 +36,5 @@ def test_a_variant_sets_its_constant_away_from_the_servers(
 
 def test_an_unknown_variant_is_refused_naming_the_known_ones(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "argv", ["scheduler_variants", "fastest", "serve"])
-    with pytest.raises(SystemExit, match=r"unknown variant 'fastest'; the variants are .*even-pause-share"):
+    with pytest.raises(SystemExit, match=r"unknown variant 'fastest'; the variants are .*twice-pause-share"):
         scheduler_variants.main()
