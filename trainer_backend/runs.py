@@ -41,6 +41,8 @@ CREATE TABLE IF NOT EXISTS training_runs (
     created_at REAL NOT NULL,
     last_request_at REAL NOT NULL
 );
+-- A base-model sample counts toward its client session's run (`sole_run_of_session`), looked up per request.
+CREATE INDEX IF NOT EXISTS training_runs_by_session ON training_runs (session_id);
 -- How many checkpoints of each kind a run keeps (the most recent); a run without a row keeps them all.
 CREATE TABLE IF NOT EXISTS run_retention (
     model_id TEXT PRIMARY KEY,
