@@ -46,7 +46,7 @@ from trainer_backend.errors import (
 from trainer_backend.ledger import FutureRecord, Ledger, ResultFormat
 from trainer_backend.operations import BatchKind, Operation, Outcome, PauseCallback
 from trainer_backend.request_kinds import RequestKind
-from trainer_backend.runs import RunStore, TrainingRun
+from trainer_backend.runs import RunStore, SamplingSession, TrainingRun
 from trainer_backend.samplers.answers import SampleAnswers
 from trainer_backend.samplers.builtin import BuiltinSampler
 from trainer_backend.samplers.interface import RecordedSamplingRequest
@@ -526,23 +526,21 @@ class TrainingService:
         )
 
     def sample(self, owner: str, request: schemas.SampleRequest, body: bytes, key: str | None) -> Submitted:
-        model_path = self._sampling_weights(owner, request)
+        session_id = request.sampling_session_id
+        session = None if session_id is None else self.runs.sampling_session(owner, session_id)
+        model_path = self._sampling_weights(owner, request, session)
         sampling = request.to_engine(None if model_path is None else self.checkpoints.folder(model_path))
-        lane = request.sampling_session_id or f"base:{owner}"
-        run = model_path.model_id if model_path is not None else self._run_sampling_the_base_model(owner, request)
-        session = request.sampling_session_id
-        alone = session is not None and runs_alone(self.runs.batch_invariance(session), sampling)
+        lane = session_id or f"base:{owner}"
+        run = model_path.model_id if model_path is not None else self._run_sampling_the_base_model(session)
+        alone = session_id is not None and runs_alone(self.runs.batch_invariance(session_id), sampling)
         return self.submit_sampling(owner, sampling, lane, body, key, request.prompt_logprobs_last_n, run, alone)
 
-    def _run_sampling_the_base_model(self, owner: str, request: schemas.SampleRequest) -> str | None:
+    def _run_sampling_the_base_model(self, session: SamplingSession | None) -> str | None:
         """The run a sample of the base model counts toward: the one training run of the client session that made
         its sampling session (an RL loop's reference log-probs for its KL penalty, its evaluation of the base model),
         so that a study's trials, all of one key, share the device by trial; None where that session trains no run
-        or several."""
-        if request.sampling_session_id is None:
-            return None
-        session = self.runs.sampling_session(owner, request.sampling_session_id)
-        return self.runs.sole_run_of_session(session.session_id)
+        or several, or the request names no sampling session."""
+        return None if session is None else self.runs.sole_run_of_session(session.session_id)
 
     def submit_sampling(
         self,
@@ -578,9 +576,12 @@ class TrainingService:
         self._start(record, lambda: self.sampler.submit(job))
         return Submitted(record, sample_sequence_ids=ids, sampled=job.result)
 
-    def _sampling_weights(self, owner: str, request: schemas.SampleRequest) -> CheckpointPath | None:
-        if request.sampling_session_id is not None:
-            session = self.runs.sampling_session(owner, request.sampling_session_id)
+    def _sampling_weights(
+        self, owner: str, request: schemas.SampleRequest, session: SamplingSession | None
+    ) -> CheckpointPath | None:
+        """The sampler weights `request` reads (those of its sampling `session`, when it names one); None: the base
+        model."""
+        if session is not None:
             path = session.model_path
         else:
             self._check_base_model(request.base_model)
