@@ -14,6 +14,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from support.tiny_models import TINY_ARCHITECTURES, peaked_tiny_model, randomise_lora_b
 from support.trainer import assert_answered_alike
 
+from trainer_backend.engine import sampling
 from trainer_backend.engine.sampling import BoundSamplingRequest, Joining, JoinRoom, sample_batch
 from trainer_backend.engine.types import SamplingInputError, SamplingRequest, SamplingResult
 
@@ -160,5 +161,44 @@ def test_positions_no_running_row_reads_are_dropped_so_later_requests_still_fit(
     assert rooms[1].length < 20 + 15  # the unread positions went before the room was offered
     assert len(outcomes) == 3
     for job, outcome in zip([RUNNING, later, last], outcomes, strict=True):
+        (alone,) = sample_batch(model, [job], letters, CONTEXT)
+        assert_answered_alike(outcome, alone)
+
+
+def test_requests_over_two_schemas_join_through_one_shared_prefix_prefill(
+    model: PeftModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The longer schema's questions are short and the shorter one's long, so the two-pass prefill (a row per schema,
+    # then a row per question) fills more positions (55 + 16) than the longest prompt (60) or the running rows: it
+    # must still be taken, the joined rows then being the wider ones.
+    schema_a = tuple((5 * i + 1) % VOCAB for i in range(40))
+    schema_b = tuple((11 * i + 7) % VOCAB for i in range(55))
+    questions = [(*schema_b, 3, 4, 5, 6), (*schema_b, 8, 9, 10, 11, 12)]
+    questions += [schema_a + tuple(range(20, 36)), schema_a + tuple(range(40, 55))]
+    joining = [
+        BoundSamplingRequest(SamplingRequest(prompt_tokens=prompt, temperature=0, max_tokens=5), "default", ())
+        for prompt in questions
+    ]
+    running = BoundSamplingRequest(SamplingRequest(prompt_tokens=LONG_PROMPT, temperature=0, max_tokens=40), None, ())
+    prefill_widths: list[tuple[int, int]] = []
+    forward = sampling._next_token_scores
+
+    def recorded(*args: object, **kwargs: torch.Tensor) -> object:
+        if kwargs["input_ids"].shape[1] > 1:
+            prefill_widths.append(tuple(kwargs["input_ids"].shape))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(sampling, "_next_token_scores", recorded)
+    rooms: list[JoinRoom] = []
+    outcomes = sample_batch(model, [running], letters, CONTEXT, joining=joined_at(2, joining, rooms))
+    monkeypatch.undo()
+
+    (room,) = rooms
+    assert room.length == 60
+    # The running prompt's prefill, then the joiners': each schema once, then each question's own tokens, 174
+    # positions where one padded pass computes 4 × 60 = 240.
+    assert prefill_widths == [(1, len(LONG_PROMPT)), (2, 55), (4, 16)]
+    assert len(outcomes) == 1 + len(joining)
+    for job, outcome in zip([running, *joining], outcomes, strict=True):
         (alone,) = sample_batch(model, [job], letters, CONTEXT)
         assert_answered_alike(outcome, alone)

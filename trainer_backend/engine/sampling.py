@@ -783,7 +783,14 @@ def _take_in(
         jobs = admission.admit(room)
     if not jobs:
         return next_R
-    next_J, joining_cache, mask_JP, last_position_J = _prefill(model, jobs, device, max_length=room.length)
+    # The rows taken in may be wider than the running ones (`append_rows` right-aligns both at the wider) as long as
+    # every row still has room for its tokens. Bounded by the running rows' width instead, a shared-prefix prefill
+    # was refused whenever the longest prefix and the longest question came from different prompts, and the whole
+    # admission was prefilled as padded rows: in a study's Spider trials, one admission of an evaluation's requests
+    # held the other trial's rows for over five minutes (issue 48).
+    next_J, joining_cache, mask_JP, last_position_J = _prefill(
+        model, jobs, device, max_length=room.capacity - room.remaining
+    )
     joining = _Rows.for_jobs(jobs, mask_JP, last_position_J)
     joining_cache.batch_select_indices(joining.prompt_index_R)
     rows.append(joining, len(draws), append_rows(cache, joining_cache))
