@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import logging
 import shutil
 import statistics
 import tempfile
@@ -54,6 +55,8 @@ from benchmarks.rl_step import REWARD_WITH_SPREAD
 from benchmarks.scheduler_variants import add_variants_option
 from trainer_backend.models.gemma import GEMMA_3_270M
 from trainer_backend.models.qwen import QWEN_2_5_CODER_0_5B_INSTRUCT
+
+log = logging.getLogger(__name__)
 
 # Issue 48's goals: no step of either trial above this many times the median step of the two running together; each
 # trial's share of the device within this much of an even split over any WINDOW_S window while both have work queued;
@@ -233,7 +236,8 @@ def watch_trials(
     """Follow two trials that run on `url` already (a study's), for `minutes` or until either ends: their steps from
     their run folders' metrics (each step placed on the wall clock when its line appears) and their device shares
     from the backend's status, as `run_pair` measures its own. `on_progress` gets the figures so far every
-    REPORT_S, once both trials have ended a step."""
+    REPORT_S, once both trials have ended a step. A backend that stops answering (restarted: its device seconds
+    start again from zero) ends the watch with the figures so far."""
     names = (run_dirs[0].name, run_dirs[1].name)
     steps: dict[str, list[Step]] = {name: [] for name in names}
     seen = {name: _metric_lines(folder) for name, folder in zip(names, run_dirs, strict=True)}
@@ -252,9 +256,14 @@ def watch_trials(
         return PairFigures(found, now - began, busy_s, shares_over_windows(readings, now, names), None, None)
 
     while time.time() - began < minutes * 60 and not any((folder / "result.json").exists() for folder in run_dirs):
-        readings.append(read_trials(url, api_key, names))
-        now = readings[-1].at
-        busy.append(_busy_fraction_1m(url, api_key))
+        try:
+            reading, busy_1m = read_trials(url, api_key, names), _busy_fraction_1m(url, api_key)
+        except httpx.TransportError as error:
+            log.warning("the backend at %s stopped answering (%s): the watch ends here", url, error)
+            break
+        readings.append(reading)
+        busy.append(busy_1m)
+        now = reading.at
         for name, folder in zip(names, run_dirs, strict=True):
             lines = _metric_lines(folder)
             # Only the steps that began once the watch had: the others ran partly before it.
