@@ -53,6 +53,10 @@ def _join_half_budget() -> None:
     scheduler.JOIN_EVEN_SHARE_OF = 1.0
 
 
+def _join_new_parties_only() -> None:
+    scheduler.JOIN_OWN_PARTY = False
+
+
 VARIANTS: dict[str, Callable[[], None]] = {
     "no-joining": _no_joining,  # nested batches only, as before joining
     "no-nesting": _no_nesting,  # what a generation cannot take in waits for its end
@@ -61,6 +65,7 @@ VARIANTS: dict[str, Callable[[], None]] = {
     "no-gathering-window": _no_gathering_window,  # a batch forms (or takes requests in) as soon as one is ready
     "join-within-budget": _join_within_budget,  # no tenant takes a running batch past its budget
     "join-half-budget": _join_half_budget,  # past the budget, a second tenant holds half a budget (the rule before)
+    "join-new-parties-only": _join_new_parties_only,  # a call takes in only parties it has none of (the rule before)
 }
 
 

@@ -68,6 +68,9 @@ NESTED_BATCH_SHARE = 0.25
 # evaluation fed the call.
 JOIN_BUDGET_LIMIT = 2.0
 JOIN_EVEN_SHARE_OF = 2.0
+# Whether a running call takes in operations of a party it already runs some of (`_admit`); off is the rule before
+# 2026-12-07, kept as a variant to measure (benchmarks/scheduler_variants.py).
+JOIN_OWN_PARTY = True
 
 
 class _Turn(Enum):
@@ -377,10 +380,14 @@ class Scheduler:
         return mates
 
     def _admit(self, call: BatchCall, accepts: Callable[[Operation], bool]) -> list[Operation]:
-        """Ready operations of `call`'s kind that it takes in now: from parties that have nothing in it, gathered for
-        the kind's window, one lane at a time in turn (least recently served party first) within JOIN_BUDGET_LIMIT,
-        each one `accepts` and none that runs alone (those are marked refused: they may run nested in the call's
-        pause). While an operation it refused still waits, it takes nothing in: a call that others keep feeding would
+        """Ready operations of `call`'s kind that it takes in now, gathered for the kind's window, one lane at a time
+        in turn (least recently served party first) within JOIN_BUDGET_LIMIT, each one `accepts` and none that runs
+        alone (those are marked refused: they may run nested in the call's pause).
+
+        A party with operations in the call takes more in too: otherwise an RL step's requests past one call's budget
+        waited for the whole call to end (in a study's Spider trials, a quarter of a step's requests waited three
+        minutes), and an evaluation took its next requests in only once all it had in the call were done, all at once.
+        While an operation the call refused still waits, it takes nothing in: a call that others keep feeding would
         otherwise never end, nor hold little enough to let the refused one nest, and its party would wait for good."""
         kind = call.kind
         with self._condition:
@@ -390,7 +397,7 @@ class Scheduler:
             refused = call.refused
             if refused and any(op.request_id in refused for op in self._queued_operations()):
                 return []
-            inside = call.parties()
+            inside = set() if JOIN_OWN_PARTY else call.parties()
             waiting = []
             for name, lane in self._lanes.items():
                 oldest = lane.next_of_kind(kind)

@@ -495,7 +495,7 @@ def _stepping_generation(steps: int, admitted: list, refuse: str | None = None, 
     return generation
 
 
-def test_a_running_batch_takes_in_another_tenants_gathered_operations_and_answers_them_early(
+def test_a_running_batch_takes_in_gathered_operations_of_any_tenant_and_answers_them_early(
     ledger: Ledger, start_scheduler: Callable[..., Scheduler]
 ) -> None:
     admitted: list[list[str]] = []
@@ -511,14 +511,34 @@ def test_a_running_batch_takes_in_another_tenants_gathered_operations_and_answer
         scheduler.submit(operation)
     wait_for(lambda: ledger.get(light.request_id).finished)
 
-    # The other tenant's two requests joined together once gathered, and were answered while the batch still ran; the
-    # batch's own tenant's next request waits for the batch to end.
-    assert ["light", "light-2"] in admitted and all("heavy-2" not in taken for taken in admitted)
+    # The other tenant's two requests joined together once gathered, and were answered while the batch still ran; so
+    # did the batch's own tenant's next request (a step's requests past one batch's budget do not wait for its end),
+    # the tenants taking turns, the other tenant first.
+    assert ["light", "heavy-2", "light-2"] in admitted
     assert ledger.get(heavy.request_id).state != FutureState.DONE
-    wait_for(lambda: ledger.get(more_of_heavy.request_id).finished)
-    assert ledger.get(light_2.request_id).updated_at < ledger.get(heavy.request_id).updated_at
+    wait_for(lambda: ledger.get(heavy.request_id).finished)
+    for joined in (more_of_heavy, light_2):
+        assert ledger.get(joined.request_id).updated_at < ledger.get(heavy.request_id).updated_at
     stats = scheduler.stats()
     assert stats.batches >= 1 and stats.batched_operations >= 3
+
+
+def test_by_the_rule_before_a_running_batch_took_in_no_more_of_its_own_tenants_operations(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(scheduler_module, "JOIN_OWN_PARTY", False)  # the variant join-new-parties-only
+    admitted: list[list[str]] = []
+    scheduler = start_scheduler()
+    kind = BatchKind("sample", _stepping_generation(40, admitted), window_s=0.05, nests=True)
+    scheduler.register(kind)
+    heavy = running(scheduler, sample_operation(ledger, kind, "heavy", "heavy"))
+    more_of_heavy, light = (sample_operation(ledger, kind, lane, lane + "-2") for lane in ("heavy", "light"))
+    for operation in (more_of_heavy, light):
+        scheduler.submit(operation)
+    wait_for(lambda: ledger.get(more_of_heavy.request_id).finished)
+
+    assert ["light-2"] in admitted and all("heavy-2" not in taken for taken in admitted)
+    assert ledger.get(more_of_heavy.request_id).updated_at >= ledger.get(heavy.request_id).updated_at
 
 
 def test_what_a_running_batch_does_not_take_in_runs_nested_in_its_pause(
