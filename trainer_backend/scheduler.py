@@ -73,6 +73,14 @@ JOIN_EVEN_SHARE_OF = 2.0
 JOIN_OWN_PARTY = True
 
 
+def _runs_only_between_calls(operation: Operation | None) -> bool:
+    """Whether `operation` can run neither in a call's pause nor nested nor taken into a call."""
+    if operation is None or operation.interleaves:
+        return False
+    kind = operation.batch_kind
+    return kind is None or not kind.nests
+
+
 class _Turn(Enum):
     """What a lane's turn came to (`_in_turns`)."""
 
@@ -388,7 +396,10 @@ class Scheduler:
         waited for the whole call to end (in a study's Spider trials, a quarter of a step's requests waited three
         minutes), and an evaluation took its next requests in only once all it had in the call were done, all at once.
         While an operation the call refused still waits, it takes nothing in: a call that others keep feeding would
-        otherwise never end, nor hold little enough to let the refused one nest, and its party would wait for good."""
+        otherwise never end, nor hold little enough to let the refused one nest, and its party would wait for good.
+        Nor while a lane's next operation can run only between calls (a run's creation or weights load, which change
+        the model's adapters): a call that an evaluation feeds would hold a new trial's creation for the whole
+        evaluation."""
         kind = call.kind
         with self._condition:
             if self._stopping or kind is None:
@@ -396,6 +407,8 @@ class Scheduler:
             now = time.monotonic()
             refused = call.refused
             if refused and any(op.request_id in refused for op in self._queued_operations()):
+                return []
+            if any(_runs_only_between_calls(lane.ready()) for lane in self._lanes.values()):
                 return []
             inside = set() if JOIN_OWN_PARTY else call.parties()
             waiting = []

@@ -541,6 +541,34 @@ def test_by_the_rule_before_a_running_batch_took_in_no_more_of_its_own_tenants_o
     assert ledger.get(more_of_heavy.request_id).updated_at >= ledger.get(heavy.request_id).updated_at
 
 
+def test_a_run_created_while_an_evaluation_feeds_a_batch_waits_for_that_batch_to_drain_not_for_the_evaluation(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
+) -> None:
+    """An evaluation's requests keep joining the batch its first ones started; another run's creation (it adds an
+    adapter: it may run neither in a pause nor in the batch) stops the batch taking more in, runs once its rows are
+    done, and the evaluation's next requests run after it."""
+    admitted: list[list[str]] = []
+    log: list = []
+    scheduler = start_scheduler()
+    kind = BatchKind("sample", _stepping_generation(200, admitted), window_s=0.01, nests=True)
+    scheduler.register(kind)
+    evaluation = [sample_operation(ledger, kind, "evaluation", f"question-{i}", run="eval-run") for i in range(60)]
+    running(scheduler, evaluation[0])
+    for operation in evaluation[1:20]:
+        scheduler.submit(operation)
+    wait_for(lambda: any(admitted))
+    creation = _operation(ledger, "new-trial", 1, log)
+    scheduler.submit(creation)
+    for operation in evaluation[20:]:
+        scheduler.submit(operation)
+    wait_for(lambda: ledger.get(creation.request_id).finished, timeout_s=20)
+
+    taken_in = {payload for step in admitted for payload in step}
+    assert not any(f"question-{i}" in taken_in for i in range(20, 60)), "the batch took more in while it waited"
+    assert not ledger.get(evaluation[-1].request_id).finished
+    wait_for(lambda: all(ledger.get(op.request_id).finished for op in evaluation))
+
+
 def test_what_a_running_batch_does_not_take_in_runs_nested_in_its_pause(
     ledger: Ledger, start_scheduler: Callable[..., Scheduler]
 ) -> None:
