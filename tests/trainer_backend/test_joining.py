@@ -202,3 +202,22 @@ def test_requests_over_two_schemas_join_through_one_shared_prefix_prefill(
     for job, outcome in zip([running, *joining], outcomes, strict=True):
         (alone,) = sample_batch(model, [job], letters, CONTEXT)
         assert_answered_alike(outcome, alone)
+
+
+def test_the_caller_hears_once_the_requests_taken_in_are_prefilled(model: PeftModel) -> None:
+    events: list[str] = []
+    schedule = {3: JOINING[:1], 6: JOINING[1:]}
+    steps = iter(range(1, 1000))
+
+    def admit(room: JoinRoom) -> list[BoundSamplingRequest]:
+        jobs = [job for job in schedule.get(next(steps), []) if room.accepts(job.request)]
+        events.append(f"admit {len(jobs)}")
+        return jobs
+
+    joining = Joining(admit, lambda index, outcome: None, prefilled=lambda: events.append("prefilled"))
+    sample_batch(model, [RUNNING], letters, CONTEXT, joining=joining)
+
+    # Right after each admission that took a request in (before the next step's admission), and only then.
+    taken = [index for index, event in enumerate(events) if event == "admit 1"]
+    assert len(taken) == 2 and all(events[index + 1] == "prefilled" for index in taken)
+    assert events.count("prefilled") == 2

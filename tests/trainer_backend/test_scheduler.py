@@ -683,6 +683,40 @@ def test_a_joined_operation_counts_the_device_time_from_when_it_joined(
     assert seconds["light"] + seconds["heavy"] == pytest.approx(scheduler.stats().busy_seconds, rel=0.05)
 
 
+def test_the_prefill_of_a_joined_operation_counts_to_it_alone(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
+) -> None:
+    prefill_s = 0.4
+    seconds: dict[str, float] = {}
+
+    def generation(operations, call):
+        running = list(operations)
+        light_done = False
+        for _ in range(30):
+            taken = call.admit(lambda op: True)
+            if taken:
+                time.sleep(prefill_s)  # the joined request's prompt, while the running rows wait
+                call.prefilled()
+                running += taken
+            elif len(running) > 1 and not light_done:
+                call.finish(running[1], (b"{}", ResultFormat.JSON))
+                light_done = True
+            time.sleep(0.01)
+        return [(op.payload.encode(), ResultFormat.JSON) for op in running]
+
+    scheduler = start_scheduler()
+    scheduler.on_device_time(lambda operation, share: seconds.__setitem__(operation.payload, share))
+    kind = BatchKind("sample", generation, window_s=0.05, nests=True)
+    scheduler.register(kind)
+    heavy = running(scheduler, sample_operation(ledger, kind, "heavy", "heavy"))
+    scheduler.submit(sample_operation(ledger, kind, "light", "light"))
+    wait_for(lambda: ledger.get(heavy.request_id).finished)
+
+    # The light request's prefill and half of the one step it shared; the heavy one's steps, none of that prefill.
+    assert prefill_s <= seconds["light"] < prefill_s + 0.1
+    assert seconds["heavy"] < scheduler.stats().busy_seconds - prefill_s + 0.01
+
+
 def test_a_long_batch_yields_at_most_its_share_of_the_device_to_other_tenants(
     ledger: Ledger, start_scheduler: Callable[..., Scheduler], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -190,6 +190,7 @@ class ModelEngine:
         pause: Callable[[], None] = lambda: None,
         admit: Callable[[Callable[[SamplingRequest], bool]], Sequence[SamplingRequest]] | None = None,
         finished: Callable[[int, SampleOutcome], None] | None = None,
+        prefilled: Callable[[], None] = lambda: None,
     ) -> list[SampleOutcome]:
         """Serve several sampling requests, of any mix of weights, in as few generation batches as fit.
 
@@ -198,14 +199,15 @@ class ModelEngine:
         (they are held while it runs). `pause` is called every few decode steps (see `sample_batch` in sampling.py).
         With `admit`, the last batch takes in more requests between its steps: `admit(accepts)` returns those to take
         in, each of which `accepts` (within the batch's distinct weights and what its cache can hold, `JoinRoom`), and
-        their outcomes follow those of `requests`. `finished(index, outcome)` gets each outcome as soon as it exists.
+        their outcomes follow those of `requests`; `prefilled()` is called once those an `admit` returned are
+        prefilled. `finished(index, outcome)` gets each outcome as soon as it exists.
         """
         outcomes: list[SampleOutcome] = []
         batches = _sampling_batches(requests)
         for number, batch in enumerate(batches):
             with self.sampler_adapters.batch() as use:
                 joins = admit if number == len(batches) - 1 else None
-                outcomes += self._sample_one_batch(batch, use, pause, len(outcomes), joins, finished)
+                outcomes += self._sample_one_batch(batch, use, pause, len(outcomes), joins, finished, prefilled)
         release_freed_memory()
         return outcomes
 
@@ -217,6 +219,7 @@ class ModelEngine:
         first: int,
         admit: Callable[[Callable[[SamplingRequest], bool]], Sequence[SamplingRequest]] | None,
         finished: Callable[[int, SampleOutcome], None] | None,
+        prefilled: Callable[[], None],
     ) -> list[SampleOutcome]:
         # Each request's weights are resolved on their own: weights deleted while their request waited, or refused by
         # the check of their load, fail that request alone, never the other tenants' requests of the batch.
@@ -269,7 +272,7 @@ class ModelEngine:
                 for index, result in zip(runnable, results, strict=True):
                     deliver(index, result)
             else:
-                joining = Joining(take_in, lambda job, outcome: deliver(runnable[job], outcome))
+                joining = Joining(take_in, lambda job, outcome: deliver(runnable[job], outcome), prefilled)
                 sample_batch(model, jobs, self._decode, self.loaded.max_context_length, pause, joining)
         return [outcomes[index] for index in sorted(outcomes)]
 

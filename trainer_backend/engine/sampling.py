@@ -146,6 +146,9 @@ class Joining:
 
     admit: Callable[[JoinRoom], Sequence[BoundSamplingRequest]]
     finished: Callable[[int, SamplingResult | SamplingInputError], None]
+    # Called once the jobs an `admit` returned are prefilled, before the next decode step: the time since that
+    # `admit` was theirs alone (the running rows waited), which the caller may count to them.
+    prefilled: Callable[[], None] = lambda: None
 
 
 def sample(
@@ -417,6 +420,10 @@ class _Admission:
         self.indices += range(self.next_index, self.next_index + len(jobs))
         self.next_index += len(jobs)
         return jobs
+
+    def prefilled(self) -> None:
+        if self.joining is not None:
+            self.joining.prefilled()
 
     def done(self, job: int, sequences: tuple[SampledSequence, ...]) -> None:
         self.deliver(
@@ -795,6 +802,7 @@ def _take_in(
     joining_cache.batch_select_indices(joining.prompt_index_R)
     rows.append(joining, len(draws), append_rows(cache, joining_cache))
     draws += [_JobDraws.start(job, device) for job in jobs]
+    admission.prefilled()
     return next_R.joined(next_J.rows(joining.prompt_index_R))
 
 

@@ -99,7 +99,7 @@ class BuiltinSampler:
         # A batch-invariant request runs as it would alone: not even room to take requests in, which would widen its
         # cache and with it the sums of its attention.
         joins = None if call.alone else admit
-        self.engine.sample_batch([op.payload.request for op in running], call, joins, finished)
+        self.engine.sample_batch([op.payload.request for op in running], call, joins, finished, call.prefilled)
         return [outcomes[index] for index in range(len(running))]
 
     def _outcome(self, operation: Operation[RecordedSamplingRequest], result: SampleOutcome) -> Outcome:

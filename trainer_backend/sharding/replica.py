@@ -166,6 +166,7 @@ class LeaderEngine:
         pause: Callable[[], None] = lambda: None,
         admit: Callable[[Callable[[SamplingRequest], bool]], Sequence[SamplingRequest]] | None = None,
         finished: Callable[[int, SampleOutcome], None] | None = None,
+        prefilled: Callable[[], None] = lambda: None,
     ) -> list[SampleOutcome]:
         """As `ModelEngine.sample_batch`; the followers make the same generation, pausing and taking in as it does."""
         replayed = [_replayable(request) for request in requests]
@@ -180,7 +181,7 @@ class LeaderEngine:
             self.channel.send(TakenIn(tuple(SentSample.of(request) for request in taken)))
             return taken
 
-        return self.engine.sample_batch(replayed, paused, taking_in if admit is not None else None, finished)
+        return self.engine.sample_batch(replayed, paused, taking_in if admit is not None else None, finished, prefilled)
 
     def close(self) -> None:
         """Tell the followers to stop, wait for those this leader started, and leave the group."""
