@@ -57,6 +57,10 @@ def _join_new_parties_only() -> None:
     scheduler.JOIN_OWN_PARTY = False
 
 
+def _join_regardless_of_recent_share() -> None:
+    scheduler.JOIN_WITHIN_RECENT_SHARE = False
+
+
 VARIANTS: dict[str, Callable[[], None]] = {
     "no-joining": _no_joining,  # nested batches only, as before joining
     "no-nesting": _no_nesting,  # what a generation cannot take in waits for its end
@@ -66,6 +70,7 @@ VARIANTS: dict[str, Callable[[], None]] = {
     "join-within-budget": _join_within_budget,  # no tenant takes a running batch past its budget
     "join-half-budget": _join_half_budget,  # past the budget, a second tenant holds half a budget (the rule before)
     "join-new-parties-only": _join_new_parties_only,  # a call takes in only parties it has none of (the rule before)
+    "join-regardless-of-recent-share": _join_regardless_of_recent_share,  # a party ahead in the call still joins
 }
 
 

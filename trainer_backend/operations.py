@@ -12,6 +12,7 @@ done (`BatchCall.finish`). A call keeps the device time each of its operations a
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,6 +166,8 @@ class BatchCall:
         self._accrued_until = 0.0
         # The operations taken in last, until they are prefilled (`prefilled`).
         self._prefilling: list[Operation] = []
+        # (when, party, seconds) of each split of the call's own time, kept while `recent_by_party` reads them.
+        self._recent_credits: deque[tuple[float, str, float]] = deque()
         # The pauses (start, end) that may still fall in the window `recent_seconds` reads.
         self._pauses: list[tuple[float, float]] = []
 
@@ -225,9 +228,22 @@ class BatchCall:
     def accrue(self, now: float) -> None:
         """Split the call's own time since the last split among the operations running, by their budget shares."""
         own = self.own_seconds(now)
-        for op, seconds in self._split(own - self._accrued_until):
-            self._accrued[op.request_id] = self._accrued.get(op.request_id, 0.0) + seconds
+        self._credit(self._split(own - self._accrued_until), now)
         self._accrued_until = own
+
+    def recent_by_party(self, now: float, window_s: float) -> dict[str, float]:
+        """Each party's device seconds of the call's own time split in the last `window_s`."""
+        while self._recent_credits and self._recent_credits[0][0] < now - window_s:
+            self._recent_credits.popleft()
+        totals: dict[str, float] = {}
+        for _, party, seconds in self._recent_credits:
+            totals[party] = totals.get(party, 0.0) + seconds
+        return totals
+
+    def _credit(self, split: list[tuple[Operation, float]], now: float) -> None:
+        for op, seconds in split:
+            self._accrued[op.request_id] = self._accrued.get(op.request_id, 0.0) + seconds
+            self._recent_credits.append((now, op.party, seconds))
 
     def unsettled_seconds(self, now: float) -> list[tuple[Operation, float]]:
         """Each operation still running and the device seconds it has accrued by `now`, read without splitting the
@@ -265,9 +281,9 @@ class BatchCall:
         generation took 79% of its time prefilling, in a py-spy profile of a study's trials)."""
         if not self._prefilling:
             return
-        own = self.own_seconds(time.monotonic())
-        for op, seconds in self._split(own - self._accrued_until, self._prefilling):
-            self._accrued[op.request_id] = self._accrued.get(op.request_id, 0.0) + seconds
+        now = time.monotonic()
+        own = self.own_seconds(now)
+        self._credit(self._split(own - self._accrued_until, self._prefilling), now)
         self._accrued_until = own
         self._prefilling = []
 

@@ -71,6 +71,11 @@ JOIN_EVEN_SHARE_OF = 2.0
 # Whether a running call takes in operations of a party it already runs some of (`_admit`); off is the rule before
 # 2026-12-07, kept as a variant to measure (benchmarks/scheduler_variants.py).
 JOIN_OWN_PARTY = True
+# Whether a party that has had more of a running call's own time over the last PAUSE_SHARE_WINDOW_S than every other
+# party in it waits to take more in. The budget bounds what a party holds, not what it costs: an evaluation's
+# requests are a long prompt for a short answer, and one that refilled the call as its answers ended took 79% of an
+# RL step's generation prefilling them (py-spy, a study's two trials), every running row waiting meanwhile.
+JOIN_WITHIN_RECENT_SHARE = True
 
 
 def _runs_only_between_calls(operation: Operation | None) -> bool:
@@ -392,6 +397,9 @@ class Scheduler:
         in turn (least recently served party first) within JOIN_BUDGET_LIMIT, each one `accepts` and none that runs
         alone (those are marked refused: they may run nested in the call's pause).
 
+        Beside other parties, a party takes in one operation at a time, and none while it has had more of the
+        call's time over the last minute than every other party in it (prefilling what it took in counts as its
+        own) until they catch up (JOIN_WITHIN_RECENT_SHARE).
         A party with operations in the call takes more in too: otherwise an RL step's requests past one call's budget
         waited for the whole call to end (in a study's Spider trials, a quarter of a step's requests waited three
         minutes), and an evaluation took its next requests in only once all it had in the call were done, all at once.
@@ -410,6 +418,17 @@ class Scheduler:
                 return []
             if any(_runs_only_between_calls(lane.ready()) for lane in self._lanes.values()):
                 return []
+            call.accrue(now)
+            recent = call.recent_by_party(now, PAUSE_SHARE_WINDOW_S)
+            present = call.parties()
+
+            def sharing(party: str) -> bool:
+                return JOIN_WITHIN_RECENT_SHARE and any(other != party for other in present)
+
+            def ahead(party: str) -> bool:
+                others = [recent.get(other, 0.0) for other in present if other != party]
+                return sharing(party) and recent.get(party, 0.0) > max(others)
+
             inside = set() if JOIN_OWN_PARTY else call.parties()
             waiting = []
             for name, lane in self._lanes.items():
@@ -424,6 +443,8 @@ class Scheduler:
                 operation = lane.next_of_kind(kind)
                 if operation is None or operation.seq_id is not None:
                     return _Turn.LANE_DONE
+                if ahead(operation.party):
+                    return _Turn.PARTY_DONE
                 share = kind.share(operation)
                 tenants = len(held) + (operation.party not in held)
                 total = sum(held.values()) + share
@@ -440,7 +461,8 @@ class Scheduler:
                 self._served(name, operation, now)
                 held[operation.party] = own
                 taken.append(operation)
-                return _Turn.TOOK
+                # Beside other parties, one at a time: what it costs to take in counts only once it is prefilled.
+                return _Turn.PARTY_DONE if sharing(operation.party) else _Turn.TOOK
 
             _in_turns([(name, party) for _, name, party in sorted(waiting)], take)
             call.join(taken, now)

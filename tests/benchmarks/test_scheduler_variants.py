@@ -23,6 +23,7 @@ from trainer_backend.samplers import builtin
         ("join-within-budget", scheduler, "JOIN_BUDGET_LIMIT", 1.0),
         ("join-half-budget", scheduler, "JOIN_EVEN_SHARE_OF", 1.0),
         ("join-new-parties-only", scheduler, "JOIN_OWN_PARTY", False),
+        ("join-regardless-of-recent-share", scheduler, "JOIN_WITHIN_RECENT_SHARE", False),
         ("no-gathering-window", builtin, "SAMPLING_BATCH_WINDOW_S", 0.0),
     ],
 )

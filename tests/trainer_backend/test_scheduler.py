@@ -469,10 +469,12 @@ def test_a_batch_nested_in_a_pause_is_small_so_the_paused_batch_steps_between_ne
     assert "heavy step" in log[first:last], "the heavy batch took steps between the nested ones"
 
 
-def _stepping_generation(steps: int, admitted: list, refuse: str | None = None, pause_first: bool = False):
+def _stepping_generation(
+    steps: int, admitted: list, refuse: str | None = None, pause_first: bool = False, lifetime: int = 2
+):
     """A batch runner that runs `steps` steps, taking other lanes' operations in before each (all but payload
-    `refuse`) and finishing each operation two steps after it joined; those it was given run to the end. Each step
-    pauses after its finished operations are answered, or before with `pause_first`."""
+    `refuse`) and finishing each operation `lifetime` steps after it joined; those it was given run to the end. Each
+    step pauses after its finished operations are answered, or before with `pause_first`."""
 
     def generation(operations, call):
         running = list(operations)
@@ -485,7 +487,7 @@ def _stepping_generation(steps: int, admitted: list, refuse: str | None = None, 
             if pause_first:
                 call()
             for op in running:
-                if joined_at.get(op.request_id, steps) + 2 == step:
+                if joined_at.get(op.request_id, steps) + lifetime == step:
                     call.finish(op, (op.payload.encode(), ResultFormat.JSON))
             if not pause_first:
                 call()
@@ -511,10 +513,10 @@ def test_a_running_batch_takes_in_gathered_operations_of_any_tenant_and_answers_
         scheduler.submit(operation)
     wait_for(lambda: ledger.get(light.request_id).finished)
 
-    # The other tenant's two requests joined together once gathered, and were answered while the batch still ran; so
-    # did the batch's own tenant's next request (a step's requests past one batch's budget do not wait for its end),
-    # the tenants taking turns, the other tenant first.
-    assert ["light", "heavy-2", "light-2"] in admitted
+    # The other tenant's two requests joined once gathered, and were answered while the batch still ran; so did the
+    # batch's own tenant's next request (a step's requests past one batch's budget do not wait for its end): the
+    # tenants take turns, the other tenant first, one request each at a step.
+    assert [taken for taken in admitted if taken][:2] == [["light", "heavy-2"], ["light-2"]]
     assert ledger.get(heavy.request_id).state != FutureState.DONE
     wait_for(lambda: ledger.get(heavy.request_id).finished)
     for joined in (more_of_heavy, light_2):
@@ -592,19 +594,22 @@ def test_a_run_flooding_through_two_sessions_holds_one_runs_share_of_a_running_b
     admitted: list[list[str]] = []
     scheduler = start_scheduler()
     budget = BatchBudget(lambda payload: 1.0 if payload == "heavy" else 0.25)
-    kind = BatchKind("sample", _stepping_generation(40, admitted), window_s=0.05, budget=budget, nests=True)
+    kind = BatchKind(
+        "sample", _stepping_generation(40, admitted, lifetime=30), window_s=0.05, budget=budget, nests=True
+    )
     scheduler.register(kind)
     running(scheduler, sample_operation(ledger, kind, "heavy", "heavy", run="heavy-run"))
     flood = [sample_operation(ledger, kind, f"flood-session-{i % 2}", f"flood-{i}", run="flood-run") for i in range(4)]
     other = [sample_operation(ledger, kind, "other-session", f"other-{i}", run="other-run") for i in range(2)]
     for operation in [*flood, *other]:
         scheduler.submit(operation)
-    wait_for(lambda: any(admitted))
+    wait_for(lambda: len(admitted) >= 10)
 
     # Three tenants share twice the budget: each joining run holds two thirds of one, two requests, however many
     # sessions its requests come through (a tenant per session would give the flooding run three, the other one).
-    first_joined = Counter(payload.split("-")[0] for payload in next(taken for taken in admitted if taken))
-    assert first_joined == {"flood": 2, "other": 2}
+    # None has ended yet (each runs 30 steps).
+    joined = Counter(payload.split("-")[0] for taken in admitted[:10] for payload in taken)
+    assert joined == {"flood": 2, "other": 2}
 
 
 def test_a_request_the_running_batch_refuses_is_not_held_behind_a_run_that_keeps_feeding_it(
@@ -644,7 +649,9 @@ def test_a_tenant_joins_past_the_budget_only_up_to_its_even_share(
     scheduler = start_scheduler()
     # Each request takes a quarter of a batch: the heavy tenant's four fill one.
     budget = BatchBudget(lambda payload: 0.25)
-    kind = BatchKind("sample", _stepping_generation(40, admitted), window_s=0.05, budget=budget, nests=True)
+    kind = BatchKind(
+        "sample", _stepping_generation(40, admitted, lifetime=30), window_s=0.05, budget=budget, nests=True
+    )
     scheduler.register(kind)
     gate = threading.Event()
     scheduler.submit(_operation(ledger, "holder", 1, [], _held_until(gate)))
@@ -656,12 +663,12 @@ def test_a_tenant_joins_past_the_budget_only_up_to_its_even_share(
     light = [sample_operation(ledger, kind, "light", f"light-{i}") for i in range(6)]
     for operation in light:
         scheduler.submit(operation)
-    wait_for(lambda: any(admitted))
+    wait_for(lambda: len(admitted) >= 10)
 
     # The batch is full, so the light tenant takes in its even share of twice the budget among the two tenants, as
-    # much as the heavy one holds: four requests now, the others once those are done (past twice the budget, the
-    # batch's memory would grow past what a batch and a batch nested in its pause held).
-    assert next(taken for taken in admitted if taken) == [f"light-{i}" for i in range(4)]
+    # much as the heavy one holds: four requests (one a step), the others once those are done (past twice the
+    # budget, the batch's memory would grow past what a batch and a batch nested in its pause held).
+    assert [payload for taken in admitted[:10] for payload in taken] == [f"light-{i}" for i in range(4)]
 
 
 def test_a_joined_operation_counts_the_device_time_from_when_it_joined(
@@ -715,6 +722,51 @@ def test_the_prefill_of_a_joined_operation_counts_to_it_alone(
     # The light request's prefill and half of the one step it shared; the heavy one's steps, none of that prefill.
     assert prefill_s <= seconds["light"] < prefill_s + 0.1
     assert seconds["heavy"] < scheduler.stats().busy_seconds - prefill_s + 0.01
+
+
+@pytest.mark.parametrize("within_recent_share", [True, False])
+def test_an_evaluation_whose_requests_cost_more_to_take_in_gets_no_more_of_the_call_than_the_run_beside_it(
+    ledger: Ledger,
+    start_scheduler: Callable[..., Scheduler],
+    monkeypatch: pytest.MonkeyPatch,
+    within_recent_share: bool,
+) -> None:
+    """An RL run's rows decode for the whole call; an evaluation's requests (a long prompt, a short answer) join it,
+    each prefilled for 50 ms while every row waits, and answered two steps of 10 ms later. Held to its recent share,
+    the evaluation takes in no more than keeps its time level with the RL run's; else (the variant) it takes most."""
+    monkeypatch.setattr(scheduler_module, "JOIN_WITHIN_RECENT_SHARE", within_recent_share)
+    seconds: dict[str, float] = {}
+
+    def generation(operations, call):
+        running, joined_at = list(operations), {}
+        for step in range(60):
+            taken = call.admit(lambda op: True)
+            if taken:
+                time.sleep(0.05 * len(taken))
+                call.prefilled()
+                running += taken
+                joined_at.update((op.request_id, step) for op in taken)
+            for op in running:
+                if joined_at.get(op.request_id) == step - 2:
+                    call.finish(op, (b"{}", ResultFormat.JSON))
+            time.sleep(0.01)
+        return [(op.payload.encode(), ResultFormat.JSON) for op in running]
+
+    scheduler = start_scheduler()
+    scheduler.on_device_time(
+        lambda operation, share: seconds.__setitem__(operation.run, seconds.get(operation.run, 0.0) + share)
+    )
+    kind = BatchKind("sample", generation, window_s=0.01, nests=True)
+    scheduler.register(kind)
+    rl = running(scheduler, sample_operation(ledger, kind, "rl-step", "rows", run="rl"))
+    for i in range(100):
+        scheduler.submit(sample_operation(ledger, kind, "evaluation", f"question-{i}", run="eval"))
+    wait_for(lambda: ledger.get(rl.request_id).finished, timeout_s=60)
+
+    if within_recent_share:
+        assert seconds["eval"] < 1.5 * seconds["rl"]
+    else:
+        assert seconds["eval"] > 3 * seconds["rl"]
 
 
 def test_a_long_batch_yields_at_most_its_share_of_the_device_to_other_tenants(
