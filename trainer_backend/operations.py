@@ -30,6 +30,10 @@ Outcome = tuple[bytes, ResultFormat] | BackendError
 PayloadT = TypeVar("PayloadT")
 
 
+# How finely `BatchCall.recent_by_party` keeps the call's recent split of its time.
+CREDIT_BUCKET_S = 1.0
+
+
 @dataclass
 class Operation(Generic[PayloadT]):
     """One queued request; a batch kind's operations carry a payload of that kind's type for its runner."""
@@ -166,8 +170,9 @@ class BatchCall:
         self._accrued_until = 0.0
         # The operations taken in last, until they are prefilled (`prefilled`).
         self._prefilling: list[Operation] = []
-        # (when, party, seconds) of each split of the call's own time, kept while `recent_by_party` reads them.
-        self._recent_credits: deque[tuple[float, str, float]] = deque()
+        # Each party's seconds of the call's own time by the CREDIT_BUCKET_S in which they were split, oldest first,
+        # kept while `recent_by_party` reads them: a generation splits its time at every decode step.
+        self._recent_credits: deque[tuple[float, dict[str, float]]] = deque()
         # The pauses (start, end) that may still fall in the window `recent_seconds` reads.
         self._pauses: list[tuple[float, float]] = []
 
@@ -236,14 +241,18 @@ class BatchCall:
         while self._recent_credits and self._recent_credits[0][0] < now - window_s:
             self._recent_credits.popleft()
         totals: dict[str, float] = {}
-        for _, party, seconds in self._recent_credits:
-            totals[party] = totals.get(party, 0.0) + seconds
+        for _, by_party in self._recent_credits:
+            for party, seconds in by_party.items():
+                totals[party] = totals.get(party, 0.0) + seconds
         return totals
 
     def _credit(self, split: list[tuple[Operation, float]], now: float) -> None:
+        if not self._recent_credits or now >= self._recent_credits[-1][0] + CREDIT_BUCKET_S:
+            self._recent_credits.append((now, {}))
+        bucket = self._recent_credits[-1][1]
         for op, seconds in split:
             self._accrued[op.request_id] = self._accrued.get(op.request_id, 0.0) + seconds
-            self._recent_credits.append((now, op.party, seconds))
+            bucket[op.party] = bucket.get(op.party, 0.0) + seconds
 
     def unsettled_seconds(self, now: float) -> list[tuple[Operation, float]]:
         """Each operation still running and the device seconds it has accrued by `now`, read without splitting the

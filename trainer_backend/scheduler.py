@@ -400,9 +400,11 @@ class Scheduler:
         Beside other parties, a party takes in one operation at a time, and none while it has had more of the
         call's time over the last minute than every other party in it (prefilling what it took in counts as its
         own) until they catch up (JOIN_WITHIN_RECENT_SHARE).
+
         A party with operations in the call takes more in too: otherwise an RL step's requests past one call's budget
         waited for the whole call to end (in a study's Spider trials, a quarter of a step's requests waited three
         minutes), and an evaluation took its next requests in only once all it had in the call were done, all at once.
+
         While an operation the call refused still waits, it takes nothing in: a call that others keep feeding would
         otherwise never end, nor hold little enough to let the refused one nest, and its party would wait for good.
         Nor while a lane's next operation can run only between calls (a run's creation or weights load, which change
@@ -429,7 +431,7 @@ class Scheduler:
                 others = [recent.get(other, 0.0) for other in present if other != party]
                 return sharing(party) and recent.get(party, 0.0) > max(others)
 
-            inside = set() if JOIN_OWN_PARTY else call.parties()
+            inside = set() if JOIN_OWN_PARTY else present
             waiting = []
             for name, lane in self._lanes.items():
                 oldest = lane.next_of_kind(kind)
