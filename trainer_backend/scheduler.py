@@ -422,7 +422,9 @@ class Scheduler:
                 return []
             call.accrue(now)
             recent = call.recent_by_party(now, PAUSE_SHARE_WINDOW_S)
-            present = call.parties()
+            held = call.held_by_party()
+            # The parties in the call before it takes anything in now (`held` grows with what it takes).
+            present = set(held)
 
             def sharing(party: str) -> bool:
                 return JOIN_WITHIN_RECENT_SHARE and any(other != party for other in present)
@@ -437,7 +439,6 @@ class Scheduler:
                 oldest = lane.next_of_kind(kind)
                 if oldest is not None and oldest.party not in inside and now >= oldest.enqueued_at + kind.window_s:
                     waiting.append((self._turn(name, oldest), name, oldest.party))
-            held = call.held_by_party()
             taken: list[Operation] = []
 
             def take(name: str) -> _Turn:
