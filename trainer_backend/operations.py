@@ -115,6 +115,10 @@ class BatchKind:
     # does not take in (`BatchCall.admit`) may run as a batch of their own, which does not pause; the runner must then
     # leave what the paused batch uses alone.
     nests: bool = False
+    # The most of its budget a call of this kind takes in one pass: its first batch (the first operation whatever its
+    # size) and each admission (`BatchCall.admit`). A pass that prefills cannot pause, so every other tenant waits for
+    # all of it.
+    pass_share: float = 1.0
 
     def share(self, operation: Operation) -> float:
         """The share of one device call of this kind that `operation` takes."""

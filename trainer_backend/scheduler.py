@@ -334,7 +334,7 @@ class Scheduler:
             return [first]
         # A nested batch takes nothing from the parties of the batch it runs in, and is smaller.
         mate_lanes = [name for _, name, operation in candidates if operation.party not in paused_parties]
-        capacity = 1.0 if paused is None else NESTED_BATCH_SHARE
+        capacity = kind.pass_share if paused is None else min(kind.pass_share, NESTED_BATCH_SHARE)
         return [first, *self._batch_mates(first, kind, mate_lanes, now, capacity)]
 
     def _turn(self, lane_name: str, operation: Operation) -> tuple[float, float]:
@@ -394,8 +394,9 @@ class Scheduler:
 
     def _admit(self, call: BatchCall, accepts: Callable[[Operation], bool]) -> list[Operation]:
         """Ready operations of `call`'s kind that it takes in now, gathered for the kind's window, one lane at a time
-        in turn (least recently served party first) within JOIN_BUDGET_LIMIT, each one `accepts` and none that runs
-        alone (those are marked refused: they may run nested in the call's pause).
+        in turn (least recently served party first) within JOIN_BUDGET_LIMIT and, all together, the kind's pass share
+        (the first whatever its size), each one `accepts` and none that runs alone (those are marked refused: they may
+        run nested in the call's pause).
 
         Beside other parties, a party takes in one operation at a time, and none while it has had more of the
         call's time over the last minute than every other party in it (prefilling what it took in counts as its
@@ -440,8 +441,10 @@ class Scheduler:
                 if oldest is not None and oldest.party not in inside and now >= oldest.enqueued_at + kind.window_s:
                     waiting.append((self._turn(name, oldest), name, oldest.party))
             taken: list[Operation] = []
+            passing = 0.0
 
             def take(name: str) -> _Turn:
+                nonlocal passing
                 lane = self._lanes[name]
                 operation = lane.next_of_kind(kind)
                 if operation is None or operation.seq_id is not None:
@@ -449,6 +452,8 @@ class Scheduler:
                 if ahead(operation.party):
                     return _Turn.PARTY_DONE
                 share = kind.share(operation)
+                if taken and passing + share > kind.pass_share + 1e-9:
+                    return _Turn.PARTY_DONE
                 tenants = len(held) + (operation.party not in held)
                 total = sum(held.values()) + share
                 own = held.get(operation.party, 0.0) + share
@@ -463,6 +468,7 @@ class Scheduler:
                 lane.pop(operation)
                 self._served(name, operation, now)
                 held[operation.party] = own
+                passing += share
                 taken.append(operation)
                 # Beside other parties, one at a time: what it costs to take in counts only once it is prefilled.
                 return _Turn.PARTY_DONE if sharing(operation.party) else _Turn.TOOK

@@ -671,6 +671,37 @@ def test_a_tenant_joins_past_the_budget_only_up_to_its_even_share(
     assert [payload for taken in admitted[:10] for payload in taken] == [f"light-{i}" for i in range(4)]
 
 
+def test_a_generation_takes_at_most_its_pass_share_in_its_first_batch_and_in_each_admission(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
+) -> None:
+    first_batches: list[list[str]] = []
+    admitted: list[list[str]] = []
+    stepping = _stepping_generation(20, admitted, lifetime=30)
+
+    def generation(operations, call):
+        first_batches.append([op.payload for op in operations])
+        return stepping(operations, call)
+
+    scheduler = start_scheduler()
+    # Each request takes a tenth of a batch; a pass may prefill a quarter.
+    kind = BatchKind(
+        "sample", generation, window_s=0.05, budget=BatchBudget(lambda payload: 0.1), nests=True, pass_share=0.25
+    )
+    scheduler.register(kind)
+    gate = threading.Event()
+    scheduler.submit(_operation(ledger, "holder", 1, [], _held_until(gate)))
+    evaluation = [sample_operation(ledger, kind, "evaluation", f"eval-{i}") for i in range(8)]
+    for operation in evaluation:
+        scheduler.submit(operation)
+    gate.set()
+    wait_for(lambda: all(ledger.get(op.request_id).finished for op in evaluation))
+
+    # All eight were ready when the call formed, and fit its budget; it started with two and took in two a step (a
+    # pass that prefills cannot pause: every other tenant would wait for all eight prompts).
+    assert first_batches == [["eval-0", "eval-1"]]
+    assert [taken for taken in admitted if taken] == [[f"eval-{i}", f"eval-{i + 1}"] for i in (2, 4, 6)]
+
+
 def test_a_joined_operation_counts_the_device_time_from_when_it_joined(
     ledger: Ledger, start_scheduler: Callable[..., Scheduler]
 ) -> None:

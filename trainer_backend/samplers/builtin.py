@@ -22,6 +22,12 @@ SAMPLING = "sampling"
 # the Gemma trial's server log); waiting 50 ms for the oldest lets them all into one generation batch instead of the
 # first one running alone while the others queue, which cost an RL step of 8 prompts 9 s of its 36 s of sampling.
 SAMPLING_BATCH_WINDOW_S = 0.05
+# A generation prefills at most this share of its token budget in one pass (its first batch, then each admission):
+# chunked prefill. A pass cannot pause, and in a study's two Spider trials an evaluation's first batch, a whole budget
+# of 32,768 tokens, was prefilled in one pass of minutes on a 2-core CPU while the other trial's RL step waited (95%
+# of the worker in that pass, py-spy; issue 48). An eighth is about four of its 1,000-token prompts, or one RL
+# request of four samples; the rest of the requests join one pass per decode step.
+PREFILL_PASS_SHARE = 0.125
 
 
 class BuiltinSampler:
@@ -41,7 +47,12 @@ class BuiltinSampler:
         # A tenant's requests join another tenant's running generation between its steps (`_run_batch`) rather than
         # wait for its end; those it cannot take in (prompt scores, past its cache) run nested in one of its pauses.
         self.batch_kind = BatchKind(
-            SAMPLING, self._run_batch, SAMPLING_BATCH_WINDOW_S, BatchBudget(self._share), nests=True
+            SAMPLING,
+            self._run_batch,
+            SAMPLING_BATCH_WINDOW_S,
+            BatchBudget(self._share),
+            nests=True,
+            pass_share=PREFILL_PASS_SHARE,
         )
         scheduler.register(self.batch_kind)
 
