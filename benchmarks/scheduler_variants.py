@@ -61,6 +61,10 @@ def _join_regardless_of_recent_share() -> None:
     scheduler.JOIN_WITHIN_RECENT_SHARE = False
 
 
+def _whole_budget_prefill() -> None:
+    builtin.PREFILL_PASS_SHARE = 1.0
+
+
 VARIANTS: dict[str, Callable[[], None]] = {
     "no-joining": _no_joining,  # nested batches only, as before joining
     "no-nesting": _no_nesting,  # what a generation cannot take in waits for its end
@@ -71,6 +75,7 @@ VARIANTS: dict[str, Callable[[], None]] = {
     "join-half-budget": _join_half_budget,  # past the budget, a second tenant holds half a budget (the rule before)
     "join-new-parties-only": _join_new_parties_only,  # a call takes in only parties it has none of (the rule before)
     "join-regardless-of-recent-share": _join_regardless_of_recent_share,  # a party ahead in the call still joins
+    "whole-budget-prefill": _whole_budget_prefill,  # a generation's first pass may prefill its whole budget (before)
 }
 
 

@@ -441,10 +441,10 @@ class Scheduler:
                 if oldest is not None and oldest.party not in inside and now >= oldest.enqueued_at + kind.window_s:
                     waiting.append((self._turn(name, oldest), name, oldest.party))
             taken: list[Operation] = []
-            passing = 0.0
+            this_pass = 0.0
 
             def take(name: str) -> _Turn:
-                nonlocal passing
+                nonlocal this_pass
                 lane = self._lanes[name]
                 operation = lane.next_of_kind(kind)
                 if operation is None or operation.seq_id is not None:
@@ -452,7 +452,7 @@ class Scheduler:
                 if ahead(operation.party):
                     return _Turn.PARTY_DONE
                 share = kind.share(operation)
-                if taken and passing + share > kind.pass_share + 1e-9:
+                if taken and this_pass + share > kind.pass_share + 1e-9:
                     return _Turn.PARTY_DONE
                 tenants = len(held) + (operation.party not in held)
                 total = sum(held.values()) + share
@@ -468,7 +468,7 @@ class Scheduler:
                 lane.pop(operation)
                 self._served(name, operation, now)
                 held[operation.party] = own
-                passing += share
+                this_pass += share
                 taken.append(operation)
                 # Beside other parties, one at a time: what it costs to take in counts only once it is prefilled.
                 return _Turn.PARTY_DONE if sharing(operation.party) else _Turn.TOOK

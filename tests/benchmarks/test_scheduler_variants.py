@@ -25,6 +25,7 @@ from trainer_backend.samplers import builtin
         ("join-new-parties-only", scheduler, "JOIN_OWN_PARTY", False),
         ("join-regardless-of-recent-share", scheduler, "JOIN_WITHIN_RECENT_SHARE", False),
         ("no-gathering-window", builtin, "SAMPLING_BATCH_WINDOW_S", 0.0),
+        ("whole-budget-prefill", builtin, "PREFILL_PASS_SHARE", 1.0),
     ],
 )
 def test_a_variant_sets_its_constant_away_from_the_servers(
