@@ -44,6 +44,18 @@ def _held_until(gate: threading.Event, log: list | None = None) -> Callable[[], 
     return work
 
 
+def _queued_while_busy(scheduler: Scheduler, ledger: Ledger, kind: BatchKind, lane: str, count: int) -> list[Operation]:
+    """`count` samples of `lane` (payloads "<lane>-<i>"), queued while the device runs other work, so that all of them
+    are ready when the next call forms; the device is then let go."""
+    gate = threading.Event()
+    scheduler.submit(_operation(ledger, "holder", 1, [], _held_until(gate)))
+    operations = [sample_operation(ledger, kind, lane, f"{lane}-{i}") for i in range(count)]
+    for operation in operations:
+        scheduler.submit(operation)
+    gate.set()
+    return operations
+
+
 def test_operations_of_one_client_run_in_seq_id_order_whatever_the_arrival(
     ledger: Ledger, start_scheduler: Callable[..., Scheduler]
 ) -> None:
@@ -653,12 +665,7 @@ def test_a_tenant_joins_past_the_budget_only_up_to_its_even_share(
         "sample", _stepping_generation(40, admitted, lifetime=30), window_s=0.05, budget=budget, nests=True
     )
     scheduler.register(kind)
-    gate = threading.Event()
-    scheduler.submit(_operation(ledger, "holder", 1, [], _held_until(gate)))
-    heavy = [sample_operation(ledger, kind, "heavy", f"heavy-{i}") for i in range(4)]
-    for operation in heavy:
-        scheduler.submit(operation)
-    gate.set()
+    heavy = _queued_while_busy(scheduler, ledger, kind, "heavy", 4)
     wait_for(lambda: heavy[0].request_id in scheduler.stats().running)
     light = [sample_operation(ledger, kind, "light", f"light-{i}") for i in range(6)]
     for operation in light:
@@ -688,12 +695,7 @@ def test_a_generation_takes_at_most_its_pass_share_in_its_first_batch_and_in_eac
         "sample", generation, window_s=0.05, budget=BatchBudget(lambda payload: 0.1), nests=True, pass_share=0.25
     )
     scheduler.register(kind)
-    gate = threading.Event()
-    scheduler.submit(_operation(ledger, "holder", 1, [], _held_until(gate)))
-    evaluation = [sample_operation(ledger, kind, "evaluation", f"eval-{i}") for i in range(8)]
-    for operation in evaluation:
-        scheduler.submit(operation)
-    gate.set()
+    evaluation = _queued_while_busy(scheduler, ledger, kind, "eval", 8)
     wait_for(lambda: all(ledger.get(op.request_id).finished for op in evaluation))
 
     # All eight were ready when the call formed, and fit its budget; it started with two and took in two a step (a
