@@ -26,7 +26,8 @@ SAMPLING_BATCH_WINDOW_S = 0.05
 # chunked prefill. A pass cannot pause, and in a study's two Spider trials an evaluation's first batch, a whole budget
 # of 32,768 tokens, was prefilled in one pass of minutes on a 2-core CPU while the other trial's RL step waited (95%
 # of the worker in that pass, py-spy; issue 48). An eighth is about four of its 1,000-token prompts, or one RL
-# request of four samples; the rest of the requests join one pass per decode step.
+# request of four samples; the rest of the requests join one pass per decode step. Its cost, measured (docs/
+# performance.md, "Chunked prefill"): an evaluation beside an RL run decodes with fewer rows for longer.
 PREFILL_PASS_SHARE = 0.125
 
 
