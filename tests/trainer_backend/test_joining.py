@@ -124,17 +124,51 @@ def test_joined_rows_share_the_running_batchs_decode_steps(model: PeftModel) -> 
 def test_a_generation_takes_in_only_what_fits_its_cache(model: PeftModel) -> None:
     rooms: list[JoinRoom] = []
     too_long = BoundSamplingRequest(SamplingRequest(prompt_tokens=PROMPT, max_tokens=CONTEXT - 20, seed=1), None, ())
-    scored = BoundSamplingRequest(SamplingRequest(prompt_tokens=PROMPT, max_tokens=4, prompt_logprobs=True), None, ())
     invalid = BoundSamplingRequest(SamplingRequest(prompt_tokens=(1, VOCAB + 5), max_tokens=4), None, ())
     outcomes = sample_batch(
-        model, [RUNNING], letters, CONTEXT, joining=joined_at(2, [too_long, scored, invalid, *JOINING], rooms)
+        model, [RUNNING], letters, CONTEXT, joining=joined_at(2, [too_long, invalid, *JOINING], rooms)
     )
 
-    # Past the room the batch kept for joining, asking for prompt scores (they need a prefill of their own), or not a
-    # valid request: left to run elsewhere; the others joined.
+    # Past the room the batch kept for joining, or not a valid request: left to run elsewhere; the others joined.
     (room,) = rooms
     assert room.capacity == 2 * (len(PROMPT) + RUNNING.request.max_tokens)
     assert len(outcomes) == 1 + len(JOINING)
+
+
+def test_a_request_for_prompt_scores_taken_in_is_served_between_two_steps_as_it_is_alone(model: PeftModel) -> None:
+    # A KL penalty's reference log-probs: the base model's scores of a prompt and its sampled completion, one token
+    # more. They need every prompt position's logits, so they are served on a cache of their own, not as joined rows.
+    scored = [
+        BoundSamplingRequest(
+            SamplingRequest(
+                prompt_tokens=LONG_PROMPT, max_tokens=1, seed=3, prompt_logprobs=True, topk_prompt_logprobs=3
+            ),
+            adapter,
+            (),
+        )
+        for adapter in (None, "other")
+    ]
+    finished: list[int] = []
+    admitted = iter([[], [scored[0], JOINING[1]], [scored[1]]])
+
+    def admit(room: JoinRoom) -> list[BoundSamplingRequest]:
+        return [job for job in next(admitted, []) if room.accepts(job.request)]
+
+    outcomes = sample_batch(
+        model, [RUNNING], letters, CONTEXT, joining=Joining(admit, lambda index, outcome: finished.append(index))
+    )
+
+    # Both taken in (indices 1 and 3), each answered before the running request's 30 tokens end.
+    assert finished[:2] == [1, 3]
+    assert finished[-1] == 0
+    for job, outcome in zip([RUNNING, scored[0], JOINING[1], scored[1]], outcomes, strict=True):
+        (alone,) = sample_batch(model, [job], letters, CONTEXT)
+        assert_answered_alike(outcome, alone)
+        if job in scored:
+            assert outcome.prompt_logprobs is not None and outcome.prompt_logprobs[0] is None
+            assert len(outcome.prompt_logprobs) == len(LONG_PROMPT)
+            torch.testing.assert_close(outcome.prompt_logprobs[1:], alone.prompt_logprobs[1:], atol=1e-5, rtol=0)
+            assert outcome.topk_prompt_logprobs == alone.topk_prompt_logprobs
 
 
 def test_positions_no_running_row_reads_are_dropped_so_later_requests_still_fit(model: PeftModel) -> None:

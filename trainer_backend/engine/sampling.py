@@ -7,8 +7,8 @@ step decodes one token for each row still running, each row through its own adap
 it as PEFT's active adapter, a batch of the base model alone with adapters disabled, and a batch that mixes them
 routes each row to its own (`adapters.routed_rows`); a row that stops leaves the batch (and the cache) at once.
 Between steps a running batch may take in more requests (`Joining`: another tenant's RL step joins a long evaluation's
-batch, so both share its decode steps, each handed its completions as soon as its own rows are done). `sample` is the
-one-request case.
+batch, so both share its decode steps, each handed its completions as soon as its own rows are done; a request for
+prompt scores it takes in is served on its own between two steps). `sample` is the one-request case.
 
 Semantics, matched to the Tinker SDK 0.38 and the tinker-cookbook:
 
@@ -109,9 +109,10 @@ UNREAD_SHARE_TO_DROP = 1 / 8
 
 
 class JoinRoom:
-    """What a running generation can take in now, asked one request at a time: a request it can sample (valid, no
-    prompt scores) whose prompt and completion fit its cache beside its own rows. Each accepted request counts for
-    the next: the rows taken in together are right-aligned at the longest of their prompts and the running rows."""
+    """What a running generation can take in now, asked one request at a time: a valid request whose prompt and
+    completion fit its cache beside its own rows, or that asks for prompt scores (served on its own cache between two
+    steps). Each accepted request to join counts for the next: the rows taken in together are right-aligned at the
+    longest of their prompts and the running rows."""
 
     def __init__(self, length: int, capacity: int, remaining: int, vocab_size: int, max_context_length: int) -> None:
         """`length`: the positions every running row has filled; `remaining`: the most tokens one may still add."""
@@ -120,12 +121,12 @@ class JoinRoom:
 
     def accepts(self, request: SamplingRequest) -> bool:
         """Whether `request` can join with those accepted before it; if so it counts as taken in."""
-        if _scores_wanted(request):
-            return False
         try:
             request.check(self._vocab_size, self._max_context_length)
         except SamplingInputError:
             return False
+        if _scores_wanted(request):
+            return True
         length = max(self.length, len(request.prompt_tokens))
         remaining = max(self.remaining, request.max_tokens)
         if length + remaining > self.capacity:
@@ -198,8 +199,9 @@ def sample_batch(
         max_context_length: the most tokens, prompt and completion together, the model may see.
         pause: called every `PAUSE_EVERY_STEPS` decode steps, outside inference mode; it may run other work on
             the model (a training step of another adapter) as long as it leaves the adapters the jobs use alone.
-        joining: lets the batch of the jobs without prompt scores take in more jobs between its steps, and hands
-            every job's outcome back as soon as it exists.
+        joining: lets the batch of the jobs without prompt scores take in more jobs between its steps (those with
+            prompt scores are served then, one after another, as their own batches), and hands every job's outcome
+            back as soon as it exists.
 
     Returns:
         One outcome per job, in order (the jobs given, then those admitted): its completions (and prompt log-probs
@@ -400,6 +402,16 @@ def _sample_scored(
     )
 
 
+@dataclass(frozen=True)
+class _Admitted:
+    """What one admission lets into a running generation: jobs that join its rows, and jobs that ask for prompt scores
+    (each with the index `sample_batch` delivers it to), which need every prompt position's logits, so a prefill of
+    their own."""
+
+    joining: list[BoundSamplingRequest]
+    scored: list[tuple[int, BoundSamplingRequest]]
+
+
 @dataclass
 class _Admission:
     """The jobs of one generation batch as `sample_batch` numbers them: the batch's own, then those it takes in."""
@@ -415,11 +427,18 @@ class _Admission:
     def room(self, length: int, capacity: int, remaining: int) -> JoinRoom:
         return JoinRoom(length, capacity, remaining, self.vocab_size, self.max_context_length)
 
-    def admit(self, room: JoinRoom) -> list[BoundSamplingRequest]:
-        jobs = list(self.joining.admit(room)) if self.joining is not None else []
-        self.indices += range(self.next_index, self.next_index + len(jobs))
-        self.next_index += len(jobs)
-        return jobs
+    def admit(self, room: JoinRoom) -> _Admitted:
+        """The jobs `joining` lets in: those that join the batch's rows (numbered on in `indices`), and those that
+        ask for prompt scores with the index each is delivered to."""
+        admitted = _Admitted([], [])
+        for job in self.joining.admit(room) if self.joining is not None else []:
+            if _scores_wanted(job.request):
+                admitted.scored.append((self.next_index, job))
+            else:
+                self.indices.append(self.next_index)
+                admitted.joining.append(job)
+            self.next_index += 1
+        return admitted
 
     def prefilled(self) -> None:
         if self.joining is not None:
@@ -708,7 +727,7 @@ def _decode(
     draws = [_JobDraws.start(job, device) for job in jobs]
     for step in itertools.count(1):
         if admission is not None and admission.joining is not None:
-            next_R = _take_in(model, cache, next_R, rows, draws, admission, device)
+            next_R = _take_in(model, cache, next_R, rows, draws, admission, decode, device)
         constraint_R = [draws[j].constraints[s] for j, s in zip(rows.job, rows.sample, strict=True)]
         allowed_R = [None if constraint is None else constraint.allowed() for constraint in constraint_R]
         token_R, token_logprob_R = _draw(
@@ -772,10 +791,12 @@ def _take_in(
     rows: _Rows,
     draws: list[_JobDraws],
     admission: _Admission,
+    decode: Callable[[Sequence[int]], str],
     device: torch.device,
 ) -> _NextTokenScores:
     """Before a decode step: the jobs `admission` lets in, prefilled on their own and then taken into the batch's
-    cache and rows (`draws` gains theirs); the rows' next-token scores, theirs after the batch's."""
+    cache and rows (`draws` gains theirs); the rows' next-token scores, theirs after the batch's. Those asking for
+    prompt scores are served to their end first, each on a cache of its own."""
     capacity = joinable_capacity(cache)
     if capacity is None:
         return next_R
@@ -787,8 +808,17 @@ def _take_in(
     room = admission.room(length, capacity, remaining)
     # Outside inference mode, as a pause: taking a request in may load its sampler weights as an adapter.
     with torch.inference_mode(False):
-        jobs = admission.admit(room)
+        admitted = admission.admit(room)
+    # Served here rather than left for a pause of the scheduler: a KL penalty's reference log-probs (64 requests of a
+    # study's RL step) nested only in pauses, a quarter budget at a time, and waited up to 118 s behind the other
+    # trial's generation (issue 48). Served between two steps, they wait one decode step, as joining rows do.
+    scored = [job for _, job in admitted.scored]
+    for job, result in _sample_with_prompt_scores(model, scored, decode, lambda: None):
+        admission.deliver(admitted.scored[job][0], result)
+    jobs = admitted.joining
     if not jobs:
+        if scored:
+            admission.prefilled()
         return next_R
     # The rows taken in may be wider than the running ones (`append_rows` right-aligns both at the wider) as long as
     # every row still has room for its tokens. Bounded by the running rows' width instead, a shared-prefix prefill

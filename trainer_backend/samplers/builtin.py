@@ -46,7 +46,8 @@ class BuiltinSampler:
         self.answers = answers
         self.max_batch_tokens = max_batch_tokens
         # A tenant's requests join another tenant's running generation between its steps (`_run_batch`) rather than
-        # wait for its end; those it cannot take in (prompt scores, past its cache) run nested in one of its pauses.
+        # wait for its end (prompt scores are served between two of its steps); those it cannot take in (past its
+        # cache) run nested in one of its pauses.
         self.batch_kind = BatchKind(
             SAMPLING,
             self._run_batch,
