@@ -97,6 +97,9 @@ class BatchBudget:
 
     share: Callable[[Any], float]
     capacity: float = 1.0
+    # Whether a payload costs little in one pass beside the payload before it of its lane (they share most of what a
+    # pass computes, such as a prompt's prefix); None: never.
+    same_pass: Callable[[Any, Any], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,11 @@ class BatchKind:
         if self.budget is None:
             return 1 / MAX_BATCH_OPERATIONS
         return self.budget.share(operation.payload) / self.budget.capacity
+
+    def same_pass(self, before: Operation, operation: Operation) -> bool:
+        """Whether `operation`, the next of `before`'s lane, costs little prefilled in one pass with `before`."""
+        same_pass = None if self.budget is None else self.budget.same_pass
+        return before.lane == operation.lane and same_pass is not None and same_pass(before.payload, operation.payload)
 
 
 @dataclass(frozen=True)

@@ -398,9 +398,10 @@ class Scheduler:
         (the first whatever its size), each one `accepts` and none that runs alone (those are marked refused: they may
         run nested in the call's pause).
 
-        Beside other parties, a party takes in one operation at a time, and none while it has had more of the
-        call's time over the last minute than every other party in it (prefilling what it took in counts as its
-        own) until they catch up (JOIN_WITHIN_RECENT_SHARE).
+        Beside other parties, a party takes in one operation at a time (or a lane's run of operations that cost little
+        prefilled together, `BatchKind.same_pass`), and none while it has had more of the call's time over the last
+        minute than every other party in it (prefilling what it took in counts as its own) until they catch up
+        (JOIN_WITHIN_RECENT_SHARE).
 
         A party with operations in the call takes more in too: otherwise an RL step's requests past one call's budget
         waited for the whole call to end (in a study's Spider trials, a quarter of a step's requests waited three
@@ -442,6 +443,8 @@ class Scheduler:
                     waiting.append((self._turn(name, oldest), name, oldest.party))
             taken: list[Operation] = []
             this_pass = 0.0
+            # The operation each party sharing the call took last in this admission.
+            taken_last: dict[str, Operation] = {}
 
             def take(name: str) -> _Turn:
                 nonlocal this_pass
@@ -450,6 +453,12 @@ class Scheduler:
                 if operation is None or operation.seq_id is not None:
                     return _Turn.LANE_DONE
                 if ahead(operation.party):
+                    return _Turn.PARTY_DONE
+                # Beside other parties, one at a time, or a run of one lane that costs little together: a KL penalty's
+                # 64 reference scores (16 prompts of a study's RL step, 4 completions each) taken in one at a time
+                # prefilled each prompt 4 times and waited up to 144 s (issue 48).
+                before = taken_last.get(operation.party)
+                if before is not None and not kind.same_pass(before, operation):
                     return _Turn.PARTY_DONE
                 share = kind.share(operation)
                 if taken and this_pass + share > kind.pass_share + 1e-9:
@@ -470,8 +479,10 @@ class Scheduler:
                 held[operation.party] = own
                 this_pass += share
                 taken.append(operation)
-                # Beside other parties, one at a time: what it costs to take in counts only once it is prefilled.
-                return _Turn.PARTY_DONE if sharing(operation.party) else _Turn.TOOK
+                # What it costs to take in counts only once it is prefilled, so `ahead` does not stop the next one.
+                if sharing(operation.party):
+                    taken_last[operation.party] = operation
+                return _Turn.TOOK
 
             _in_turns([(name, party) for _, name, party in sorted(waiting)], take)
             call.join(taken, now)

@@ -704,6 +704,39 @@ def test_a_generation_takes_at_most_its_pass_share_in_its_first_batch_and_in_eac
     assert [taken for taken in admitted if taken] == [[f"eval-{i}", f"eval-{i + 1}"] for i in (2, 4, 6)]
 
 
+@pytest.mark.parametrize("same_pass", [True, False])
+def test_beside_another_run_a_lanes_requests_that_cost_little_together_join_in_one_pass(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler], same_pass: bool
+) -> None:
+    """Beside another run a run's requests join one at a time, except a lane's run of requests the kind says cost
+    little prefilled together (a KL penalty's reference scores: one prompt's completions), up to the pass share."""
+    admitted: list[list[str]] = []
+    scheduler = start_scheduler()
+    kind = BatchKind(
+        "sample",
+        _stepping_generation(40, admitted, lifetime=1),
+        window_s=0.05,
+        budget=BatchBudget(lambda payload: 0.1, same_pass=lambda a, b: same_pass and a[:2] == b[:2]),
+        nests=True,
+        pass_share=0.3,
+    )
+    scheduler.register(kind)
+    rl = running(scheduler, sample_operation(ledger, kind, "rl", "rows", run="rl"))
+    # Two prompts' completions: p0 four of them, p1 two.
+    scores = ["p0-a", "p0-b", "p0-c", "p0-d", "p1-a", "p1-b"]
+    for payload in scores:
+        scheduler.submit(sample_operation(ledger, kind, "reference", payload, run="kl"))
+    wait_for(lambda: ledger.get(rl.request_id).finished)
+
+    taken = [batch for batch in admitted if batch]
+    assert [payload for batch in taken for payload in batch] == scores
+    if same_pass:
+        # Three of p0 fill the pass share; p1's first cannot go with p0's last.
+        assert taken == [["p0-a", "p0-b", "p0-c"], ["p0-d"], ["p1-a", "p1-b"]]
+    else:
+        assert all(len(batch) == 1 for batch in taken)
+
+
 def test_a_joined_operation_counts_the_device_time_from_when_it_joined(
     ledger: Ledger, start_scheduler: Callable[..., Scheduler]
 ) -> None:

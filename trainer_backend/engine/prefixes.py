@@ -26,7 +26,8 @@ class PrefixGroup:
     prefix_length: int
 
 
-def _common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many tokens `a` and `b` begin with alike."""
     length = 0
     for x, y in zip(a, b, strict=False):
         if x != y:
@@ -45,7 +46,7 @@ def shared_prefix_groups(sequences: Sequence[Sequence[int]]) -> tuple[list[Prefi
     order = sorted(range(len(sequences)), key=lambda i: tuple(sequences[i]))
     lengths = [len(sequences[i]) for i in order]
     # common[k]: the common prefix of the k-th and (k+1)-th sequences in sorted order.
-    common = [_common_prefix_length(sequences[a], sequences[b]) for a, b in itertools.pairwise(order)]
+    common = [common_prefix_length(sequences[a], sequences[b]) for a, b in itertools.pairwise(order)]
     count = len(order)
     best = [0] * (count + 1)
     start_of = [0] * (count + 1)

@@ -125,7 +125,7 @@ class JoinRoom:
             request.check(self._vocab_size, self._max_context_length)
         except SamplingInputError:
             return False
-        if _scores_wanted(request):
+        if request.scores_prompt:
             return True
         length = max(self.length, len(request.prompt_tokens))
         remaining = max(self.remaining, request.max_tokens)
@@ -228,10 +228,10 @@ def sample_batch(
     model.eval()
     try:
         with torch.inference_mode():
-            scored = [i for i in batched if _scores_wanted(jobs[i].request)]
+            scored = [i for i in batched if jobs[i].request.scores_prompt]
             for job, result in _sample_with_prompt_scores(model, [jobs[i] for i in scored], decode, pause):
                 deliver(scored[job], result)
-            together = [i for i in batched if not _scores_wanted(jobs[i].request)]
+            together = [i for i in batched if not jobs[i].request.scores_prompt]
             if together:
                 admission = _Admission(joining, list(together), len(jobs), vocab_size, max_context_length, deliver)
                 _generate(model, [jobs[i] for i in together], decode, pause, admission)
@@ -240,10 +240,6 @@ def sample_batch(
     if any(outcome is None for outcome in outcomes):
         raise RuntimeError("a sampling job ended without an outcome")
     return outcomes
-
-
-def _scores_wanted(request: SamplingRequest) -> bool:
-    return request.prompt_logprobs or request.topk_prompt_logprobs > 0
 
 
 def _adapter_scope(model: PreTrainedModel | PeftModel, adapters: Sequence[str | None]) -> AbstractContextManager:
@@ -432,7 +428,7 @@ class _Admission:
         ask for prompt scores with the index each is delivered to."""
         admitted = _Admitted([], [])
         for job in self.joining.admit(room) if self.joining is not None else []:
-            if _scores_wanted(job.request):
+            if job.request.scores_prompt:
                 admitted.scored.append((self.next_index, job))
             else:
                 self.indices.append(self.next_index)

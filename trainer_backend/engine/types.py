@@ -131,6 +131,11 @@ class SamplingRequest:
     # A sampler checkpoint folder whose weights it samples; None for the base model.
     weights_folder: Path | None = None
 
+    @property
+    def scores_prompt(self) -> bool:
+        """Whether it asks for its prompt's log-probs: every prompt position's logits, so a prefill of its own."""
+        return self.prompt_logprobs or self.topk_prompt_logprobs > 0
+
     def check(self, vocab_size: int, max_context_length: int) -> None:
         """Raises SamplingInputError naming the field when the request cannot be served: an empty prompt, token ids
         outside the vocabulary, a count or a sampling parameter out of range, or a prompt plus `max_tokens` past the

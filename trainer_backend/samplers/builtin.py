@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from trainer_backend.engine.model_engine import MAX_SAMPLING_ROWS, ModelEngine, SampleOutcome
+from trainer_backend.engine.prefixes import common_prefix_length
 from trainer_backend.engine.types import LoraSettings, SamplingRequest
 from trainer_backend.errors import BackendError
 from trainer_backend.operations import BatchBudget, BatchCall, BatchKind, Operation, Outcome
@@ -29,6 +30,11 @@ SAMPLING_BATCH_WINDOW_S = 0.05
 # request of four samples; the rest of the requests join one pass per decode step. Its cost, measured (docs/
 # performance.md, "Chunked prefill"): an evaluation beside an RL run decodes with fewer rows for longer.
 PREFILL_PASS_SHARE = 0.125
+# Requests of one lane whose prompts share at least this part of the later one's go into one pass together even
+# beside other runs' work (which otherwise join one at a time): the shared prefix is prefilled once. A KL penalty's
+# reference scores are a prompt's completions one by one (about nine tenths shared), an evaluation's questions over
+# one schema share the schema.
+SAME_PASS_SHARED_PREFIX = 0.5
 
 
 class BuiltinSampler:
@@ -52,7 +58,7 @@ class BuiltinSampler:
             SAMPLING,
             self._run_batch,
             SAMPLING_BATCH_WINDOW_S,
-            BatchBudget(self._share),
+            BatchBudget(self._share, same_pass=prefilled_together),
             nests=True,
             pass_share=PREFILL_PASS_SHARE,
         )
@@ -121,3 +127,15 @@ class BuiltinSampler:
         job = operation.payload
         operation.processed_tokens = len(job.request.prompt_tokens) + generated_tokens(result)
         return self.answers.encode(job, result)
+
+
+def prefilled_together(before: RecordedSamplingRequest, job: RecordedSamplingRequest) -> bool:
+    """Whether `job` costs little prefilled in one pass after `before`: the same weights, both scored or both not (the
+    engine serves the two apart), and most of `job`'s prompt shared."""
+    first, then = before.request, job.request
+    return (
+        first.weights_folder == then.weights_folder
+        and first.scores_prompt == then.scores_prompt
+        and common_prefix_length(first.prompt_tokens, then.prompt_tokens)
+        >= SAME_PASS_SHARED_PREFIX * len(then.prompt_tokens)
+    )
