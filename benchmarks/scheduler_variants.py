@@ -65,6 +65,14 @@ def _whole_budget_prefill() -> None:
     builtin.PREFILL_PASS_SHARE = 1.0
 
 
+def _scores_nest_only() -> None:
+    sampling.TAKE_IN_PROMPT_SCORES = False
+
+
+def _join_one_at_a_time() -> None:
+    builtin.SAME_PASS_SHARED_PREFIX = math.inf
+
+
 VARIANTS: dict[str, Callable[[], None]] = {
     "no-joining": _no_joining,  # nested batches only, as before joining
     "no-nesting": _no_nesting,  # what a generation cannot take in waits for its end
@@ -76,6 +84,8 @@ VARIANTS: dict[str, Callable[[], None]] = {
     "join-new-parties-only": _join_new_parties_only,  # a call takes in only parties it has none of (the rule before)
     "join-regardless-of-recent-share": _join_regardless_of_recent_share,  # a party ahead in the call still joins
     "whole-budget-prefill": _whole_budget_prefill,  # a generation's first pass may prefill its whole budget (before)
+    "scores-nest-only": _scores_nest_only,  # a generation takes no prompt-scoring request in: they nest (before)
+    "join-one-at-a-time": _join_one_at_a_time,  # beside others, even one prompt's scores join one by one (before)
 }
 
 

@@ -12,6 +12,7 @@ import pytest
 from benchmarks import scheduler_variants
 from benchmarks.scheduler_variants import VARIANTS
 from trainer_backend import scheduler
+from trainer_backend.engine import sampling
 from trainer_backend.samplers import builtin
 
 
@@ -26,6 +27,8 @@ from trainer_backend.samplers import builtin
         ("join-regardless-of-recent-share", scheduler, "JOIN_WITHIN_RECENT_SHARE", False),
         ("no-gathering-window", builtin, "SAMPLING_BATCH_WINDOW_S", 0.0),
         ("whole-budget-prefill", builtin, "PREFILL_PASS_SHARE", 1.0),
+        ("scores-nest-only", sampling, "TAKE_IN_PROMPT_SCORES", False),
+        ("join-one-at-a-time", builtin, "SAME_PASS_SHARED_PREFIX", math.inf),
     ],
 )
 def test_a_variant_sets_its_constant_away_from_the_servers(

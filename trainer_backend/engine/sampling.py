@@ -106,6 +106,10 @@ JOIN_HEADROOM = 2
 # A running generation drops the positions no row reads any more once they are this share of its cache's room: often
 # enough that the room does not fill, rarely enough that copying the cache costs little beside the decode steps.
 UNREAD_SHARE_TO_DROP = 1 / 8
+# Whether a running generation takes in requests for prompt scores (served between two of its steps); off is the rule
+# before 2026-12-07 (they waited for a pause of the generation), kept as a variant to measure
+# (benchmarks/scheduler_variants.py).
+TAKE_IN_PROMPT_SCORES = True
 
 
 class JoinRoom:
@@ -126,7 +130,7 @@ class JoinRoom:
         except SamplingInputError:
             return False
         if request.scores_prompt:
-            return True
+            return TAKE_IN_PROMPT_SCORES
         length = max(self.length, len(request.prompt_tokens))
         remaining = max(self.remaining, request.max_tokens)
         if length + remaining > self.capacity:
