@@ -2,7 +2,8 @@
 together saves over one after the other.
 
 Run: python -m benchmarks.trial_pair [--model google/gemma-3-270m] [--steps 20] [--eval-interval 10]
-         [--eval-size 64] [--serial] [--before COMMIT] [--log-dir DIR] [--variants twice-pause-share …]
+         [--eval-size 64] [--set FIELD=VALUE …] [--serial] [--before COMMIT] [--log-dir DIR]
+         [--variants twice-pause-share …]
      python -m benchmarks.trial_pair --watch URL --run-dir TRIAL_DIR TRIAL_DIR [--minutes 60]
      either with [--plot PNG]: each window's share drawn, per server
 
@@ -47,7 +48,7 @@ import httpx
 from autoresearch.device_share import device_use_by_trial
 from autoresearch.sdk_logging import quiet_sdk_logs
 from autoresearch.trials.backend import DEFAULT_API_KEY
-from autoresearch.trials.config import TrialConfig
+from autoresearch.trials.config import TrialConfig, field_change, parse_trial_config
 from benchmarks import ROOT, command_line
 from benchmarks.against_commit import MemoryWatch, compared_trees, server_from
 from benchmarks.fairness import DeviceCounters, Step, recipe_trial, run_b
@@ -71,9 +72,18 @@ REPORT_S = 600.0
 TRIALS = ("trial-1", "trial-2")
 
 
-def pair_configs(model: str, steps: int, eval_interval: int, eval_size: int) -> tuple[TrialConfig, TrialConfig]:
-    """The model's recipe twice: trial 1 evaluating every `eval_interval` steps, trial 2 only at its end."""
+def pair_configs(
+    model: str, steps: int, eval_interval: int, eval_size: int, changes: Sequence[str] = ()
+) -> tuple[TrialConfig, TrialConfig]:
+    """The model's recipe twice, with `changes` (FIELD=VALUE, as `autoresearch.trials --set` takes them): trial 1
+    evaluating every `eval_interval` steps, trial 2 only at its end.
+
+    Raises:
+        ConfigurationError: a change that is not FIELD=VALUE, or whose value the field does not take.
+    """
     base, max_tokens = recipe_trial(model)
+    if changes:
+        base = parse_trial_config({**base.model_dump(), **dict(map(field_change, changes))}, f"{model}'s recipe, --set")
     common = {
         "steps": steps, "warmup_steps": 0, "max_tokens": max_tokens, "reward_spec": REWARD_WITH_SPREAD,
         "checkpoint_interval": 1000, "eval_batch_invariant": False, "share_start_evaluation": False,
@@ -393,6 +403,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--eval-interval", type=int, default=10, help="trial 1 evaluates every this many steps")
     parser.add_argument("--eval-size", type=int, default=64, help="held-out questions of trial 1's evaluations")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="a field of both trials' recipe changed (repeatable), e.g. --set kl_coef=0.01",
+    )
     parser.add_argument("--serial", action="store_true", help="also run the two trials one after the other first")
     parser.add_argument("--before", default=None, help="also measure the server of this commit")
     parser.add_argument("--log-dir", type=Path, default=None, help="keep each server's log here")
@@ -431,7 +448,7 @@ def main() -> None:
         rows = [row("watched", figures)]
         verdicts += [f"watched: {goal}: {'pass' if ok else 'FAIL'}" for goal, ok in figures.passed.items()]
     else:
-        configs = pair_configs(args.model, args.steps, args.eval_interval, args.eval_size)
+        configs = pair_configs(args.model, args.steps, args.eval_interval, args.eval_size, args.set)
         table = Table(
             title=f"two trials of one key ({args.steps} steps; trial 1 evaluates {args.eval_size} questions every "
             f"{args.eval_interval}), {args.model}"

@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-import yaml
 
-from autoresearch.errors import ConfigurationError, TrialError
+from autoresearch.errors import TrialError
 from autoresearch.sdk_logging import quiet_sdk_logs
 from autoresearch.trials.backend import backend_for
-from autoresearch.trials.config import load_trial_config, parse_trial_config
+from autoresearch.trials.config import field_change, load_trial_config, parse_trial_config
 from autoresearch.trials.evaluation import evaluate_checkpoint
 from autoresearch.trials.rl_loop import DEFAULT_RUN_DIR, run_trial
 from tasks.errors import TaskError
@@ -47,7 +46,7 @@ def trial(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     quiet_sdk_logs()
     trial_config = load_trial_config(config)
-    changes = dict(_field_change(text) for text in set_fields or [])
+    changes = dict(field_change(text) for text in set_fields or [])
     if run_id is not None:
         changes["run_id"] = run_id
     if changes:
@@ -79,17 +78,6 @@ def trial(
             f"{rl.questions} questions; {rl.gained} gained, {rl.lost} lost, McNemar exact p = {rl.p_value:.3g}"
         )
     typer.echo(f"results in {result.run_dir}; sampler weights {result.sampler_path}")
-
-
-def _field_change(text: str) -> tuple[str, object]:
-    """`FIELD=VALUE` as the field's name and its value read as YAML; a malformed one is refused with the form."""
-    name, equals, value = text.partition("=")
-    if not equals or not name.strip():
-        raise ConfigurationError(f"--set {text!r}: expected FIELD=VALUE, e.g. --set eval_size=400")
-    try:
-        return name.strip(), yaml.safe_load(value)
-    except yaml.YAMLError as error:
-        raise ConfigurationError(f"--set {text!r}: the value is not YAML: {error}") from None
 
 
 def _breakdown(accuracies: dict[str, float | None]) -> str:

@@ -233,6 +233,17 @@ def read_yaml(path: Path, what: str) -> object:
         raise ConfigurationError(f"{path}: not valid YAML: {error}") from None
 
 
+def field_change(text: str) -> tuple[str, object]:
+    """`FIELD=VALUE` as the field's name and its value read as YAML; a malformed one is refused with the form."""
+    name, equals, value = text.partition("=")
+    if not equals or not name.strip():
+        raise ConfigurationError(f"--set {text!r}: expected FIELD=VALUE, e.g. --set eval_size=400")
+    try:
+        return name.strip(), yaml.safe_load(value)
+    except yaml.YAMLError as error:
+        raise ConfigurationError(f"--set {text!r}: the value is not YAML: {error}") from None
+
+
 def parse_trial_config(data: object, source: str = "trial config") -> TrialConfig:
     """Validate a trial config from a mapping.
 

@@ -1,4 +1,5 @@
-"""The trial-pair benchmark's arithmetic: each trial's share of the device over windows of the backend's readings."""
+"""The trial-pair benchmark: each trial's share of the device over windows of the backend's readings, and the recipe
+both trials run."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from autoresearch.errors import ConfigurationError
 from benchmarks import trial_pair
-from benchmarks.trial_pair import Reading, shares_over_windows
+from benchmarks.trial_pair import Reading, pair_configs, shares_over_windows
 
 
 def readings(rates: list[tuple[float, float]], every_s: float = 10.0, idle: range = range(0)) -> list[Reading]:
@@ -63,3 +65,13 @@ def test_the_plot_draws_each_servers_window_shares(monkeypatch: pytest.MonkeyPat
     path = tmp_path / "shares.png"
     trial_pair.plot_shares({"this tree": judged, "another": unjudged}, path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_change_to_the_recipe_goes_to_both_trials_and_a_bad_one_is_refused_naming_it() -> None:
+    first, second = pair_configs("tiny-gemma3", steps=3, eval_interval=2, eval_size=4, changes=["kl_coef=0.01"])
+    assert first.kl_coef == second.kl_coef == 0.01
+    assert (first.steps, first.eval_interval, second.eval_interval) == (3, 2, 0)
+    with pytest.raises(ConfigurationError, match="kl_coef"):
+        pair_configs("tiny-gemma3", steps=3, eval_interval=2, eval_size=4, changes=["kl_coef=lots"])
+    with pytest.raises(ConfigurationError, match="expected FIELD=VALUE"):
+        pair_configs("tiny-gemma3", steps=3, eval_interval=2, eval_size=4, changes=["kl_coef"])
