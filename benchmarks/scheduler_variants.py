@@ -65,8 +65,8 @@ def _whole_budget_prefill() -> None:
     builtin.PREFILL_PASS_SHARE = 1.0
 
 
-def _scores_nest_only() -> None:
-    sampling.TAKE_IN_PROMPT_SCORES = False
+def _scores_taken_in() -> None:
+    sampling.TAKE_IN_PROMPT_SCORES = True
 
 
 def _join_one_at_a_time() -> None:
@@ -84,8 +84,8 @@ VARIANTS: dict[str, Callable[[], None]] = {
     "join-new-parties-only": _join_new_parties_only,  # a call takes in only parties it has none of (the rule before)
     "join-regardless-of-recent-share": _join_regardless_of_recent_share,  # a party ahead in the call still joins
     "whole-budget-prefill": _whole_budget_prefill,  # a generation's first pass may prefill its whole budget (before)
-    "scores-nest-only": _scores_nest_only,  # a generation takes no prompt-scoring request in: they nest (before)
-    "join-one-at-a-time": _join_one_at_a_time,  # beside others, even one prompt's scores join one by one (before)
+    "scores-taken-in": _scores_taken_in,  # a generation takes prompt-scoring requests in, between two steps
+    "join-one-at-a-time": _join_one_at_a_time,  # beside others, even questions over one schema join one by one (before)
 }
 
 

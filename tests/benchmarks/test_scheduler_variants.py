@@ -27,7 +27,7 @@ from trainer_backend.samplers import builtin
         ("join-regardless-of-recent-share", scheduler, "JOIN_WITHIN_RECENT_SHARE", False),
         ("no-gathering-window", builtin, "SAMPLING_BATCH_WINDOW_S", 0.0),
         ("whole-budget-prefill", builtin, "PREFILL_PASS_SHARE", 1.0),
-        ("scores-nest-only", sampling, "TAKE_IN_PROMPT_SCORES", False),
+        ("scores-taken-in", sampling, "TAKE_IN_PROMPT_SCORES", True),
         ("join-one-at-a-time", builtin, "SAME_PASS_SHARED_PREFIX", math.inf),
     ],
 )

@@ -124,20 +124,25 @@ def test_joined_rows_share_the_running_batchs_decode_steps(model: PeftModel) -> 
 def test_a_generation_takes_in_only_what_fits_its_cache(model: PeftModel) -> None:
     rooms: list[JoinRoom] = []
     too_long = BoundSamplingRequest(SamplingRequest(prompt_tokens=PROMPT, max_tokens=CONTEXT - 20, seed=1), None, ())
+    scored = BoundSamplingRequest(SamplingRequest(prompt_tokens=PROMPT, max_tokens=4, prompt_logprobs=True), None, ())
     invalid = BoundSamplingRequest(SamplingRequest(prompt_tokens=(1, VOCAB + 5), max_tokens=4), None, ())
     outcomes = sample_batch(
-        model, [RUNNING], letters, CONTEXT, joining=joined_at(2, [too_long, invalid, *JOINING], rooms)
+        model, [RUNNING], letters, CONTEXT, joining=joined_at(2, [too_long, scored, invalid, *JOINING], rooms)
     )
 
-    # Past the room the batch kept for joining, or not a valid request: left to run elsewhere; the others joined.
+    # Past the room the batch kept for joining, asking for prompt scores (unless TAKE_IN_PROMPT_SCORES), or not a
+    # valid request: left to run elsewhere; the others joined.
     (room,) = rooms
     assert room.capacity == 2 * (len(PROMPT) + RUNNING.request.max_tokens)
     assert len(outcomes) == 1 + len(JOINING)
 
 
-def test_a_request_for_prompt_scores_taken_in_is_served_between_two_steps_as_it_is_alone(model: PeftModel) -> None:
+def test_a_request_for_prompt_scores_taken_in_is_served_between_two_steps_as_it_is_alone(
+    model: PeftModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A KL penalty's reference log-probs: the base model's scores of a prompt and its sampled completion, one token
     # more. They need every prompt position's logits, so they are served on a cache of their own, not as joined rows.
+    monkeypatch.setattr(sampling, "TAKE_IN_PROMPT_SCORES", True)  # the variant scores-taken-in
     scored = [
         BoundSamplingRequest(
             SamplingRequest(

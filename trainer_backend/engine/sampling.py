@@ -7,8 +7,9 @@ step decodes one token for each row still running, each row through its own adap
 it as PEFT's active adapter, a batch of the base model alone with adapters disabled, and a batch that mixes them
 routes each row to its own (`adapters.routed_rows`); a row that stops leaves the batch (and the cache) at once.
 Between steps a running batch may take in more requests (`Joining`: another tenant's RL step joins a long evaluation's
-batch, so both share its decode steps, each handed its completions as soon as its own rows are done; a request for
-prompt scores it takes in is served on its own between two steps). `sample` is the one-request case.
+batch, so both share its decode steps, each handed its completions as soon as its own rows are done; with
+`TAKE_IN_PROMPT_SCORES`, a request for prompt scores it takes in is served on its own between two steps). `sample` is
+the one-request case.
 
 Semantics, matched to the Tinker SDK 0.38 and the tinker-cookbook:
 
@@ -106,17 +107,19 @@ JOIN_HEADROOM = 2
 # A running generation drops the positions no row reads any more once they are this share of its cache's room: often
 # enough that the room does not fill, rarely enough that copying the cache costs little beside the decode steps.
 UNREAD_SHARE_TO_DROP = 1 / 8
-# Whether a running generation takes in requests for prompt scores (served between two of its steps); off is the rule
-# before 2026-12-07 (they waited for a pause of the generation), kept as a variant to measure
-# (benchmarks/scheduler_variants.py).
-TAKE_IN_PROMPT_SCORES = True
+# Whether a running generation takes in requests for prompt scores, served between two of its steps; off, they run
+# nested in its pauses. On is the variant `scores-taken-in` (benchmarks/scheduler_variants.py): tried for a KL
+# penalty's reference scores, which waited up to 118 s for pauses beside a study's Qwen trial, it gained nothing
+# on two Gemma trials with a KL penalty (757 s together against 709 s, one run each; docs/performance.md), and is
+# left to measure on Qwen's long prompts.
+TAKE_IN_PROMPT_SCORES = False
 
 
 class JoinRoom:
     """What a running generation can take in now, asked one request at a time: a valid request whose prompt and
-    completion fit its cache beside its own rows, or that asks for prompt scores (served on its own cache between two
-    steps). Each accepted request to join counts for the next: the rows taken in together are right-aligned at the
-    longest of their prompts and the running rows."""
+    completion fit its cache beside its own rows, or with `TAKE_IN_PROMPT_SCORES` one that asks for prompt scores
+    (served on its own cache between two steps). Each accepted request to join counts for the next: the rows taken in
+    together are right-aligned at the longest of their prompts and the running rows."""
 
     def __init__(self, length: int, capacity: int, remaining: int, vocab_size: int, max_context_length: int) -> None:
         """`length`: the positions every running row has filled; `remaining`: the most tokens one may still add."""
@@ -809,9 +812,8 @@ def _take_in(
     # Outside inference mode, as a pause: taking a request in may load its sampler weights as an adapter.
     with torch.inference_mode(False):
         admitted = admission.admit(room)
-    # Served here rather than left for a pause of the scheduler: a KL penalty's reference log-probs (64 requests of a
-    # study's RL step) nested only in pauses, a quarter budget at a time, and waited up to 118 s behind the other
-    # trial's generation (issue 48). Served between two steps, they wait one decode step, as joining rows do.
+    # Served here rather than left for a pause of the scheduler (with TAKE_IN_PROMPT_SCORES): they wait one decode
+    # step, as joining rows do, not for the pause share.
     scored = [job for _, job in admitted.scored]
     for job, result in _sample_with_prompt_scores(model, scored, decode, lambda: None):
         admission.deliver(admitted.scored[job][0], result)

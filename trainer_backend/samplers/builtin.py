@@ -31,9 +31,10 @@ SAMPLING_BATCH_WINDOW_S = 0.05
 # performance.md, "Chunked prefill"): an evaluation beside an RL run decodes with fewer rows for longer.
 PREFILL_PASS_SHARE = 0.125
 # Requests of one lane whose prompts share at least this part of the later one's go into one pass together even
-# beside other runs' work (which otherwise join one at a time): the shared prefix is prefilled once. A KL penalty's
-# reference scores are a prompt's completions one by one (about nine tenths shared), an evaluation's questions over
-# one schema share the schema.
+# beside other runs' work (which otherwise join one at a time): the shared prefix is prefilled once. An evaluation's
+# questions over one schema share the schema; a KL penalty's reference scores, where a generation takes them in
+# (`TAKE_IN_PROMPT_SCORES`), are a prompt's completions one by one. Measured there on Gemma: two trials with a KL
+# penalty took 757 s together, 784 s with every request one at a time (docs/performance.md).
 SAME_PASS_SHARED_PREFIX = 0.5
 
 
@@ -52,8 +53,7 @@ class BuiltinSampler:
         self.answers = answers
         self.max_batch_tokens = max_batch_tokens
         # A tenant's requests join another tenant's running generation between its steps (`_run_batch`) rather than
-        # wait for its end (prompt scores are served between two of its steps); those it cannot take in (past its
-        # cache) run nested in one of its pauses.
+        # wait for its end; those it cannot take in (prompt scores, past its cache) run nested in one of its pauses.
         self.batch_kind = BatchKind(
             SAMPLING,
             self._run_batch,
