@@ -455,8 +455,8 @@ class Scheduler:
                 if ahead(operation.party):
                     return _Turn.PARTY_DONE
                 # Beside other parties, one at a time, or a run of one lane that costs little together: a KL penalty's
-                # 64 reference scores (16 prompts of a study's RL step, 4 completions each) taken in one at a time
-                # prefilled each prompt 4 times and waited up to 144 s (issue 48).
+                # reference scores, where a generation takes them in, are 4 completions of each prompt, and one at a
+                # time each prompt was prefilled 4 times (56 requests, 149 s; issue 48); questions over one schema too.
                 before = taken_last.get(operation.party)
                 if before is not None and not kind.same_pass(before, operation):
                     return _Turn.PARTY_DONE
