@@ -206,9 +206,9 @@ def sample_batch(
         max_context_length: the most tokens, prompt and completion together, the model may see.
         pause: called every `PAUSE_EVERY_STEPS` decode steps, outside inference mode; it may run other work on
             the model (a training step of another adapter) as long as it leaves the adapters the jobs use alone.
-        joining: lets the batch of the jobs without prompt scores take in more jobs between its steps (those with
-            prompt scores are served then, one after another, as their own batches), and hands every job's outcome
-            back as soon as it exists.
+        joining: lets the batch of the jobs without prompt scores take in more jobs between its steps (with
+            `TAKE_IN_PROMPT_SCORES`, those with prompt scores too, served then one after another as their own
+            batches), and hands every job's outcome back as soon as it exists.
 
     Returns:
         One outcome per job, in order (the jobs given, then those admitted): its completions (and prompt log-probs
