@@ -13,7 +13,7 @@ import math
 import sys
 from collections.abc import Callable
 
-from trainer_backend import scheduler
+from trainer_backend import scheduler, service
 from trainer_backend.engine import sampling
 from trainer_backend.operations import BatchKind
 from trainer_backend.samplers import builtin
@@ -73,6 +73,10 @@ def _join_one_at_a_time() -> None:
     builtin.SAME_PASS_SHARED_PREFIX = math.inf
 
 
+def _passes_whole() -> None:
+    service.TRAINING_PASSES_PAUSE = False
+
+
 VARIANTS: dict[str, Callable[[], None]] = {
     "no-joining": _no_joining,  # nested batches only, as before joining
     "no-nesting": _no_nesting,  # what a generation cannot take in waits for its end
@@ -86,6 +90,7 @@ VARIANTS: dict[str, Callable[[], None]] = {
     "whole-budget-prefill": _whole_budget_prefill,  # a generation's first pass may prefill its whole budget (before)
     "scores-taken-in": _scores_taken_in,  # a generation takes prompt-scoring requests in, between two steps
     "join-one-at-a-time": _join_one_at_a_time,  # beside others, even questions over one schema join one by one (before)
+    "passes-whole": _passes_whole,  # a training pass neither pauses nor parks when nested: it runs whole (before)
 }
 
 

@@ -122,6 +122,9 @@ class BatchKind:
     # size) and each admission (`BatchCall.admit`). A pass that prefills cannot pause, so every other tenant waits for
     # all of it.
     pass_share: float = 1.0
+    # A call of this kind nested in another's pause gives the device back between its steps (`BatchCall.__call__`)
+    # until the paused call's next pause, instead of holding it to its end: it runs on a thread of its own.
+    parks: bool = False
 
     def share(self, operation: Operation) -> float:
         """The share of one device call of this kind that `operation` takes."""
@@ -143,6 +146,8 @@ class CallHooks:
     pause: Callable[[BatchCall], None]
     admit: Callable[[BatchCall, Callable[[Operation], bool]], list[Operation]]
     finish: Callable[[BatchCall, Operation, Outcome], None]
+    # A nested call of a kind that parks, between its steps: give the device back to the paused call for a while.
+    park: Callable[[BatchCall], None]
 
 
 class BatchCall:
@@ -150,7 +155,8 @@ class BatchCall:
 
     Handed to a batch kind's runner, it is the call's pause callback (calling it lets other tenants' work run), and a
     call that runs step by step may take in more operations of its kind between steps (`admit`) and record an
-    operation's outcome before the call ends (`finish`). A call nested in another's pause neither pauses nor admits.
+    operation's outcome before the call ends (`finish`). A call nested in another's pause neither pauses nor admits;
+    if its kind parks, calling it gives the device back to the paused call until that call pauses again.
     Its own device time is its wall time less the time that work run in its pauses took; that time is split among
     its operations at every pause, admission and finish, in proportion to their shares of the kind's budget, and what
     is left at its end among the operations still running, in proportion to the tokens each processed.
@@ -189,9 +195,12 @@ class BatchCall:
         self._pauses: list[tuple[float, float]] = []
 
     def __call__(self) -> None:
-        """Pause: other tenants' ready work that may run meanwhile runs now."""
+        """Pause: other tenants' ready work that may run meanwhile runs now (nested: the paused call's own steps, if
+        this call's kind parks)."""
         if not self.nested:
             self._hooks.pause(self)
+        elif self.kind is not None and self.kind.parks:
+            self._hooks.park(self)
 
     def admit(self, accepts: Callable[[Operation], bool]) -> list[Operation]:
         """Other tenants' ready operations of this call's kind that it takes in now, each one `accepts` (see

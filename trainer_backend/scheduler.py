@@ -35,6 +35,7 @@ from trainer_backend.errors import BackendError, OverloadedError, ServerError
 from trainer_backend.lanes import ExpiredGap, Lane
 from trainer_backend.ledger import Ledger
 from trainer_backend.operations import BatchCall, BatchKind, CallHooks, Operation, Outcome
+from trainer_backend.sliced_calls import SlicedCall
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,9 @@ class Scheduler:
         self.max_queued_per_owner = max_queued_per_owner
         self.gap_timeout_s = gap_timeout_s
         self._kinds: dict[str, BatchKind] = {}
-        self._hooks = CallHooks(self._pause, self._admit, self._finish)
+        self._hooks = CallHooks(self._pause, self._admit, self._finish, self._park)
+        # The nested call that runs in slices in the pauses of the call it is nested in, if any (at most one).
+        self._sliced: SlicedCall | None = None
         # When the batch the worker waits to gather may form (monotonic); None when it waits for nothing.
         self._gathering_until: float | None = None
         self._batches = 0
@@ -307,6 +310,9 @@ class Scheduler:
         # Set again below while the chosen batch still gathers; never left over from an earlier look.
         self._gathering_until = None
         paused_parties = paused.parties() if paused is not None else set()
+        # A training client's next request waits for the one before it, which may be running in the paused call (a
+        # training pass pauses too).
+        running_lanes = {op.lane for call in self._calls for op in call.unfinished() if op.seq_id is not None}
         candidates = []
         for name, lane in self._lanes.items():
             operation = lane.ready()
@@ -315,7 +321,7 @@ class Scheduler:
                 if expired is not None:
                     self._fail_expired(name, expired)
                 continue
-            if paused is not None and not self._runs_in_pause(operation, paused, now):
+            if paused is not None and (not self._runs_in_pause(operation, paused, now) or name in running_lanes):
                 continue
             lane.gap_since = None
             candidates.append((self._turn(name, operation), name, operation))
@@ -350,15 +356,20 @@ class Scheduler:
         self._party_served[operation.party] = now
 
     def _runs_in_pause(self, operation: Operation, paused: BatchCall, now: float) -> bool:
-        """Whether `operation` may run while `paused` pauses: it interleaves, or it nests (its kind nests, its party has
-        nothing in the paused call, its batch has gathered, and the paused call, within its budget, did not take it
-        in when it could have)."""
+        """Whether `operation` may run while `paused` pauses: it interleaves, or it nests (its kind nests, as the paused
+        call's does, its party has nothing in the paused call, its batch has gathered, and the paused call, within its
+        budget, did not take it in when it could have).
+
+        A training pass lends its pauses to work that interleaves only: a generation nested in one would hold it for
+        all of that generation (a nested batch does not pause)."""
         if operation.interleaves:
             return True
         kind = operation.batch_kind
         return (
             kind is not None
             and kind.nests
+            and paused.kind is not None
+            and paused.kind.nests
             and operation.party not in paused.parties()
             and now >= operation.enqueued_at + kind.window_s
             and (not paused.admits or (operation.request_id in paused.refused and paused.held() <= 1.0))
@@ -515,30 +526,75 @@ class Scheduler:
             self._execute(call)
             with self._condition:
                 self._calls.remove(call)
+            self._finish_sliced()
 
     def _call(self, batch: list[Operation], nested: bool) -> BatchCall:
         return BatchCall(batch, batch[0].batch_kind, nested, self._hooks)
 
     def _pause(self, call: BatchCall) -> None:
         """A long call pauses: run one batch of other tenants' ready operations that interleave or nest, if any, unless
-        they have had their share of this call's recent time (PAUSE_SHARE_LIMIT over PAUSE_SHARE_WINDOW_S)."""
+        they have had their share of this call's recent time (PAUSE_SHARE_LIMIT over PAUSE_SHARE_WINDOW_S).
+
+        A nested batch of a kind that parks (a training pass) runs in slices, a step in each pause, until it ends; no
+        other batch starts in a pause meanwhile, and what is left of it when the paused call ends runs right after."""
         with self._condition:
             own, paused = call.recent_seconds(time.monotonic(), PAUSE_SHARE_WINDOW_S)
             if self._stopping or paused > PAUSE_SHARE_LIMIT * own:
                 return
-            batch = self._next(paused=call)
-            if not batch:
-                return
+            sliced = self._sliced
+            if sliced is None:
+                batch = self._next(paused=call)
+                if not batch:
+                    return
+                nested = self._call(batch, nested=True)
+                self._calls.append(nested)
+                if nested.kind is not None and nested.kind.parks:
+                    sliced = self._sliced = SlicedCall(nested, self._execute)
+            else:
+                nested = sliced.call
             call.accrue(time.monotonic())
-            nested = self._call(batch, nested=True)
-            self._calls.append(nested)
             # Inside the paused call's busy interval, which already counts this time.
             started = call.pausing_since = time.monotonic()
-        self._execute(nested)
+        if sliced is None:
+            self._execute(nested)
+        else:
+            sliced.run_slice()
         with self._condition:
             call.paused_for(started, time.monotonic())
             call.pausing_since = None
-            self._calls.remove(nested)
+            if sliced is None or sliced.done:
+                self._calls.remove(nested)
+                self._sliced = None
+
+    def _park(self, call: BatchCall) -> None:
+        """A nested call of a kind that parks is between two steps: the call it is nested in goes on until it pauses
+        again. Its wait counts as a pause of its own (not its device time)."""
+        sliced = self._sliced
+        if sliced is None or sliced.call is not call or not sliced.hosted:
+            return
+        with self._condition:
+            parked = call.pausing_since = time.monotonic()
+        sliced.park()
+        with self._condition:
+            call.paused_for(parked, time.monotonic())
+            call.pausing_since = None
+
+    def _finish_sliced(self) -> None:
+        """The call a sliced call was nested in has ended: the sliced call runs to its end now, before anything else
+        (its lane's next operation waits for it, and an adapter's creation must not fall in the middle of a pass)."""
+        sliced = self._sliced
+        if sliced is None:
+            return
+        sliced.hosted = False
+        started = time.monotonic()
+        sliced.run_slice()
+        end = time.monotonic()
+        with self._condition:
+            self._calls.remove(sliced.call)
+            self._sliced = None
+            self._busy_seconds += end - started
+        for listener in self._busy_listeners:
+            listener(started, end)
 
     def _finish(self, call: BatchCall, operation: Operation, outcome: Outcome) -> None:
         """Record `operation`'s outcome before its call ends; its device seconds are those it accrued in the call."""

@@ -68,6 +68,12 @@ RESTART_REASON = "the server restarted while this request was queued or running;
 # The batch kind of forward and forward_backward requests: those of different clients share a pass over the base
 # model. (Sampling's is the built-in sampler's.)
 TRAINING_PASS = "training_pass"
+# Whether a training pass pauses between its micro-batches (for others' saves, optimizer steps and passes) and, nested
+# in a generation's pause, gives the device back between them until that generation's next pause (`BatchKind.parks`),
+# rather than holding it to its end: in a study's two Qwen trials a pass took 25-68 s, a generation waited for all of
+# it, and the trial whose passes fell in a 5-minute window held up to 74% of it (issue 48). Off is the rule before
+# 2026-12-07, kept as the variant `passes-whole` (benchmarks/scheduler_variants.py).
+TRAINING_PASSES_PAUSE = True
 # Operations that may run while a long generation pauses: they touch only their own training adapter and files,
 # never the set of loaded adapters a generation relies on.
 INTERLEAVING_KINDS = frozenset(
@@ -157,7 +163,7 @@ class TrainingService:
             gap_timeout_s=config.gap_timeout_s,
             max_queued_per_owner=config.max_queued_per_key,
         )
-        self.training_pass = BatchKind(TRAINING_PASS, self._run_forward_backward)
+        self.training_pass = BatchKind(TRAINING_PASS, self._run_forward_backward, parks=TRAINING_PASSES_PAUSE)
         self.scheduler.register(self.training_pass)
         self.duty_cycle = DutyCycle()
         self.scheduler.on_busy(self.duty_cycle.record)
@@ -371,12 +377,13 @@ class TrainingService:
         )
 
     def _run_forward_backward(
-        self, operations: Sequence[Operation[ForwardBackwardCall]], _pause: PauseCallback
+        self, operations: Sequence[Operation[ForwardBackwardCall]], pause: PauseCallback
     ) -> list[Outcome]:
-        """The scheduler's batch runner for training passes: the next request of several clients in one pass."""
+        """The scheduler's batch runner for training passes: the next request of several clients in one pass, which
+        pauses between its micro-batches."""
         calls = [op.payload for op in operations if op.payload is not None]
         outcomes: list[Outcome] = []
-        results = self.engine.forward_backward_batch(calls)
+        results = self.engine.forward_backward_batch(calls, pause if TRAINING_PASSES_PAUSE else lambda: None)
         for operation, call, result in zip(operations, calls, results, strict=True):
             if isinstance(result, BackendError):
                 outcomes.append(result)

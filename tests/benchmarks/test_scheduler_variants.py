@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks import scheduler_variants
 from benchmarks.scheduler_variants import VARIANTS
-from trainer_backend import scheduler
+from trainer_backend import scheduler, service
 from trainer_backend.engine import sampling
 from trainer_backend.samplers import builtin
 
@@ -29,6 +29,7 @@ from trainer_backend.samplers import builtin
         ("whole-budget-prefill", builtin, "PREFILL_PASS_SHARE", 1.0),
         ("scores-taken-in", sampling, "TAKE_IN_PROMPT_SCORES", True),
         ("join-one-at-a-time", builtin, "SAME_PASS_SHARED_PREFIX", math.inf),
+        ("passes-whole", service, "TRAINING_PASSES_PAUSE", False),
     ],
 )
 def test_a_variant_sets_its_constant_away_from_the_servers(

@@ -398,6 +398,72 @@ def test_a_long_batch_pauses_for_other_tenants_short_operations_but_not_for_othe
     assert stats.operations_by_kind["op"] == 3 and stats.busy_seconds > busy_before
 
 
+def test_a_training_pass_nested_in_a_pause_runs_a_micro_batch_per_pause_and_the_paused_batch_steps_between(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
+) -> None:
+    """A nested training pass used to hold the device to its end, and the paused generation with it. It parks between
+    its micro-batches instead; what is left of it when the generation ends runs before anything else, its lane's next
+    request after it; the time it waited parked is not its device time."""
+    log: list = []
+    started = threading.Event()
+    proceed = threading.Event()
+    pass_compute_s: list[float] = []
+    device_seconds: dict[str, float] = {}
+
+    def generation(operations, pause):
+        started.set()
+        proceed.wait(5)
+        for step in range(4):
+            log.append(f"generation step {step}")
+            time.sleep(0.1)
+            pause()
+        return [(b"{}", ResultFormat.JSON) for _ in operations]
+
+    def training_pass(operations, pause):
+        for step in range(6):
+            if step:
+                pause()
+            begun = time.monotonic()
+            log.append(f"pass step {step}")
+            time.sleep(0.02)
+            pass_compute_s.append(time.monotonic() - begun)
+        return [(b"{}", ResultFormat.JSON) for _ in operations]
+
+    sampling = BatchKind("sample", generation, nests=True)
+    passes = BatchKind("pass", training_pass, parks=True)
+    scheduler = start_scheduler(sampling, passes)
+    scheduler.on_device_time(lambda operation, seconds: device_seconds.update({operation.request_id: seconds}))
+    scheduler.submit(sample_operation(ledger, sampling, "sampler", "long"))
+    assert started.wait(5)
+    record, _ = ledger.submit("alice", "forward_backward", "trainer-1", "trainer", 1)
+    training = Operation(
+        record.request_id, "forward_backward", "trainer", None, 1, batch_kind=passes, payload="pass", interleaves=True
+    )
+    optimizer_step = _operation(ledger, "trainer", 2, log)
+    optimizer_step.interleaves = True
+    creation = _operation(ledger, "other", 1, log)  # adds an adapter: runs only between calls
+    for operation in (training, optimizer_step, creation):
+        scheduler.submit(operation)
+    proceed.set()
+    wait_for(lambda: all(ledger.get(op.request_id).finished for op in (training, optimizer_step, creation)))
+
+    assert log[:10] == [
+        "generation step 0",
+        "pass step 0",
+        "generation step 1",
+        "pass step 1",
+        "generation step 2",
+        "pass step 2",
+        "generation step 3",
+        "pass step 3",
+        "pass step 4",
+        "pass step 5",
+    ]
+    assert sorted(log[10:]) == [("other", 1), ("trainer", 2)]
+    # Parked through three of the generation's steps (0.3 s or more), none of which counts as the pass's.
+    assert device_seconds[training.request_id] < sum(pass_compute_s) + 0.15
+
+
 def test_another_tenants_gathered_batch_nests_in_a_long_batchs_pause_but_the_same_tenants_waits(
     ledger: Ledger, start_scheduler: Callable[..., Scheduler]
 ) -> None:

@@ -5,6 +5,7 @@ loss and gradients it gets alone; on a Gemma 3 and on a Qwen2."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +13,13 @@ import torch
 from trainer_backend.engine.microbatches import plan_pieces
 from trainer_backend.engine.model_engine import ModelEngine
 from trainer_backend.engine.prefixes import GROUP_OVERHEAD_TOKENS, PrefixGroup, length_buckets, shared_prefix_groups
-from trainer_backend.engine.types import AdamSettings, DecodedDatum, ForwardBackwardCall, LoraSettings
+from trainer_backend.engine.types import (
+    AdamSettings,
+    DecodedDatum,
+    ForwardBackwardCall,
+    LoraSettings,
+    SamplingRequest,
+)
 from trainer_backend.errors import UserInputError
 from trainer_backend.models.loading import load_base_model
 from trainer_backend.models.registry import resolve_base_model
@@ -166,6 +173,42 @@ def test_micro_batches_within_a_small_budget_give_the_gradients_of_one_pass(engi
     assert_same([o["logprobs"] for o in pieces.loss_fn_outputs], [o["logprobs"] for o in whole.loss_fn_outputs])
     assert pieces.metrics["loss:sum"] == pytest.approx(whole.metrics["loss:sum"], rel=1e-4, abs=1e-5)
     assert_same(adapter_gradients(engine, "bob"), whole_grads)
+
+
+def test_a_pass_that_pauses_between_micro_batches_for_other_adapters_work_gives_the_gradients_of_one_pass(
+    engine: ModelEngine, tmp_path: Path
+) -> None:
+    """The scheduler runs other runs' work between a pass's micro-batches: a generation that makes another adapter
+    active (and frozen), another adapter's pass. The paused pass's own results are those of one pass all the same."""
+    datums = rl_group(5, 5) + rl_group(6, 3) + [rl_group(7, 1)[0]]
+    call = ForwardBackwardCall("bob", datums, "importance_sampling", None, False)
+    (whole,) = run(engine, [call])
+    whole_grads = adapter_gradients(engine, "bob")
+    weights = tmp_path / "alice-sampler"
+    weights.mkdir()
+    engine.save("alice", weights, include_optimizer=False)
+    others = ForwardBackwardCall("alice", rl_group(8, 2), "importance_sampling", None, False)
+    pauses = 0
+
+    def others_work() -> None:
+        nonlocal pauses
+        pauses += 1
+        (sampled,) = engine.sample_batch([SamplingRequest((5, 6, 7), max_tokens=3, weights_folder=weights)])
+        assert not isinstance(sampled, Exception), sampled
+        run(engine, [others])
+
+    budget = engine.training.piece_tokens
+    engine.training.piece_tokens = PROMPT_TOKENS + 20
+    try:
+        (paused,) = engine.forward_backward_batch([call], others_work)
+    finally:
+        engine.training.piece_tokens = budget
+    assert pauses >= 2
+    assert not isinstance(paused, Exception), paused
+    assert_same([o["logprobs"] for o in paused.loss_fn_outputs], [o["logprobs"] for o in whole.loss_fn_outputs])
+    assert paused.metrics["loss:sum"] == pytest.approx(whole.metrics["loss:sum"], rel=1e-4, abs=1e-5)
+    assert_same(adapter_gradients(engine, "bob"), whole_grads)
+    engine.adapters.optimizers["alice"].zero_grad(set_to_none=True)
 
 
 def test_a_micro_batch_goes_through_the_output_head_once_besides_its_prompts(

@@ -184,12 +184,16 @@ class AdapterPool:
                 with self.peft_model.disable_adapter():
                     yield self.peft_model
             return
+        self.activate(name)
+        yield self.peft_model
+
+    def activate(self, name: str) -> None:
+        """Make adapter `name` the active one, trainable (again, after a generation made another active)."""
         self.require(name)
         self.peft_model.set_adapter(name)
         # set_adapter freezes every other adapter and may re-freeze this one's parameters; keep it trainable.
         for param in self.parameters(name):
             param.requires_grad_(True)
-        yield self.peft_model
 
     @contextlib.contextmanager
     def routed(self, names: Sequence[str]) -> Iterator[nn.Module]:

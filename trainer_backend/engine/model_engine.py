@@ -120,9 +120,10 @@ class ModelEngine:
         return outcome
 
     def forward_backward_batch(
-        self, calls: Sequence[ForwardBackwardCall]
+        self, calls: Sequence[ForwardBackwardCall], pause: Callable[[], None] = lambda: None
     ) -> list[ForwardBackwardResult | BackendError]:
-        """Several clients' forward/backward requests in one pass over the base model.
+        """Several clients' forward/backward requests in one pass over the base model, calling `pause` between its
+        micro-batches (other tenants' work may run then; the pass's adapters stay loaded).
 
         Each row goes through its own client's adapter (PEFT's mixed-batch LoRA); each call's loss is computed on
         its own rows, and the backward of their sum leaves in each adapter exactly the gradient its own call
@@ -148,8 +149,11 @@ class ModelEngine:
             groups.setdefault((width, own_pass), []).append(index)
         for group in groups.values():
             # The group's adapters all loaded at once (bringing one back may have spilled another of the group).
-            self.residency.use([calls[i].model_id for i in group])
-            for index, outcome in zip(group, self.training.run([calls[i] for i in group]), strict=True):
+            names = [calls[i].model_id for i in group]
+            self.residency.use(names)
+            with self.residency.held(names):
+                results = self.training.run([calls[i] for i in group], pause)
+            for index, outcome in zip(group, results, strict=True):
                 outcomes[index] = outcome
         release_freed_memory()
         return outcomes

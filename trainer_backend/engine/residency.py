@@ -39,6 +39,8 @@ class AdapterResidency:
         self.limit = limit
         self._loaded: OrderedDict[str, None] = OrderedDict()
         self._spilled: dict[str, Path] = {}
+        # Adapters of training passes under way (a pass pauses between its micro-batches): never spilled.
+        self._held: Counter[str] = Counter()
         if spill_root is not None:
             # Adapters spilled by an earlier process are gone with its runs; resume goes through checkpoints.
             shutil.rmtree(spill_root, ignore_errors=True)
@@ -75,13 +77,24 @@ class AdapterResidency:
                 self._loaded.move_to_end(name)
         self._spill_over_limit(keep=set(names))
 
+    @contextmanager
+    def held(self, names: Collection[str]) -> Iterator[None]:
+        """Within it, these adapters stay loaded whatever else is used: a training pass pauses between its
+        micro-batches, and the work run in its pauses must not spill the adapters it is part way through."""
+        self._held.update(names)
+        try:
+            yield
+        finally:
+            self._held.subtract(names)
+            self._held = +self._held
+
     def _spill_over_limit(self, keep: set[str]) -> None:
         if self.limit is None:
             return
         for name in list(self._loaded):
             if len(self._loaded) <= self.limit:
                 return
-            if name in keep or self.adapters.has_gradients(name):
+            if name in keep or name in self._held or self.adapters.has_gradients(name):
                 continue
             folder = self.spill_root / name
             folder.mkdir(parents=True, exist_ok=True)

@@ -54,8 +54,11 @@ class TrainingPass:
         self.softcap = output.softcap
         self.pad_token_id = loaded.tokenizer.pad_token_id or 0
 
-    def run(self, calls: Sequence[ForwardBackwardCall]) -> list[ForwardBackwardResult | UserInputError]:
-        """Every datum of the calls through the base model, in micro-batches that fit the activation budget.
+    def run(
+        self, calls: Sequence[ForwardBackwardCall], pause: Callable[[], None] = lambda: None
+    ) -> list[ForwardBackwardResult | UserInputError]:
+        """Every datum of the calls through the base model, in micro-batches that fit the activation budget, calling
+        `pause` between two micro-batches.
 
         Datums of one call that begin with the same tokens (the completions of one prompt) are computed through
         their shared prefix (`prefixes.py`): the prefix once, its KV cache repeated for the members, each member's
@@ -63,6 +66,9 @@ class TrainingPass:
         batches. Each micro-batch (`microbatches.py`) runs its forward and its losses' backward before the next
         begins; the losses are sums over data, so the gradients add up to those of one pass. Either way a datum gets
         the log-probs, loss and gradients it gets alone, up to float rounding.
+
+        What runs in a pause may use the model with other adapters (a generation makes its own active and frozen):
+        the pass makes its adapter active and trainable again before its next micro-batch.
         """
         # Bad loss inputs fail their call before any of its gradients reach the adapter.
         outcomes: list[ForwardBackwardResult | UserInputError | None] = [self.refusal(call) for call in calls]
@@ -92,7 +98,11 @@ class TrainingPass:
             prefixes = _PrefixesInFlight(
                 shared, pieces, lambda c, group: self._prefix(output.decoder, head, calls[c], group, one_adapter)
             )
-            for piece in pieces:
+            for number, piece in enumerate(pieces):
+                if number:
+                    pause()
+                    if one_adapter:
+                        self.adapters.activate(calls[0].model_id)
                 keys = list(piece.alone) + [(c, i) for c, group in piece.groups for i in group.members]
                 needs_grad = any(not calls[c].forward_only for c, _ in keys)
                 piece_prefixes = prefixes.of(piece)

@@ -85,9 +85,12 @@ class DataParallelPass(TrainingPass):
         self.lockstep = Lockstep(decoder_layers(loaded.model), loaded.device)
         super().__init__(loaded, adapters, logprobs, chunk_tokens, piece_tokens, steps=self.lockstep)
 
-    def run(self, calls: Sequence[ForwardBackwardCall]) -> list[ForwardBackwardResult | UserInputError]:
+    def run(
+        self, calls: Sequence[ForwardBackwardCall], pause: Callable[[], None] = lambda: None
+    ) -> list[ForwardBackwardResult | UserInputError]:
         """As `TrainingPass.run`, this process computing its share. Every process of the group calls it with the same
-        calls (a refused call is refused by all alike, decided on its whole batch)."""
+        calls (a refused call is refused by all alike, decided on its whole batch). It does not pause: the other
+        processes would wait in the middle of a gather for whatever ran in this one's pause."""
         outcomes: list[ForwardBackwardResult | UserInputError | None] = [self.refusal(call) for call in calls]
         valid = [c for c, outcome in enumerate(outcomes) if outcome is None]
         shares = share_datums([calls[c] for c in valid], dist.get_world_size())[dist.get_rank()]

@@ -143,8 +143,10 @@ class LeaderEngine:
         self.engine.create_adapter(model_id, lora)
 
     def forward_backward_batch(
-        self, calls: Sequence[ForwardBackwardCall]
+        self, calls: Sequence[ForwardBackwardCall], pause: Callable[[], None] = lambda: None
     ) -> list[ForwardBackwardResult | BackendError]:
+        """As `ModelEngine.forward_backward_batch`, on every process of the group; it does not pause (`pause` is not
+        called): the other processes would wait in the middle of the pass for whatever ran in this one's pause."""
         self._send("forward_backward_batch", list(calls))
         return self.engine.forward_backward_batch(calls)
 
