@@ -176,6 +176,21 @@ def test_the_shipped_spider_study_reads_the_release_from_the_environment(
         load_study_spec(shipped)
 
 
+def test_the_shipped_spider_trial_config_is_the_bundled_recipe_on_the_release_from_the_environment(
+    tmp_path: Path, release: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trials = TINY_SPEC.parent / "trials"
+    monkeypatch.setenv("SPIDER_RELEASE", str(release))
+    spider = load_trial_config(trials / "text2sql_qwen_spider.yaml")
+    bundled = load_trial_config(trials / "text2sql_qwen.yaml")
+    assert spider.data is not None and spider.data.path == release
+    assert spider.model_copy(update={"data": bundled.data, "eval_size": bundled.eval_size}) == bundled
+    assert spider.eval_size == 400
+    monkeypatch.delenv("SPIDER_RELEASE")
+    with pytest.raises(ConfigurationError, match=r"data\.path: refers to SPIDER_RELEASE, .* \(export SPIDER_RELEASE="):
+        load_trial_config(trials / "text2sql_qwen_spider.yaml")
+
+
 def test_a_studys_trials_cannot_set_their_own_data(tmp_path: Path, release: Path) -> None:
     path = spider_spec(tmp_path, release, data={"source": "bundled"})
     with pytest.raises(ConfigurationError, match="trial: data are set by the study"):
