@@ -14,9 +14,10 @@ let other tenants' short operations run. A call that runs step by step (a genera
 another tenant's gathered operations of its kind (`BatchCall.admit`): they share its steps, and each operation's result
 is recorded as soon as it is done (`BatchCall.finish`), so a light tenant's generation neither waits for a heavy
 tenant's to end nor runs beside it as a second batch. A batch kind may also nest: what the running call cannot take in
-runs in its pause as a batch of its own. An operation may ask to run alone (a batch-invariant sample): its call holds it
-only, takes nothing in and is taken into nothing, so its result is what it computes alone whatever else is queued. Busy
-time is measured around each device call.
+runs in its pause as a batch of its own; a nested batch of a kind that parks (a training pass) runs a step in each of
+the paused call's pauses rather than all of it at once (`sliced_calls.py`). An operation may ask to run alone (a
+batch-invariant sample): its call holds it only, takes nothing in and is taken into nothing, so its result is what it
+computes alone whatever else is queued. Busy time is measured around each device call.
 """
 
 from __future__ import annotations
