@@ -464,6 +464,42 @@ def test_a_training_pass_nested_in_a_pause_runs_a_micro_batch_per_pause_and_the_
     assert device_seconds[training.request_id] < sum(pass_compute_s) + 0.15
 
 
+def test_a_training_pass_pauses_for_another_runs_work_but_not_for_its_own_clients_next_request(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler]
+) -> None:
+    """A training pass pauses between its micro-batches: another run's optimizer step may run then, but not its own
+    client's, which is ready as soon as the pass is taken to run and must see the pass's gradients."""
+    log: list = []
+    started = threading.Event()
+    proceed = threading.Event()
+
+    def training_pass(operations, pause):
+        started.set()
+        proceed.wait(5)
+        for step in range(3):
+            if step:
+                pause()
+            log.append(f"pass step {step}")
+            time.sleep(0.1)
+        return [(b"{}", ResultFormat.JSON) for _ in operations]
+
+    passes = BatchKind("pass", training_pass, parks=True)
+    scheduler = start_scheduler(passes)
+    record, _ = ledger.submit("alice", "forward_backward", "trainer-1", "trainer", 1)
+    scheduler.submit(
+        Operation(record.request_id, "forward_backward", "trainer", None, 1, batch_kind=passes, payload="pass")
+    )
+    assert started.wait(5)
+    own_step, other_step = _operation(ledger, "trainer", 2, log), _operation(ledger, "other", 1, log)
+    for operation in (own_step, other_step):
+        operation.interleaves = True
+        scheduler.submit(operation)
+    proceed.set()
+    wait_for(lambda: all(ledger.get(op.request_id).finished for op in (own_step, other_step)))
+
+    assert log == ["pass step 0", ("other", 1), "pass step 1", "pass step 2", ("trainer", 2)]
+
+
 def test_another_tenants_gathered_batch_nests_in_a_long_batchs_pause_but_the_same_tenants_waits(
     ledger: Ledger, start_scheduler: Callable[..., Scheduler]
 ) -> None:
