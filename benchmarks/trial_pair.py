@@ -441,6 +441,8 @@ def main() -> None:
 
         def progress(so_far: PairFigures) -> None:
             console.print(f"so far ({so_far.together_s / 60:.0f} min): " + " | ".join(row("", so_far)))
+            # Now, not when the buffer fills: a watch into a log file that is stopped keeps what it printed.
+            console.file.flush()
             keep("watched", so_far)
 
         figures = watch_trials(args.watch, tuple(args.run_dir), args.minutes, DEFAULT_API_KEY, progress)
