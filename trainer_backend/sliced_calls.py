@@ -21,8 +21,7 @@ log = logging.getLogger(__name__)
 
 class SlicedCall:
     """Runs `execute(call)` on a thread of its own, a slice at a time: `run_slice` returns once the call parks
-    (`park`, on its thread) or ends (`done`). Once `hosted` is off its parks return at once: the rest runs in one
-    slice."""
+    (`park`, on its thread) or ends (`done`). Once `hosted` is off it no longer parks: the rest runs in one slice."""
 
     def __init__(self, call: BatchCall, execute: Callable[[BatchCall], None]) -> None:
         self.call = call
@@ -44,9 +43,8 @@ class SlicedCall:
         self._to_host.acquire()
 
     def park(self) -> None:
-        """On the call's thread: hand the device back and wait for the next slice."""
-        if not self.hosted:
-            return
+        """On the call's thread: hand the device back and wait for the next slice (only while `hosted`: the
+        scheduler's park hook checks it, with the bookkeeping of the wait)."""
         self._to_host.release()
         self._to_call.acquire()
 
