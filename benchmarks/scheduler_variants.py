@@ -77,6 +77,10 @@ def _passes_whole() -> None:
     service.TRAINING_PASSES_PAUSE = False
 
 
+def _pauses_by_call() -> None:
+    scheduler.PAUSE_SHARE_BY_PARTY = False
+
+
 VARIANTS: dict[str, Callable[[], None]] = {
     "no-joining": _no_joining,  # nested batches only, as before joining
     "no-nesting": _no_nesting,  # what a generation cannot take in waits for its end
@@ -91,6 +95,7 @@ VARIANTS: dict[str, Callable[[], None]] = {
     "scores-taken-in": _scores_taken_in,  # a generation takes prompt-scoring requests in, between two steps
     "join-one-at-a-time": _join_one_at_a_time,  # beside others, even questions over one schema join one by one (before)
     "passes-whole": _passes_whole,  # a training pass neither pauses nor parks when nested: it runs whole (before)
+    "pauses-by-call": _pauses_by_call,  # pauses lent by the call's own time, whoever had it (the rule before)
 }
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -191,8 +191,9 @@ class BatchCall:
         # Each party's seconds of the call's own time by the CREDIT_BUCKET_S in which they were split, oldest first,
         # kept while `recent_by_party` reads them: a generation splits its time at every decode step.
         self._recent_credits: deque[tuple[float, dict[str, float]]] = deque()
-        # The pauses (start, end) that may still fall in the window `recent_seconds` reads.
-        self._pauses: list[tuple[float, float]] = []
+        # The pauses (start, end, each party's share of the work that ran in it) that may still fall in the window
+        # `recent_seconds` and `recent_by_party` read.
+        self._pauses: list[tuple[float, float, dict[str, float]]] = []
 
     def __call__(self) -> None:
         """Pause: other tenants' ready work that may run meanwhile runs now (nested: the paused call's own steps, if
@@ -238,18 +239,23 @@ class BatchCall:
         end = now if self.pausing_since is None else self.pausing_since
         return end - self.started - self.paused_seconds
 
-    def paused_for(self, started: float, ended: float) -> None:
-        """Work of others ran in this call's pause from `started` to `ended`."""
+    def paused_for(self, started: float, ended: float, shares: Mapping[str, float] | None = None) -> None:
+        """Work of others ran in this call's pause from `started` to `ended`: that of the parties in `shares`, its
+        time theirs in proportion to them (`held_by_party` of the call that ran in the pause)."""
         self.paused_seconds += ended - started
-        self._pauses.append((started, ended))
+        self._pauses.append((started, ended, dict(shares or {})))
 
     def recent_seconds(self, now: float, window_s: float) -> tuple[float, float]:
         """The call's own seconds and the seconds others' work ran in its pauses, in the last `window_s` (between
         pauses): how the device was shared lately, which a call of many minutes must not average over its life."""
         since = max(self.started, now - window_s)
-        self._pauses = [(start, end) for start, end in self._pauses if end > since]
-        paused = sum(end - max(start, since) for start, end in self._pauses)
+        paused = sum(seconds for seconds, _ in self._recent_pauses(since))
         return now - since - paused, paused
+
+    def _recent_pauses(self, since: float) -> list[tuple[float, dict[str, float]]]:
+        """The seconds of each pause after `since`, with its parties' shares; older pauses are forgotten."""
+        self._pauses = [pause for pause in self._pauses if pause[1] > since]
+        return [(end - max(start, since), shares) for start, end, shares in self._pauses]
 
     def accrue(self, now: float) -> None:
         """Split the call's own time since the last split among the operations running, by their budget shares."""
@@ -257,14 +263,23 @@ class BatchCall:
         self._credit(self._split(own - self._accrued_until), now)
         self._accrued_until = own
 
-    def recent_by_party(self, now: float, window_s: float) -> dict[str, float]:
-        """Each party's device seconds of the call's own time split in the last `window_s`."""
+    def recent_by_party(self, now: float, window_s: float, pauses: bool = True) -> dict[str, float]:
+        """Each party's device seconds of this call in the last `window_s`: its share of the call's own time, and
+        (with `pauses`) the time its work ran in the call's pauses. A party whose rows ran in a generation and whose
+        training pass ran in the same generation's pauses has had both (issue 48: counted apart, an evaluating trial
+        kept 38-43% of the device beside another trial's RL steps)."""
         while self._recent_credits and self._recent_credits[0][0] < now - window_s:
             self._recent_credits.popleft()
         totals: dict[str, float] = {}
         for _, by_party in self._recent_credits:
             for party, seconds in by_party.items():
                 totals[party] = totals.get(party, 0.0) + seconds
+        for seconds, shares in self._recent_pauses(max(self.started, now - window_s)) if pauses else []:
+            weight = sum(shares.values())
+            if weight <= 0:
+                continue
+            for party, share in shares.items():
+                totals[party] = totals.get(party, 0.0) + seconds * share / weight
         return totals
 
     def _credit(self, split: list[tuple[Operation, float]], now: float) -> None:

@@ -78,6 +78,9 @@ JOIN_OWN_PARTY = True
 # requests are a long prompt for a short answer, and one that refilled the call as its answers ended took 79% of an
 # RL step's generation prefilling them (py-spy, a study's two trials), every running row waiting meanwhile.
 JOIN_WITHIN_RECENT_SHARE = True
+# Whether a party's time in a call (what `_owed_pause` and `_admit` weigh) counts the work it ran in the call's
+# pauses, and pauses are lent by party, not only by the call's own time (the rule until 2026-12-07, kept as a variant).
+PAUSE_SHARE_BY_PARTY = True
 
 
 def _runs_only_between_calls(operation: Operation | None) -> bool:
@@ -362,7 +365,10 @@ class Scheduler:
         budget, did not take it in when it could have).
 
         A training pass lends its pauses to work that interleaves only: a generation nested in one would hold it for
-        all of that generation (a nested batch does not pause)."""
+        all of that generation (a nested batch does not pause). Either way, the operation's party must be owed a
+        pause (`_owed_pause`)."""
+        if not self._owed_pause(paused, {operation.party}, now):
+            return False
         if operation.interleaves:
             return True
         kind = operation.batch_kind
@@ -375,6 +381,19 @@ class Scheduler:
             and now >= operation.enqueued_at + kind.window_s
             and (not paused.admits or (operation.request_id in paused.refused and paused.held() <= 1.0))
         )
+
+    @staticmethod
+    def _owed_pause(paused: BatchCall, parties: set[str], now: float) -> bool:
+        """Whether one of `parties` may have more of `paused`'s pauses: over the last PAUSE_SHARE_WINDOW_S it has had
+        no more of that call (its share of the call's own time and what it ran in the call's pauses) than
+        PAUSE_SHARE_LIMIT times the most any party running in the call has had. A party whose rows ran in the call
+        has had part of its time already, and its training pass in the pauses gets only what makes it even. A party
+        running in the call is owed its own pauses (its client's training step in its own generation's)."""
+        if not PAUSE_SHARE_BY_PARTY or parties & paused.parties():
+            return True
+        recent = paused.recent_by_party(now, PAUSE_SHARE_WINDOW_S)
+        hosts = max((recent.get(party, 0.0) for party in paused.parties()), default=0.0)
+        return min((recent.get(party, 0.0) for party in parties), default=0.0) <= PAUSE_SHARE_LIMIT * hosts + 1e-9
 
     def _batch_mates(
         self, first: Operation, kind: BatchKind, lane_names: list[str], now: float, capacity: float = 1.0
@@ -435,7 +454,7 @@ class Scheduler:
             if any(_runs_only_between_calls(lane.ready()) for lane in self._lanes.values()):
                 return []
             call.accrue(now)
-            recent = call.recent_by_party(now, PAUSE_SHARE_WINDOW_S)
+            recent = call.recent_by_party(now, PAUSE_SHARE_WINDOW_S, pauses=PAUSE_SHARE_BY_PARTY)
             held = call.held_by_party()
             # The parties in the call before it takes anything in now (`held` grows with what it takes).
             present = set(held)
@@ -534,12 +553,16 @@ class Scheduler:
 
     def _pause(self, call: BatchCall) -> None:
         """A long call pauses: run one batch of other tenants' ready operations that interleave or nest, if any, unless
-        they have had their share of this call's recent time (PAUSE_SHARE_LIMIT over PAUSE_SHARE_WINDOW_S).
+        they have had their share of this call's recent time (PAUSE_SHARE_LIMIT over PAUSE_SHARE_WINDOW_S), all
+        together and each party (`_owed_pause`).
 
         A nested batch of a kind that parks (a training pass) runs in slices, a step in each pause, until it ends; no
         other batch starts in a pause meanwhile, and what is left of it when the paused call ends runs right after."""
         with self._condition:
-            own, paused = call.recent_seconds(time.monotonic(), PAUSE_SHARE_WINDOW_S)
+            now = time.monotonic()
+            # Each party's share of the call's own time so far, which `_owed_pause` reads.
+            call.accrue(now)
+            own, paused = call.recent_seconds(now, PAUSE_SHARE_WINDOW_S)
             if self._stopping or paused > PAUSE_SHARE_LIMIT * own:
                 return
             sliced = self._sliced
@@ -551,9 +574,11 @@ class Scheduler:
                 self._calls.append(nested)
                 if nested.kind is not None and nested.kind.parks:
                     sliced = self._sliced = SlicedCall(nested, self._execute)
-            else:
+            elif self._owed_pause(call, sliced.call.parties(), now):
                 nested = sliced.call
-            call.accrue(time.monotonic())
+            else:
+                return
+            shares = nested.held_by_party()
             # Inside the paused call's busy interval, which already counts this time.
             started = call.pausing_since = time.monotonic()
         if sliced is None:
@@ -561,7 +586,7 @@ class Scheduler:
         else:
             sliced.run_slice()
         with self._condition:
-            call.paused_for(started, time.monotonic())
+            call.paused_for(started, time.monotonic(), shares)
             call.pausing_since = None
             if sliced is None or sliced.done:
                 self._calls.remove(nested)

@@ -30,6 +30,7 @@ from trainer_backend.samplers import builtin
         ("scores-taken-in", sampling, "TAKE_IN_PROMPT_SCORES", True),
         ("join-one-at-a-time", builtin, "SAME_PASS_SHARED_PREFIX", math.inf),
         ("passes-whole", service, "TRAINING_PASSES_PAUSE", False),
+        ("pauses-by-call", scheduler, "PAUSE_SHARE_BY_PARTY", False),
     ],
 )
 def test_a_variant_sets_its_constant_away_from_the_servers(

@@ -1029,6 +1029,71 @@ def test_a_long_batch_yields_its_share_of_recent_time_not_of_its_whole_life(
     assert own_share > 0.25, own_share
 
 
+@pytest.mark.parametrize("by_party", [True, False])
+def test_a_party_whose_rows_ran_in_a_batch_gets_of_its_pauses_only_what_makes_its_time_even(
+    ledger: Ledger, start_scheduler: Callable[..., Scheduler], monkeypatch: pytest.MonkeyPatch, by_party: bool
+) -> None:
+    """Two trials share a generation (an evaluation's rows and an RL step's), then the RL trial's training pass runs in
+    its pauses. Counting the call's own time as the host's would give the RL trial its rows' half and pauses as long
+    as the whole call besides; counted by party (`Scheduler._owed_pause`), the evaluation keeps half of the device
+    while the pass runs (issue 48)."""
+    monkeypatch.setattr(scheduler_module, "PAUSE_SHARE_BY_PARTY", by_party)
+    together_s, own_step_s, pass_step_s = 1.5, 0.02, 0.1
+    own_steps: list[tuple[float, float]] = []
+    pass_steps: list[tuple[float, float]] = []
+
+    def pass_step() -> tuple[bytes, ResultFormat]:
+        started = time.monotonic()
+        time.sleep(pass_step_s)
+        pass_steps.append((started, time.monotonic()))
+        return b"{}", ResultFormat.JSON
+
+    training = [_operation(ledger, "rl-trainer", seq, [], pass_step) for seq in range(1, 9)]
+    for operation in training:
+        operation.run, operation.interleaves = "rl", True
+
+    def step() -> None:
+        started = time.monotonic()
+        time.sleep(own_step_s)
+        own_steps.append((started, time.monotonic()))
+
+    def generation(operations, call):
+        assert {op.party for op in operations} == {"eval", "rl"}, "both trials' rows in one call"
+        deadline = time.monotonic() + together_s
+        while time.monotonic() < deadline:
+            step()
+            call()
+        call.finish(next(op for op in operations if op.party == "rl"), (b"{}", ResultFormat.JSON))
+        own_steps.clear()
+        for operation in training:
+            scheduler.submit(operation)
+        deadline = time.monotonic() + 30
+        while len(pass_steps) < len(training) and time.monotonic() < deadline:
+            step()
+            call()
+        return [(b"{}", ResultFormat.JSON) for _ in operations]
+
+    kind = BatchKind("sample", generation, window_s=0.05, budget=BatchBudget(lambda payload: 0.5))
+    scheduler = start_scheduler(kind)
+    gate = threading.Event()
+    scheduler.submit(_operation(ledger, "holder", 1, [], _held_until(gate)))
+    rows = [sample_operation(ledger, kind, name, name, run=name) for name in ("eval", "rl")]
+    for operation in rows:
+        scheduler.submit(operation)
+    gate.set()
+    wait_for(lambda: all(ledger.get(op.request_id).finished for op in rows), timeout_s=40)
+
+    assert len(pass_steps) == len(training), "the whole pass ran in the generation's pauses"
+    start, end = pass_steps[0][0], pass_steps[-1][1]
+    own = sum(min(e, end) - max(s, start) for s, e in own_steps if e > start and s < end)
+    # By party, a step of the pass once the generation has had as long; counted apart, a step in every pause (the
+    # generation's own share about a sixth) for as long as the call had run.
+    if by_party:
+        assert own / (end - start) > 0.35, own / (end - start)
+    else:
+        assert own / (end - start) < 0.25, own / (end - start)
+
+
 def test_a_batch_kind_that_does_not_nest_waits_for_the_long_batch(
     ledger: Ledger, start_scheduler: Callable[..., Scheduler]
 ) -> None:
