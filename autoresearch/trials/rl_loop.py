@@ -243,20 +243,29 @@ class _Trial:
             # on_eval: no RL has run yet to judge.
             last_report = self._evaluate_start(sampler)
         stopped_early = False
+        if last_report is None and state.step > 0 and self._evaluates_at(state.step):
+            # Stopped during this step's evaluation, after its checkpoint: evaluated now, the step not redone.
+            last_report = self._evaluate(sampler, state.step)
+            stopped_early = self.on_eval is not None and not self.on_eval(last_report)
         self.view.phase("RL", config.steps, state.step)
-        for step in range(state.step + 1, config.steps + 1):
+        last_step = state.step if stopped_early else config.steps
+        for step in range(state.step + 1, last_step + 1):
             metrics, sampler = self._rl_step(sampler, step, state.data_position)
             directory.metrics.append(metrics.to_record())
             self.view.rl_step(metrics)
-            # Not awaited yet: the checkpoint is written while the evaluation samples.
             due = step % config.checkpoint_interval == 0 or step == config.steps
             checkpoint = training.save_state(_checkpoint_name(step)) if due else None
-            if step == config.steps or (config.eval_interval and step % config.eval_interval == 0):
+            state = state.model_copy(update={"step": step, "data_position": state.data_position + config.batch_size})
+            if self._evaluates_at(step):
+                if checkpoint is not None:
+                    # Recorded before the evaluation, which may take many steps' time: a run stopped during it
+                    # resumes at the evaluation, not a step before it.
+                    state = self._checkpointed(state.model_copy(update={"checkpoint_path": checkpoint.result().path}))
+                    checkpoint = None
                 last_report = self._evaluate(sampler, step)
                 stopped_early = self.on_eval is not None and not self.on_eval(last_report)
-            if stopped_early and checkpoint is None:
+            if stopped_early and not due:
                 checkpoint = training.save_state(_checkpoint_name(step))
-            state = state.model_copy(update={"step": step, "data_position": state.data_position + config.batch_size})
             if checkpoint is not None:
                 state = self._checkpointed(state.model_copy(update={"checkpoint_path": checkpoint.result().path}))
             if stopped_early:
@@ -264,6 +273,11 @@ class _Trial:
         if last_report is None or last_report.step != state.step:
             last_report = self._evaluate(sampler, state.step)
         return self._finish(state, last_report, stopped_early, resumed_from_step, backend_interruptions, started)
+
+    def _evaluates_at(self, step: int) -> bool:
+        """Whether the held-out split is evaluated after RL step `step`."""
+        config = self.config
+        return step == config.steps or bool(config.eval_interval and step % config.eval_interval == 0)
 
     def _adam(self, learning_rate: float) -> types.AdamParams:
         c = self.config

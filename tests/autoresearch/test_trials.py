@@ -115,14 +115,14 @@ def test_a_restarted_trial_resumes_from_its_last_checkpoint(
     tiny_trial_config: TrialConfig, backend_url: str, tmp_path: Path
 ) -> None:
     config = tiny_trial_config.model_copy(
-        update={"run_id": "resumed", "warmup_steps": 0, "checkpoint_interval": 2, "eval_interval": 0}
+        update={"run_id": "resumed", "steps": 4, "warmup_steps": 0, "checkpoint_interval": 2, "eval_interval": 3}
     )
 
-    def die_at_the_end(report: HeldOutReport) -> bool:
+    def die_at_step_3(report: HeldOutReport) -> bool:
         raise KilledError(f"killed after step {report.step}")
 
     with pytest.raises(KilledError):
-        run_trial(config, backend_url, tmp_path, progress=False, on_eval=die_at_the_end)
+        run_trial(config, backend_url, tmp_path, progress=False, on_eval=die_at_step_3)
     directory = RunDirectory(tmp_path / "resumed")
     before = directory.metrics.path.read_text().splitlines()
     assert [json.loads(line)["step"] for line in before] == [1, 2, 3]
@@ -138,17 +138,53 @@ def test_a_restarted_trial_resumes_from_its_last_checkpoint(
 
     result = run_trial(config, backend_url, tmp_path, progress=False, on_eval=keep_going)
     after = directory.metrics.path.read_text().splitlines()
-    assert result.resumed_from_step == 2 and result.steps_completed == 3
+    assert result.resumed_from_step == 2 and result.steps_completed == 4
     # Steps 1 and 2 were not redone: their lines are untouched. Step 3 ran again, once, on the same prompts.
     assert after[:2] == before[:2]
-    assert [json.loads(line)["step"] for line in after] == [1, 2, 3]
-    assert evaluated == [3]
+    assert [json.loads(line)["step"] for line in after] == [1, 2, 3, 4]
+    assert evaluated == [3, 4]
     assert json.loads(after[2])["reward_mean"] == pytest.approx(json.loads(before[2])["reward_mean"])
 
     # Finished, but asked for one step more: it trains on from the final checkpoint.
-    longer = run_trial(config.model_copy(update={"steps": 4}), backend_url, tmp_path, progress=False)
-    assert longer.resumed_from_step == 3 and longer.steps_completed == 4
-    assert [m["step"] for m in directory.metrics.read()] == [1, 2, 3, 4]
+    longer = run_trial(config.model_copy(update={"steps": 5}), backend_url, tmp_path, progress=False)
+    assert longer.resumed_from_step == 4 and longer.steps_completed == 5
+    assert [m["step"] for m in directory.metrics.read()] == [1, 2, 3, 4, 5]
+
+
+def test_a_trial_stopped_during_an_evaluation_resumes_at_that_evaluation_without_redoing_its_step(
+    tiny_trial_config: TrialConfig, backend_url: str, tmp_path: Path
+) -> None:
+    """An evaluation may take as long as many steps (a 1.5B's of 400 questions, half an hour on a CPU): a trial
+    stopped during one resumes at it, from that step's checkpoint, recorded before the evaluation began."""
+    config = tiny_trial_config.model_copy(
+        update={"run_id": "mid-eval", "steps": 3, "warmup_steps": 0, "checkpoint_interval": 1, "eval_interval": 2}
+    )
+
+    def die_at_step_2(report: HeldOutReport) -> bool:
+        raise KilledError(f"killed after step {report.step}")
+
+    with pytest.raises(KilledError):
+        run_trial(config, backend_url, tmp_path, progress=False, on_eval=die_at_step_2)
+    directory = RunDirectory(tmp_path / "mid-eval")
+    state = directory.load_state()
+    assert state is not None and state.step == 2 and state.checkpoint_path.endswith("/weights/step-000002")
+    # The process died while it evaluated step 2: that evaluation never reached the log.
+    evals = directory.evals.path.read_text().splitlines()
+    assert [json.loads(line)["step"] for line in evals] == [0, 2]
+    directory.evals.path.write_text(evals[0] + "\n")
+    before = directory.metrics.path.read_text().splitlines()
+
+    evaluated: list[int] = []
+
+    def keep_going(report: HeldOutReport) -> bool:
+        evaluated.append(report.step)
+        return True
+
+    result = run_trial(config, backend_url, tmp_path, progress=False, on_eval=keep_going)
+    assert result.resumed_from_step == 2 and result.steps_completed == 3
+    assert directory.metrics.path.read_text().splitlines()[:2] == before  # step 2 not redone
+    assert evaluated == [2, 3]
+    assert [e["step"] for e in directory.evals.read()] == [0, 2, 3]
 
 
 def test_a_resumed_trial_deletes_what_its_earlier_run_holds_but_the_state_it_resumed_from_before_it_saves(
