@@ -79,7 +79,8 @@ JOIN_OWN_PARTY = True
 # RL step's generation prefilling them (py-spy, a study's two trials), every running row waiting meanwhile.
 JOIN_WITHIN_RECENT_SHARE = True
 # Whether a party's time in a call (what `_owed_pause` and `_admit` weigh) counts the work it ran in the call's
-# pauses, and pauses are lent by party, not only by the call's own time (the rule until 2026-12-07, kept as a variant).
+# pauses, and pauses are lent by party as well as by the call's own time. Off, the rule until 2026-12-07: pauses lent
+# by the call's own time only, whoever's rows had it (the variant pauses-by-call).
 PAUSE_SHARE_BY_PARTY = True
 
 
