@@ -460,6 +460,7 @@ def main() -> None:
             # Each server's figures as soon as they exist: a run stopped midway keeps what it measured.
             rows.append(row(name, figures))
             console.print(" | ".join(rows[-1]))
+            console.file.flush()
             keep(name, figures)
             verdicts += [f"{name}: {goal}: {'pass' if ok else 'FAIL'}" for goal, ok in figures.passed.items()]
     for column in COLUMNS:
